@@ -1,0 +1,60 @@
+"""Macros every Fray family uses: the Python extension, the CPU+GPU test pair, the benchmark."""
+
+load("@rules_python//python:defs.bzl", "py_binary", "py_test")
+
+def py_extension(name, deps, **kwargs):
+    """A pybind11 extension `<name>.so`, importable as `<python package of this BUILD>.<name>`.
+
+    deps: cc_library targets with alwayslink = True that hold the PYBIND11_MODULE(<name>, m)
+    binding (kernels in cuda/<family>/). Only PyInit_<name> is exported: static archives (cudart
+    included) are hidden so that several extensions can live in one process.
+    """
+    native.cc_binary(
+        name = name + ".so",
+        linkshared = True,
+        linkstatic = True,
+        linkopts = ["-Wl,--exclude-libs,ALL"],
+        deps = deps + ["@local_python//:pybind11"],
+        **kwargs
+    )
+
+def fray_py_test(name, srcs, deps = [], data = [], size = "medium", cpu = True, gpu = True, **kwargs):
+    """One pytest file, two targets: `<name>` (CPU, CI) and `<name>_gpu` (tags = ["gpu"]).
+
+    Tests marked @pytest.mark.gpu run only in the GPU target; the others only in the CPU target,
+    where Triton runs under its interpreter (TRITON_INTERPRET=1).
+    """
+    common = dict(
+        srcs = srcs + ["//tools:pytest_runner.py"],
+        main = "//tools:pytest_runner.py",
+        deps = deps,
+        data = data,
+        size = size,
+        **kwargs
+    )
+    files = ["$(rootpath %s)" % s for s in srcs]
+    if cpu:
+        py_test(
+            name = name,
+            args = ["-m", "not gpu"] + files,
+            env = {"TRITON_INTERPRET": "1"},
+            **common
+        )
+    if gpu:
+        py_test(
+            name = name + "_gpu",
+            args = ["-m", "gpu"] + files,
+            tags = ["gpu", "exclusive"],
+            **common
+        )
+
+def fray_bench(name, src, deps = [], **kwargs):
+    """A benchmark binary: `bazel run //bench/<family>:<name> -- --out=results.jsonl`."""
+    py_binary(
+        name = name,
+        srcs = [src],
+        main = src,
+        deps = deps + ["//python/fray"],
+        tags = ["gpu", "manual"],
+        **kwargs
+    )
