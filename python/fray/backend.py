@@ -1,0 +1,130 @@
+"""Backends and how "auto" chooses among them.
+
+"cuda"       the ahead-of-time compiled CUDA C++ kernels (fray._C._<family>), built for the
+             architectures in --//tools:cuda_archs (default sm_90a: H100/H200 only).
+"triton"     the Triton kernels (fray_triton); any CUDA GPU Triton supports.
+"reference"  the CPU reference (float64 math); CPU tensors and numpy arrays always run it.
+
+"auto" takes the first backend of the op's preference list that is available on the tensor's
+device; the lists come from the H200 benchmarks (bench/results/h200) and are only trusted on the
+devices those results were measured on (VERIFIED_CAPABILITIES); elsewhere "auto" prefers Triton.
+FRAY_BACKEND overrides "auto" for every call.
+"""
+import functools
+import importlib
+
+import torch
+
+from fray import env
+
+BACKENDS = ("auto", "cuda", "triton", "reference")
+VERIFIED_CAPABILITIES = {(9, 0)}
+
+# op -> backends in order of measured speed on the verified devices
+_PREFERENCE = {}
+
+
+def register_preference(op, order):
+    _PREFERENCE[op] = tuple(order)
+
+
+@functools.lru_cache(maxsize=None)
+def load_extension(family):
+    """The compiled module fray._C._<family>, or an ImportError describing why it is missing."""
+    if env.cuda_disabled():
+        return ImportError("FRAY_DISABLE_CUDA=1")
+    try:
+        return importlib.import_module("fray._C._" + family)
+    except ImportError as exc:  # not built (e.g. a source checkout without Bazel)
+        return exc
+
+
+def extension_archs(family):
+    ext = load_extension(family)
+    if isinstance(ext, ImportError):
+        return ()
+    return tuple(a.strip() for a in ext.archs().split(",") if a.strip())
+
+
+def _arch_matches(archs, cap):
+    major, minor = cap
+    for arch in archs:
+        digits = arch.rstrip("a")
+        if digits.isdigit() and (int(digits) // 10, int(digits) % 10) == (major, minor):
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index):
+    return torch.cuda.get_device_capability(index)
+
+
+def cuda_unavailable_reason(family, device):
+    """None when the CUDA backend of `family` can run on `device`, else why not."""
+    ext = load_extension(family)
+    if isinstance(ext, ImportError):
+        return "the CUDA extension fray._C._%s is not available (%s)" % (family, ext)
+    if device.type != "cuda":
+        return "tensors are on %s" % device
+    cap = _capability(device.index if device.index is not None else torch.cuda.current_device())
+    archs = extension_archs(family)
+    if not _arch_matches(archs, cap):
+        return "fray._C._%s was built for sm_%s, the device is sm_%d%d" % (family, "/sm_".join(archs), cap[0], cap[1])
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_import_error():
+    try:
+        import fray_triton  # noqa: F401
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
+def triton_unavailable_reason(device):
+    err = _triton_import_error()
+    if err:
+        return "Triton is not importable (%s)" % err
+    if device.type != "cuda":
+        return "tensors are on %s" % device
+    return None
+
+
+def unavailable_reason(backend, family, device):
+    if backend == "cuda":
+        return cuda_unavailable_reason(family, device)
+    if backend == "triton":
+        return triton_unavailable_reason(device)
+    return None
+
+
+def resolve(op, family, backend, device):
+    """The concrete backend for one call on CUDA tensors; raises for a forced unavailable one."""
+    if backend == "auto":
+        backend = env.backend_override() or "auto"
+    if backend == "reference":
+        raise ValueError("backend: 'reference' runs on CPU tensors or numpy arrays; got tensors on %s "
+                         "(move them with .cpu())" % device)
+    if backend != "auto":
+        reason = unavailable_reason(backend, family, device)
+        if reason:
+            raise RuntimeError("backend=%r cannot run %s: %s" % (backend, op, reason))
+        return backend
+    order = _PREFERENCE.get(op, ("cuda", "triton"))
+    cap = _capability(device.index if device.index is not None else torch.cuda.current_device())
+    if cap not in VERIFIED_CAPABILITIES:
+        order = ("triton",) + tuple(b for b in order if b != "triton")
+    reasons = []
+    for b in order:
+        reason = unavailable_reason(b, family, device)
+        if reason is None:
+            return b
+        reasons.append("%s: %s" % (b, reason))
+    raise RuntimeError("no backend can run %s on %s (%s)" % (op, device, "; ".join(reasons)))
+
+
+def available(op, family, device):
+    """{backend: None or the reason it is unavailable} for the CLI's `ops` table."""
+    return {b: unavailable_reason(b, family, device) for b in ("cuda", "triton")}

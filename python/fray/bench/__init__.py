@@ -1,0 +1,120 @@
+"""Benchmark utilities shared by every family: timing, result records, the printed table.
+
+Timing follows the peers' measurement: warm-up, then the median per-call time with the L2 cache
+flushed before each call (triton.testing.do_bench), plus a CUDA-graph replay figure for small
+shapes (launch overhead removed: several calls captured in one graph, replay time / calls).
+Results are JSON lines with the keys op, impl, shape, dtype, us, gbps, tflops, device, torch,
+triton, cuda, commit, date (+ extras); the table is printed from those records.
+"""
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from fray import env
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def commit():
+    stamped = env.commit()
+    if stamped:
+        return stamped
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment():
+    import triton
+    return {
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "commit": commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def time_us(fn, warmup_ms=25, rep_ms=100):
+    """Median µs per call, L2 flushed before each call (do_bench's cache clearing)."""
+    from triton.testing import do_bench
+    return 1000.0 * do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
+def graph_us(fn, calls=20, replays=50):
+    """µs per call under CUDA-graph replay: `calls` calls captured once, median over replays."""
+    fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / calls)
+    times.sort()
+    return times[len(times) // 2]
+
+
+class Recorder:
+    """Collects records, appends each to a JSON-lines file as it comes, prints the table."""
+
+    def __init__(self, out_path=None):
+        self.env = environment()
+        self.records = []
+        self.out_path = out_path
+
+    def add(self, op, impl, shape, dtype, us, nbytes=None, flops=None, **extra):
+        rec = {
+            "op": op, "impl": impl, "shape": shape, "dtype": DTYPE_NAMES.get(dtype, dtype),
+            "us": round(us, 3) if us is not None else None,
+            "gbps": round(nbytes / us / 1e3, 1) if (us and nbytes) else None,
+            "tflops": round(flops / us / 1e6, 2) if (us and flops) else None,
+        }
+        rec.update(self.env)
+        rec.update(extra)
+        self.records.append(rec)
+        if self.out_path:
+            with open(self.out_path, "a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+        return rec
+
+    def table(self, file=sys.stdout):
+        """Per (op, shape, dtype): each impl's µs, GB/s, and speed relative to the best peer."""
+        groups = {}
+        for r in self.records:
+            groups.setdefault((r["op"], r["shape"], r["dtype"]), []).append(r)
+        header = "%-12s %-22s %-5s %-14s %10s %9s %8s" % ("op", "shape", "dtype", "impl", "us", "GB/s", "vs peer")
+        print(header, file=file)
+        print("-" * len(header), file=file)
+        for (op, shape, dtype), rows in groups.items():
+            peers = [r["us"] for r in rows if not r["impl"].startswith("fray.") and r["us"]]
+            best_peer = min(peers) if peers else None
+            for r in rows:
+                ratio = "%.2fx" % (best_peer / r["us"]) if (best_peer and r["us"]) else "-"
+                us = "%.2f" % r["us"] if r["us"] is not None else "error"
+                gbps = "%.0f" % r["gbps"] if r["gbps"] else "-"
+                print("%-12s %-22s %-5s %-14s %10s %9s %8s" % (op, shape, dtype, r["impl"], us, gbps, ratio), file=file)

@@ -1,0 +1,39 @@
+"""Shared main for benchmark binaries: absl flags, JSON-lines output, the printed table."""
+import importlib
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out", None, "append JSON-lines records to this file")
+flags.DEFINE_bool("graph", True, "also time CUDA-graph replay for shapes under 50 us")
+flags.DEFINE_string("shapes", None, "comma list of ROWSxCOLS[:dtype] overriding the default shapes")
+
+
+def run_op(family, op):
+    """Run one op's benchmark (used by the bench binaries and by `fray bench <op>`)."""
+    import torch
+
+    from fray.bench import Recorder
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks need a CUDA GPU; none is visible")
+    module = importlib.import_module("fray.bench." + family)
+    shapes = None
+    if FLAGS.shapes:
+        dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+        shapes = []
+        for item in FLAGS.shapes.split(","):
+            dims, _, dt = item.partition(":")
+            rows, cols = (int(v) for v in dims.split("x"))
+            shapes.append((rows, cols, dtypes[dt or "bf16"]))
+    rec = Recorder(FLAGS.out)
+    with torch.no_grad():
+        module.run(op, rec, shapes=shapes, graph=FLAGS.graph)
+    rec.table()
+    return rec
+
+
+def main_for(family, op):
+    def _main(argv):
+        del argv
+        run_op(family, op)
+    app.run(_main)

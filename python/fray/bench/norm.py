@@ -1,0 +1,91 @@
+"""Norm-family benchmarks: Fray's backends and the peers a user would pick, in one process.
+
+rmsnorm bytes:     read x + read w + write y          = 2·R·H·s(x) + H·s(w)
+add_rmsnorm bytes: read x, r, w + write y, r          = 4·R·H·s(x) + H·s(w)
+Peers: torch.eager (the composite a model file writes), torch.compile (that composite compiled),
+torch.builtin (F.rms_norm), liger (Liger-Kernel, when importable).
+"""
+import torch
+import torch.nn.functional as F
+
+import fray
+
+SHAPES = [(r, h, torch.bfloat16) for r in (1, 128, 4096, 16384) for h in (4096, 8192)]
+SHAPES.append((16384, 8192, torch.float16))
+GRAPH_BELOW_US = 50.0
+EPS = 1e-6
+
+
+def _eager_rmsnorm(x, w):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * w.float()).to(x.dtype)
+
+
+def _eager_add_rmsnorm(x, r, w):
+    s = x + r
+    return _eager_rmsnorm(s, w), s
+
+
+def _liger():
+    try:
+        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except Exception:  # not installed: the row is simply absent (the bundle carries the wheel)
+        return None, None
+    return LigerRMSNormFunction, LigerFusedAddRMSNormFunction
+
+
+def _impls(op, x, r, w):
+    liger_rms, liger_add = _liger()
+    impls = {}
+    if op == "rmsnorm":
+        out = torch.empty_like(x)
+        impls["fray.cuda"] = lambda: fray.rmsnorm(x, w, EPS, out=out, backend="cuda")
+        impls["fray.triton"] = lambda: fray.rmsnorm(x, w, EPS, out=out, backend="triton")
+        impls["torch.eager"] = lambda: _eager_rmsnorm(x, w)
+        compiled = torch.compile(_eager_rmsnorm)
+        impls["torch.compile"] = lambda: compiled(x, w)
+        impls["torch.builtin"] = lambda: F.rms_norm(x, (x.shape[-1],), w, EPS)
+        if liger_rms is not None:
+            impls["liger"] = lambda: liger_rms.apply(x, w, EPS, 0.0, "llama", False)
+    else:
+        # Out-of-place for every impl so that repeated calls see the same data.
+        impls["fray.cuda"] = lambda: fray.add_rmsnorm(x, r, w, EPS, backend="cuda")
+        impls["fray.triton"] = lambda: fray.add_rmsnorm(x, r, w, EPS, backend="triton")
+        impls["torch.eager"] = lambda: _eager_add_rmsnorm(x, r, w)
+        compiled = torch.compile(_eager_add_rmsnorm)
+        impls["torch.compile"] = lambda: compiled(x, r, w)
+        impls["torch.builtin"] = lambda: (lambda s: (F.rms_norm(s, (s.shape[-1],), w, EPS), s))(x + r)
+        if liger_add is not None:
+            impls["liger"] = lambda: liger_add.apply(x, r, w, EPS, 0.0, "llama", False)
+    return impls
+
+
+def _bytes(op, rows, hidden, x, w):
+    n = rows * hidden * x.element_size()
+    return (2 if op == "rmsnorm" else 4) * n + hidden * w.element_size()
+
+
+def run(op, recorder, shapes=None, graph=True):
+    if op not in ("rmsnorm", "add_rmsnorm"):
+        raise ValueError("op: expected rmsnorm or add_rmsnorm, got %r" % op)
+    from fray.bench import graph_us, time_us
+    for rows, hidden, dtype in shapes or SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(rows, hidden, device="cuda", generator=g).to(dtype)
+        r = torch.randn(rows, hidden, device="cuda", generator=g).to(dtype)
+        w = torch.randn(hidden, device="cuda", generator=g).to(dtype)
+        shape = "%dx%d" % (rows, hidden)
+        nbytes = _bytes(op, rows, hidden, x, w)
+        for impl, fn in _impls(op, x, r, w).items():
+            try:
+                us = time_us(fn)
+            except Exception as exc:  # a peer that fails still leaves a row saying so
+                recorder.add(op, impl, shape, dtype, None, note="error: %s" % str(exc)[:200])
+                continue
+            recorder.add(op, impl, shape, dtype, us, nbytes)
+            if graph and us < GRAPH_BELOW_US:
+                try:
+                    recorder.add(op, impl, shape + ":graph", dtype, graph_us(fn), nbytes)
+                except Exception as exc:
+                    recorder.add(op, impl, shape + ":graph", dtype, None, note="error: %s" % str(exc)[:200])

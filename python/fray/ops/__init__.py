@@ -1,0 +1,1 @@
+"""Per-family operator modules: validation, backend dispatch, torch custom-op registration."""

@@ -1,0 +1,278 @@
+"""The norm family: rmsnorm and fused add+rmsnorm.
+
+Validation happens here, once; the kernels (cuda/norm, fray_triton.norm) trust their inputs.
+GPU entry points are torch custom ops (fray::rmsnorm, fray::add_rmsnorm, fray::add_rmsnorm_,
+fray::add_rmsnorm_residual_) with fake implementations, so torch.compile(fullgraph=True) traces
+through them; in eager mode the same implementation is called directly (no dispatcher overhead).
+CPU tensors and numpy arrays run the float64 reference and come back in the input's dtype.
+"""
+import math
+
+import numpy as np
+import torch
+
+from fray import _validate as V
+from fray import backend as B
+from fray.reference import convert as C
+from fray.reference import norm as ref
+
+FAMILY = "norm"
+B.register_preference("rmsnorm", ("cuda", "triton"))
+B.register_preference("add_rmsnorm", ("cuda", "triton"))
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+
+def _check_eps(eps):
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError("eps: expected a float, got %s" % type(eps).__name__)
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError("eps: expected a finite value >= 0, got %r" % (eps,))
+    return float(eps)
+
+
+def _check_offset(weight_offset):
+    if isinstance(weight_offset, bool) or not isinstance(weight_offset, (int, float)) \
+            or not math.isfinite(weight_offset):
+        raise ValueError("weight_offset: expected a finite float (0.0, or 1.0 for Gemma's (1 + w)), got %r"
+                         % (weight_offset,))
+    return float(weight_offset)
+
+
+def _check_tensors(x, weight, others):
+    """x and weight, plus `others` = [(name, tensor or None, writable)] shaped like x."""
+    V.require_tensor("x", x)
+    V.require_tensor("weight", weight)
+    V.require_device_family("x", x)
+    V.require_float_dtype("x", x)
+    if x.dim() == 0:
+        raise ValueError("x: expected at least 1 dimension (the normalised one), got a 0-d tensor")
+    hidden = x.shape[-1]
+    if hidden == 0:
+        raise ValueError("x: the normalised (last) dimension must not be empty")
+    pairs = [("x", x), ("weight", weight)]
+    for name, t, _ in others:
+        V.require_tensor(name, t, allow_none=True)
+        if t is not None:
+            pairs.append((name, t))
+    V.require_same_device(pairs)
+    allowed_w = (x.dtype, torch.float32)
+    if weight.dtype not in allowed_w:
+        raise TypeError("weight: expected dtype %s or float32 (x is %s), got %s" % (
+            str(x.dtype).replace("torch.", ""), str(x.dtype).replace("torch.", ""),
+            str(weight.dtype).replace("torch.", "")))
+    V.require_shape("weight", weight, (hidden,))
+    if hidden > 1 and weight.stride(0) != 1:
+        raise ValueError("weight: expected a contiguous 1-d tensor, got stride %d" % weight.stride(0))
+    strides = {"x": V.row_stride("x", x)}
+    for name, t, writable in others:
+        if t is None:
+            continue
+        if t.dtype != x.dtype:
+            raise TypeError("%s: expected dtype %s (that of x), got %s" % (
+                name, str(x.dtype).replace("torch.", ""), str(t.dtype).replace("torch.", "")))
+        V.require_shape(name, t, x.shape)
+        strides[name] = V.row_stride(name, t, writable=writable)
+    return strides
+
+
+def _check_arrays(x, weight, others):
+    for name, a in [("x", x), ("weight", weight)] + [(n, t) for n, t in others]:
+        if a is None:
+            continue
+        if not isinstance(a, np.ndarray):
+            raise TypeError("%s: expected a numpy.ndarray like x, got %s" % (name, type(a).__name__))
+        if a.dtype not in (np.float16, np.float32, np.float64):
+            raise TypeError("%s: expected a float16/float32/float64 array, got %s" % (name, a.dtype))
+    if x.ndim == 0 or x.shape[-1] == 0:
+        raise ValueError("x: expected at least 1 non-empty dimension, got shape %s" % (x.shape,))
+    V.require_shape("weight", weight, (x.shape[-1],))
+    for name, a in others:
+        if a is not None:
+            V.require_shape(name, a, x.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU implementations (called directly in eager mode, through the custom ops under torch.compile)
+
+def _launch_args(x):
+    hidden = x.shape[-1]
+    return x.numel() // hidden, hidden
+
+
+def _stream(device):
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _rmsnorm_impl(x, weight, out, eps, weight_offset, backend):
+    rows, hidden = _launch_args(x)
+    if rows == 0:
+        return
+    be = B.resolve("rmsnorm", FAMILY, backend, x.device)
+    sx, so = V.row_stride("x", x), V.row_stride("out", out, writable=True)
+    if be == "cuda":
+        B.load_extension(FAMILY).rmsnorm(
+            x.data_ptr(), sx, weight.data_ptr(), V.DTYPE_CODES[weight.dtype], out.data_ptr(), so,
+            rows, hidden, eps, weight_offset, V.DTYPE_CODES[x.dtype], x.device.index, _stream(x.device))
+    else:
+        from fray_triton import norm as tnorm
+        with torch.cuda.device(x.device):
+            tnorm.rmsnorm(x, weight, out, eps, weight_offset, sx, so, rows, hidden)
+
+
+def _add_rmsnorm_impl(x, residual, weight, out, sum_out, eps, weight_offset, backend):
+    rows, hidden = _launch_args(x)
+    if rows == 0:
+        return
+    be = B.resolve("add_rmsnorm", FAMILY, backend, x.device)
+    sx, sr = V.row_stride("x", x), V.row_stride("residual", residual)
+    so, ss = V.row_stride("out", out, writable=True), V.row_stride("sum_out", sum_out, writable=True)
+    if be == "cuda":
+        B.load_extension(FAMILY).add_rmsnorm(
+            x.data_ptr(), sx, residual.data_ptr(), sr, weight.data_ptr(), V.DTYPE_CODES[weight.dtype],
+            out.data_ptr(), so, sum_out.data_ptr(), ss, rows, hidden, eps, weight_offset,
+            V.DTYPE_CODES[x.dtype], x.device.index, _stream(x.device))
+    else:
+        from fray_triton import norm as tnorm
+        with torch.cuda.device(x.device):
+            tnorm.add_rmsnorm(x, residual, weight, out, sum_out, eps, weight_offset,
+                              sx, sr, so, ss, rows, hidden)
+
+
+@torch.library.custom_op("fray::rmsnorm", mutates_args=("out",))
+def _rmsnorm_op(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float,
+                weight_offset: float, backend: str) -> None:
+    _rmsnorm_impl(x, weight, out, eps, weight_offset, backend)
+
+
+@torch.library.custom_op("fray::add_rmsnorm", mutates_args=("out", "sum_out"))
+def _add_rmsnorm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
+                    sum_out: torch.Tensor, eps: float, weight_offset: float, backend: str) -> None:
+    _add_rmsnorm_impl(x, residual, weight, out, sum_out, eps, weight_offset, backend)
+
+
+@torch.library.custom_op("fray::add_rmsnorm_", mutates_args=("x", "residual"))
+def _add_rmsnorm_inplace_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                            weight_offset: float, backend: str) -> None:
+    _add_rmsnorm_impl(x, residual, weight, x, residual, eps, weight_offset, backend)
+
+
+@torch.library.custom_op("fray::add_rmsnorm_residual_", mutates_args=("residual", "out"))
+def _add_rmsnorm_residual_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                             out: torch.Tensor, eps: float, weight_offset: float, backend: str) -> None:
+    _add_rmsnorm_impl(x, residual, weight, out, residual, eps, weight_offset, backend)
+
+
+for _op in (_rmsnorm_op, _add_rmsnorm_op, _add_rmsnorm_inplace_op, _add_rmsnorm_residual_op):
+    _op.register_fake(lambda *args, **kwargs: None)
+
+
+def _compiling():
+    return torch.compiler.is_compiling()
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+
+def rmsnorm(x, weight, eps=1e-6, *, out=None, backend="auto", weight_offset=0.0):
+    """RMSNorm over the last dimension: x * rsqrt(mean(x^2) + eps) * (weight + weight_offset).
+
+    x: [..., hidden] fp32/fp16/bf16, last dim contiguous, leading dims any evenly strided rows
+    (a slice of a wider buffer is fine). weight: [hidden], x's dtype or fp32. weight_offset=1.0
+    gives Gemma's (1 + weight). Math in fp32, one rounding to x's dtype. CUDA tensors run on the
+    current stream without host synchronisation; CPU tensors and numpy arrays run the float64
+    reference. out: preallocated result (x's shape and dtype; may be x itself).
+    """
+    V.require_backend(backend, B.BACKENDS)
+    eps, weight_offset = _check_eps(eps), _check_offset(weight_offset)
+    if V.is_array(x):
+        _check_arrays(x, weight, [("out", out)])
+        y = C.like(ref.rmsnorm(C.to_f64(x), C.to_f64(weight), eps, weight_offset), x)
+        if out is not None:
+            out[...] = y
+            return out
+        return y
+    _check_tensors(x, weight, [("out", out, True)])
+    if x.device.type == "cpu":
+        if backend not in ("auto", "reference"):
+            raise ValueError("backend: %r needs CUDA tensors; x is on the CPU (use 'reference' or 'auto')" % backend)
+        y = C.like(ref.rmsnorm(C.to_f64(x), C.to_f64(weight), eps, weight_offset), x)
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if _compiling():
+        torch.ops.fray.rmsnorm(x, weight, out, eps, weight_offset, backend)
+    else:
+        _rmsnorm_impl(x, weight, out, eps, weight_offset, backend)
+    return out
+
+
+def add_rmsnorm(x, residual, weight, eps=1e-6, *, inplace=False, backend="auto", weight_offset=0.0):
+    """Fused residual add + RMSNorm: returns (rmsnorm(s), s) with s = x + residual.
+
+    s is rounded to x's dtype, and that rounded s is what is normalised (as engines store it).
+    inplace=True writes the normalised rows into x and s into residual and returns (x, residual).
+    residual: x's shape and dtype. Other arguments as in rmsnorm.
+    """
+    V.require_backend(backend, B.BACKENDS)
+    if not isinstance(inplace, bool):
+        raise TypeError("inplace: expected a bool, got %s" % type(inplace).__name__)
+    eps, weight_offset = _check_eps(eps), _check_offset(weight_offset)
+    if V.is_array(x):
+        _check_arrays(x, weight, [("residual", residual)])
+        y, s = ref.add_rmsnorm(C.to_f64(x), C.to_f64(residual), C.to_f64(weight), eps, weight_offset,
+                               round_sum=lambda v: C.round_to(v, x))
+        y, s = C.like(y, x), C.like(s, x)
+        if inplace:
+            x[...], residual[...] = y, s
+            return x, residual
+        return y, s
+    _check_tensors(x, weight, [("residual", residual, inplace)])
+    if inplace:
+        V.row_stride("x", x, writable=True)
+    if x.device.type == "cpu":
+        if backend not in ("auto", "reference"):
+            raise ValueError("backend: %r needs CUDA tensors; x is on the CPU (use 'reference' or 'auto')" % backend)
+        y, s = ref.add_rmsnorm(C.to_f64(x), C.to_f64(residual), C.to_f64(weight), eps, weight_offset,
+                               round_sum=lambda v: C.round_to(v, x))
+        y, s = C.like(y, x), C.like(s, x)
+        if inplace:
+            x.copy_(y)
+            residual.copy_(s)
+            return x, residual
+        return y, s
+    if inplace:
+        if _compiling():
+            torch.ops.fray.add_rmsnorm_(x, residual, weight, eps, weight_offset, backend)
+        else:
+            _add_rmsnorm_impl(x, residual, weight, x, residual, eps, weight_offset, backend)
+        return x, residual
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    sum_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if _compiling():
+        torch.ops.fray.add_rmsnorm(x, residual, weight, out, sum_out, eps, weight_offset, backend)
+    else:
+        _add_rmsnorm_impl(x, residual, weight, out, sum_out, eps, weight_offset, backend)
+    return out, sum_out
+
+
+def add_rmsnorm_residual_inplace(x, residual, weight, eps=1e-6, *, backend="auto", weight_offset=0.0):
+    """residual += x (rounded, in place); returns rmsnorm(residual) in a new tensor (the seed's
+    fused_rmsnorm contract and vLLM's fused_add_rms_norm data flow)."""
+    V.require_backend(backend, B.BACKENDS)
+    eps, weight_offset = _check_eps(eps), _check_offset(weight_offset)
+    if V.is_array(x) or (isinstance(x, torch.Tensor) and x.device.type == "cpu"):
+        y, s = add_rmsnorm(x, residual, weight, eps, backend=backend, weight_offset=weight_offset)
+        residual[...] = s
+        return y
+    _check_tensors(x, weight, [("residual", residual, True)])
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if _compiling():
+        torch.ops.fray.add_rmsnorm_residual_(x, residual, weight, out, eps, weight_offset, backend)
+    else:
+        _add_rmsnorm_impl(x, residual, weight, out, residual, eps, weight_offset, backend)
+    return out

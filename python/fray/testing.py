@@ -1,0 +1,27 @@
+"""Shared test helpers: the one tolerance table, keyed by dtype, and the comparison."""
+import numpy as np
+import torch
+
+# Outputs are rounded once to the dtype after fp32 math: the error is at most half an ulp plus a
+# little fp32 error, so rtol is the dtype's machine epsilon (2^-7 bf16, 2^-10 fp16: twice the
+# worst rounding) and 1e-5 for fp32 outputs (fp32 accumulation over up to 64K terms). atol only
+# covers results that land among subnormals.
+TOLERANCES = {
+    torch.float32: dict(rtol=1e-5, atol=1e-6),
+    torch.float16: dict(rtol=2.0 ** -10, atol=1e-5),
+    torch.bfloat16: dict(rtol=2.0 ** -7, atol=1e-5),
+}
+
+
+def tolerance(dtype):
+    return TOLERANCES[dtype]
+
+
+def assert_close(actual, expected_f64, dtype, what=""):
+    """actual (any device/dtype) vs a float64 reference (numpy or tensor), dtype-scaled."""
+    a = actual.detach().to("cpu", torch.float64) if isinstance(actual, torch.Tensor) else torch.from_numpy(np.asarray(actual, np.float64))
+    e = expected_f64 if isinstance(expected_f64, torch.Tensor) else torch.from_numpy(np.asarray(expected_f64, np.float64))
+    e = e.to(torch.float64)
+    assert a.shape == e.shape, "%s: shape %s != %s" % (what, tuple(a.shape), tuple(e.shape))
+    assert torch.isfinite(a).all(), "%s: non-finite values in the result" % what
+    torch.testing.assert_close(a, e, msg=lambda m: "%s (%s)\n%s" % (what, dtype, m), **TOLERANCES[dtype])

@@ -1,0 +1,137 @@
+"""RMSNorm and fused add+RMSNorm in Triton.
+
+Semantics match cuda/norm and fray.reference.norm exactly:
+  y = x * rsqrt(mean(x^2) + eps) * (w + weight_offset), fp32 math, one rounding at the end;
+  fused add: s = round(x + r) is stored to sum_out, then y = rmsnorm(s).
+
+The op is memory-bound (one read of x (and r), one write of y (and s)), so the row stays in
+registers between the reduction and the normalisation: a second read would cost as much again.
+Rows up to MAX_SINGLE_BLOCK elements take one tile; wider rows loop twice over the row (the second
+read mostly hits L2, which holds the few rows in flight). Short rows are packed several to a
+program so that each program still moves a few KB: one row of 128 elements per program would
+leave most threads idle and make the launch grid needlessly large.
+"""
+import triton
+import triton.language as tl
+
+# One tile per row up to this width: 16K fp32 accumulators over 16 warps is 32 registers a
+# thread, about what still runs without spilling.
+MAX_SINGLE_BLOCK = 16384
+# Loop tile for wider rows.
+LOOP_BLOCK = 4096
+# Target elements per program for short rows.
+ROW_PACK_ELEMS = 4096
+
+
+@triton.jit
+def _round(v, dtype: tl.constexpr):
+    """fp32 -> dtype, round to nearest even. bf16 is rounded with integer ops: a few extra ALU
+    ops in a memory-bound kernel, and Triton's CPU interpreter (which CI runs) rounds ties up
+    and drops the carry in its own fp32->bf16 conversion."""
+    if dtype == tl.bfloat16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return v.to(dtype)
+
+
+@triton.jit
+def _rmsnorm_tile_kernel(
+    X, R, W, Y, S,
+    stride_x, stride_r, stride_y, stride_s,
+    n_rows, n_cols, eps, w_offset,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < n_rows
+    col_ok = cols < n_cols
+    mask = row_ok[:, None] & col_ok[None, :]
+    rows64 = rows.to(tl.int64)
+
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(R + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+        s = _round(x.to(tl.float32) + r.to(tl.float32), S.dtype.element_ty)
+        tl.store(S + rows64[:, None] * stride_s + cols[None, :], s, mask=mask)
+        xf = s.to(tl.float32)
+    else:
+        xf = x.to(tl.float32)
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + w_offset
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / n_cols + eps)
+    y = xf * rstd[:, None] * w[None, :]
+    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], _round(y, Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rmsnorm_loop_kernel(
+    X, R, W, Y, S,
+    stride_x, stride_r, stride_y, stride_s,
+    n_rows, n_cols, eps, w_offset,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    # Pass 1: sum of squares (and the rounded sum, stored once).
+    for start in range(0, n_cols, BLOCK_N):
+        c = start + cols
+        m = c < n_cols
+        x = tl.load(X + row * stride_x + c, mask=m, other=0.0)
+        if HAS_RESIDUAL:
+            r = tl.load(R + row * stride_r + c, mask=m, other=0.0)
+            s = _round(x.to(tl.float32) + r.to(tl.float32), S.dtype.element_ty)
+            tl.store(S + row * stride_s + c, s, mask=m)
+            xf = s.to(tl.float32)
+        else:
+            xf = x.to(tl.float32)
+        acc += xf * xf
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    # Pass 2: re-read (the rounded sum from S when fused, since X may be overwritten in place).
+    for start in range(0, n_cols, BLOCK_N):
+        c = start + cols
+        m = c < n_cols
+        if HAS_RESIDUAL:
+            xf = tl.load(S + row * stride_s + c, mask=m, other=0.0).to(tl.float32)
+        else:
+            xf = tl.load(X + row * stride_x + c, mask=m, other=0.0).to(tl.float32)
+        w = tl.load(W + c, mask=m, other=0.0).to(tl.float32) + w_offset
+        tl.store(Y + row * stride_y + c, _round(xf * rstd * w, Y.dtype.element_ty), mask=m)
+
+
+def _num_warps(elems):
+    # About 16 elements per thread: enough independent loads in flight, few registers.
+    return max(4, min(16, triton.next_power_of_2(elems) // 512))
+
+
+def _launch(x, r, w, y, s, sx, sr, sy, ss, n_rows, n_cols, eps, w_offset):
+    has_res = r is not None
+    if r is None:
+        r, s, sr, ss = x, y, 0, 0
+    if n_cols <= MAX_SINGLE_BLOCK:
+        block = triton.next_power_of_2(n_cols)
+        rows = max(1, min(64, ROW_PACK_ELEMS // block))
+        rows = min(rows, triton.next_power_of_2(n_rows))
+        grid = (triton.cdiv(n_rows, rows),)
+        _rmsnorm_tile_kernel[grid](
+            x, r, w, y, s, sx, sr, sy, ss, n_rows, n_cols, eps, w_offset,
+            HAS_RESIDUAL=has_res, BLOCK_N=block, ROWS=rows, num_warps=_num_warps(block * rows))
+    else:
+        _rmsnorm_loop_kernel[(n_rows,)](
+            x, r, w, y, s, sx, sr, sy, ss, n_rows, n_cols, eps, w_offset,
+            HAS_RESIDUAL=has_res, BLOCK_N=LOOP_BLOCK, num_warps=_num_warps(LOOP_BLOCK))
+
+
+def rmsnorm(x, weight, out, eps, weight_offset, x_row_stride, out_row_stride, n_rows, n_cols):
+    """Launch on the current stream. x/out: row-strided [n_rows, n_cols] (last dim contiguous)."""
+    _launch(x, None, weight, out, None, x_row_stride, 0, out_row_stride, 0,
+            n_rows, n_cols, float(eps), float(weight_offset))
+
+
+def add_rmsnorm(x, residual, weight, out, sum_out, eps, weight_offset,
+                x_row_stride, residual_row_stride, out_row_stride, sum_row_stride, n_rows, n_cols):
+    """sum_out = round(x + residual); out = rmsnorm(sum_out). out may be x, sum_out may be residual."""
+    _launch(x, residual, weight, out, sum_out, x_row_stride, residual_row_stride, out_row_stride,
+            sum_row_stride, n_rows, n_cols, float(eps), float(weight_offset))
