@@ -193,7 +193,7 @@ exports_files(["nvcc"])
 
 cc_library(
     name = "cuda_headers",
-    hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.cuh", "include/**/*.inl"]),
+    hdrs = glob(["include/**"]),  # CCCL headers such as nv/target have no extension
     includes = ["include"],
 )
 

@@ -53,7 +53,7 @@ def _cuda_library_impl(ctx):
             inputs = depset([src], transitive = [headers]),
             outputs = [obj],
             mnemonic = "NvccCompile",
-            progress_message = "nvcc %{input}",
+            progress_message = "nvcc " + src.short_path,
             use_default_shell_env = True,  # PATH: the host compiler needs `as`
         )
         objects.append(obj)

@@ -1,0 +1,52 @@
+// Fray: the one launch/error-check helper set for the whole tree (host only).
+//
+//  * DeviceGuard  - RAII device switch, a no-op when already on the right device.
+//  * check_cuda   - throws std::runtime_error("fray: <what>: <cuda error string>").
+//  * launch_error - cudaGetLastError() right after a kernel launch (launchers
+//    return its value as their cudaError_t and never throw).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace fray {
+
+// Throws std::runtime_error (pybind11 -> RuntimeError) when err != cudaSuccess.
+inline void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string("fray: ") + what + ": " + cudaGetErrorString(err));
+  }
+}
+
+// Status of the most recent launch on this host thread (clears the sticky
+// launch-error slot, like every cudaGetLastError call).
+inline cudaError_t launch_error() { return cudaGetLastError(); }
+
+// If `device_index` >= 0 and differs from the current device, switches to it
+// and restores the previous device on destruction; otherwise does nothing.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device_index) {
+    if (device_index < 0) return;
+    int current = 0;
+    check_cuda(cudaGetDevice(&current), "cudaGetDevice");
+    if (current != device_index) {
+      check_cuda(cudaSetDevice(device_index), "cudaSetDevice");
+      previous_ = current;
+      switched_ = true;
+    }
+  }
+  ~DeviceGuard() {
+    if (switched_) (void)cudaSetDevice(previous_);  // never throw from a destructor
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+}  // namespace fray

@@ -1,0 +1,68 @@
+// Fray norm family: host-only API (plain C++; no CUDA compiler needed).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/common/dtype.h"
+
+namespace fray {
+
+// RMSNorm (optionally fused with a residual add) over `rows` rows of `hidden`
+// elements. Row strides are in elements; the last dim is contiguous.
+//
+//   residual == nullptr:
+//     y[i,j] = T(x[i,j] * rsqrt(mean_j(x[i,:]^2) + eps) * (w[j] + weight_offset))
+//   residual != nullptr:
+//     s = T(float(x) + float(residual));  sum_out = s;  y = rmsnorm(s) as above.
+//
+// All math in fp32, one rounding to T at the end. In place is allowed:
+// y may alias x and sum_out may alias residual (same pointers and strides).
+// `weight` is contiguous [hidden], of dtype `weight_dtype` = x's dtype or fp32.
+struct RmsNormParams {
+  const void* x = nullptr;
+  int64_t x_row_stride = 0;
+  const void* residual = nullptr;  // nullptr: plain rmsnorm
+  int64_t residual_row_stride = 0;
+  const void* weight = nullptr;
+  DType weight_dtype = DType::kFloat32;
+  void* y = nullptr;
+  int64_t y_row_stride = 0;
+  void* sum_out = nullptr;  // required iff residual != nullptr
+  int64_t sum_row_stride = 0;
+  int64_t rows = 0;
+  int64_t hidden = 0;
+  float eps = 1e-6f;
+  float weight_offset = 0.0f;  // 1.0 for Gemma's (1 + w)
+};
+
+// Enqueues the kernel on `stream` (the caller has made the stream's device
+// current). Never synchronises, allocates or throws. Returns
+// cudaErrorInvalidValue for an unsupported dtype pair, else the launch status.
+cudaError_t rmsnorm(DType x_dtype, const RmsNormParams& p, cudaStream_t stream);
+
+// Number of distinct RMSNorm kernels compiled into the library.
+int rmsnorm_num_kernel_instances();
+
+// Python adapters (norm_api.cc): plain integer / float arguments; throw
+// std::invalid_argument for bad dtype codes and std::runtime_error for CUDA
+// errors. dtype codes: 0 fp32, 1 fp16, 2 bf16; `stream` is a raw cudaStream_t.
+namespace norm_api {
+
+void rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t weight, int weight_dtype, uintptr_t y,
+             int64_t y_row_stride, int64_t rows, int64_t hidden, double eps, double weight_offset,
+             int x_dtype, int device_index, uintptr_t stream);
+
+void add_rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t residual, int64_t residual_row_stride,
+                 uintptr_t weight, int weight_dtype, uintptr_t y, int64_t y_row_stride,
+                 uintptr_t sum_out, int64_t sum_row_stride, int64_t rows, int64_t hidden, double eps,
+                 double weight_offset, int x_dtype, int device_index, uintptr_t stream);
+
+std::string archs();
+int cuda_runtime_version();
+int num_kernel_instances();
+
+}  // namespace norm_api
+}  // namespace fray

@@ -1,0 +1,101 @@
+// Fray norm family: Python-facing adapters with plain integer / float
+// arguments (no torch, no pybind11). Host-only; compiled by the C++ compiler.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "cuda/common/dtype.h"
+#include "cuda/common/launch.h"
+#include "cuda/norm/norm.h"
+
+#ifndef FRAY_CUDA_ARCHS
+#define FRAY_CUDA_ARCHS "unknown"
+#endif
+
+namespace fray {
+namespace norm_api {
+namespace {
+
+DType to_dtype(int code, const char* what) {
+  if (!is_valid_dtype_code(code)) {
+    throw std::invalid_argument(std::string("fray: unsupported ") + what + " dtype code " + std::to_string(code) +
+                                " (expected 0 = float32, 1 = float16, 2 = bfloat16)");
+  }
+  return static_cast<DType>(code);
+}
+
+// weight dtype must be x's dtype or fp32.
+void check_weight_dtype(DType x, DType w) {
+  if (w != x && w != DType::kFloat32) {
+    throw std::invalid_argument(std::string("fray: rmsnorm weight dtype ") + dtype_name(w) +
+                                " is not supported with x dtype " + dtype_name(x) +
+                                " (use the same dtype as x, or float32)");
+  }
+}
+
+void run(DType x_dtype, const RmsNormParams& p, int device_index, uintptr_t stream, const char* what) {
+  DeviceGuard guard(device_index);
+  check_cuda(fray::rmsnorm(x_dtype, p, reinterpret_cast<cudaStream_t>(stream)), what);
+}
+
+}  // namespace
+
+void rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t weight, int weight_dtype, uintptr_t y,
+             int64_t y_row_stride, int64_t rows, int64_t hidden, double eps, double weight_offset,
+             int x_dtype, int device_index, uintptr_t stream) {
+  const DType xd = to_dtype(x_dtype, "x");
+  const DType wd = to_dtype(weight_dtype, "weight");
+  check_weight_dtype(xd, wd);
+  RmsNormParams p;
+  p.x = reinterpret_cast<const void*>(x);
+  p.x_row_stride = x_row_stride;
+  p.weight = reinterpret_cast<const void*>(weight);
+  p.weight_dtype = wd;
+  p.y = reinterpret_cast<void*>(y);
+  p.y_row_stride = y_row_stride;
+  p.rows = rows;
+  p.hidden = hidden;
+  p.eps = static_cast<float>(eps);
+  p.weight_offset = static_cast<float>(weight_offset);
+  run(xd, p, device_index, stream, "rmsnorm");
+}
+
+void add_rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t residual, int64_t residual_row_stride,
+                 uintptr_t weight, int weight_dtype, uintptr_t y, int64_t y_row_stride,
+                 uintptr_t sum_out, int64_t sum_row_stride, int64_t rows, int64_t hidden, double eps,
+                 double weight_offset, int x_dtype, int device_index, uintptr_t stream) {
+  const DType xd = to_dtype(x_dtype, "x");
+  const DType wd = to_dtype(weight_dtype, "weight");
+  check_weight_dtype(xd, wd);
+  RmsNormParams p;
+  p.x = reinterpret_cast<const void*>(x);
+  p.x_row_stride = x_row_stride;
+  p.residual = reinterpret_cast<const void*>(residual);
+  p.residual_row_stride = residual_row_stride;
+  p.weight = reinterpret_cast<const void*>(weight);
+  p.weight_dtype = wd;
+  p.y = reinterpret_cast<void*>(y);
+  p.y_row_stride = y_row_stride;
+  p.sum_out = reinterpret_cast<void*>(sum_out);
+  p.sum_row_stride = sum_row_stride;
+  p.rows = rows;
+  p.hidden = hidden;
+  p.eps = static_cast<float>(eps);
+  p.weight_offset = static_cast<float>(weight_offset);
+  run(xd, p, device_index, stream, "add_rmsnorm");
+}
+
+std::string archs() { return FRAY_CUDA_ARCHS; }
+
+int cuda_runtime_version() {
+  int version = 0;
+  check_cuda(cudaRuntimeGetVersion(&version), "cudaRuntimeGetVersion");
+  return version;
+}
+
+int num_kernel_instances() { return rmsnorm_num_kernel_instances(); }
+
+}  // namespace norm_api
+}  // namespace fray
