@@ -36,7 +36,7 @@ def fray_py_test(name, srcs, deps = [], data = [], size = "medium", cpu = True, 
     if cpu:
         py_test(
             name = name,
-            args = ["-m", "not gpu"] + files,
+            args = ["-m", "'not gpu'"] + files,  # args are shell-tokenized
             env = {"TRITON_INTERPRET": "1"},
             **common
         )

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Stage the GPU bundle: `bash tools/make_bundle.sh [DEST]` (default .bundle/, git-ignored).
+#
+# Builds //:gpu_bundle for the GPU machine's Python 3.12 (--config=py312), then copies its runfiles
+# with symbolic links resolved (links do not travel), plus the run script, the commit stamp and
+# any peer wheels in .whl/ (e.g. Liger-Kernel). Carry DEST to the GPU machine and run
+#   bash DEST/run.sh [FAMILY|all] [DEADLINE_SECONDS]
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+DEST=${1:-$REPO/.bundle}
+cd "$REPO"
+bazel build --config=py312 //:gpu_bundle
+BIN=$(bazel info --config=py312 bazel-bin 2>/dev/null)
+RF=$BIN/gpu_bundle.runfiles/_main
+[ -d "$RF" ] || { echo "make_bundle: no runfiles at $RF" >&2; exit 1; }
+rm -rf "$DEST"
+mkdir -p "$DEST"
+for d in python triton tests bench; do cp -rL "$RF/$d" "$DEST/$d"; done
+find "$DEST" -name '__pycache__' -prune -exec rm -rf {} +
+cp -L "$RF/tools/gpu_run.sh" "$DEST/run.sh"
+chmod -R u+w "$DEST"
+commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD -- 2>/dev/null || commit="$commit-dirty"
+echo "$commit" > "$DEST/COMMIT"
+if compgen -G ".whl/*.whl" >/dev/null; then mkdir -p "$DEST/wheels"; cp .whl/*.whl "$DEST/wheels/"; fi
+ls "$DEST"/python/fray/_C/*.so >/dev/null || { echo "make_bundle: extensions missing" >&2; exit 1; }
+echo "bundle staged in $DEST ($(du -sh "$DEST" | cut -f1), commit $commit)"
