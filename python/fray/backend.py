@@ -39,6 +39,7 @@ def load_extension(family):
         return exc
 
 
+@functools.lru_cache(maxsize=None)
 def extension_archs(family):
     ext = load_extension(family)
     if isinstance(ext, ImportError):
@@ -100,8 +101,22 @@ def unavailable_reason(backend, family, device):
     return None
 
 
+_RESOLVED = {}
+
+
 def resolve(op, family, backend, device):
-    """The concrete backend for one call on CUDA tensors; raises for a forced unavailable one."""
+    """The concrete backend for one call on CUDA tensors; raises for a forced unavailable one.
+
+    Resolutions are cached per (op, requested backend, device, FRAY_BACKEND): this runs on every
+    eager call, where a few microseconds of Python matter for small shapes."""
+    key = (op, backend, device, env.backend_override())
+    hit = _RESOLVED.get(key)
+    if hit is None:
+        hit = _RESOLVED[key] = _resolve(op, family, backend, device)
+    return hit
+
+
+def _resolve(op, family, backend, device):
     if backend == "auto":
         backend = env.backend_override() or "auto"
     if backend == "reference":

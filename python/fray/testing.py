@@ -21,7 +21,7 @@ def assert_close(actual, expected_f64, dtype, what=""):
     """actual (any device/dtype) vs a float64 reference (numpy or tensor), dtype-scaled."""
     a = actual.detach().to("cpu", torch.float64) if isinstance(actual, torch.Tensor) else torch.from_numpy(np.asarray(actual, np.float64))
     e = expected_f64 if isinstance(expected_f64, torch.Tensor) else torch.from_numpy(np.asarray(expected_f64, np.float64))
-    e = e.to(torch.float64)
+    e = e.detach().to("cpu", torch.float64)
     assert a.shape == e.shape, "%s: shape %s != %s" % (what, tuple(a.shape), tuple(e.shape))
     assert torch.isfinite(a).all(), "%s: non-finite values in the result" % what
     torch.testing.assert_close(a, e, msg=lambda m: "%s (%s)\n%s" % (what, dtype, m), **TOLERANCES[dtype])

@@ -50,6 +50,25 @@ def time_us(fn, warmup_ms=25, rep_ms=100):
     return 1000.0 * do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
+def time_rounds(impls, timer, rounds=3):
+    """{impl: [µs per round]}: every impl timed once per round, impls interleaved, so a slow
+    moment of the machine (clock ramp, a neighbour) lands on all of them alike."""
+    out = {name: [] for name in impls}
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            try:
+                out[name].append(timer(fn))
+            except Exception as exc:  # a peer that fails still leaves a row saying so
+                out[name] = exc
+        impls = {k: v for k, v in impls.items() if not isinstance(out[k], Exception)}
+    return out
+
+
+def median(values):
+    v = sorted(values)
+    return v[len(v) // 2]
+
+
 def graph_us(fn, calls=20, replays=50):
     """µs per call under CUDA-graph replay: `calls` calls captured once, median over replays."""
     fn()

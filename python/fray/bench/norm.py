@@ -69,7 +69,7 @@ def _bytes(op, rows, hidden, x, w):
 def run(op, recorder, shapes=None, graph=True):
     if op not in ("rmsnorm", "add_rmsnorm"):
         raise ValueError("op: expected rmsnorm or add_rmsnorm, got %r" % op)
-    from fray.bench import graph_us, time_us
+    from fray.bench import graph_us, median, time_rounds, time_us
     for rows, hidden, dtype in shapes or SHAPES:
         g = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(rows, hidden, device="cuda", generator=g).to(dtype)
@@ -77,15 +77,18 @@ def run(op, recorder, shapes=None, graph=True):
         w = torch.randn(hidden, device="cuda", generator=g).to(dtype)
         shape = "%dx%d" % (rows, hidden)
         nbytes = _bytes(op, rows, hidden, x, w)
-        for impl, fn in _impls(op, x, r, w).items():
-            try:
-                us = time_us(fn)
-            except Exception as exc:  # a peer that fails still leaves a row saying so
-                recorder.add(op, impl, shape, dtype, None, note="error: %s" % str(exc)[:200])
-                continue
-            recorder.add(op, impl, shape, dtype, us, nbytes)
-            if graph and us < GRAPH_BELOW_US:
-                try:
-                    recorder.add(op, impl, shape + ":graph", dtype, graph_us(fn), nbytes)
-                except Exception as exc:
-                    recorder.add(op, impl, shape + ":graph", dtype, None, note="error: %s" % str(exc)[:200])
+        impls = _impls(op, x, r, w)
+        variants = [("", time_us)]
+        timed = time_rounds(impls, time_us)
+        ok = [median(v) for v in timed.values() if not isinstance(v, Exception)]
+        if graph and ok and min(ok) < GRAPH_BELOW_US:
+            variants.append((":graph", graph_us))
+        for suffix, timer in variants:
+            if suffix:
+                timed = time_rounds(impls, timer)
+            for impl, rounds in timed.items():
+                if isinstance(rounds, Exception):
+                    recorder.add(op, impl, shape + suffix, dtype, None, note="error: %s" % str(rounds)[:200])
+                else:
+                    recorder.add(op, impl, shape + suffix, dtype, median(rounds), nbytes,
+                                 rounds=[round(u, 3) for u in rounds])
