@@ -101,7 +101,15 @@ def _launch_args(x):
     return x.numel() // hidden, hidden
 
 
+try:  # the raw cudaStream_t of the current stream without building a torch.cuda.Stream object
+    from torch._C import _cuda_getCurrentRawStream as _raw_stream
+except ImportError:  # CPU-only torch builds
+    _raw_stream = None
+
+
 def _stream(device):
+    if _raw_stream is not None:
+        return _raw_stream(device.index)
     return torch.cuda.current_stream(device).cuda_stream
 
 
