@@ -1,6 +1,6 @@
 """Macros every Fray family uses: the Python extension, the CPU+GPU test pair, the benchmark."""
 
-load("@rules_python//python:defs.bzl", "py_binary", "py_test")
+load("@rules_python//python:defs.bzl", "py_binary", "py_library", "py_test")
 
 def py_extension(name, deps, **kwargs):
     """A pybind11 extension `<name>.so`, importable as `<python package of this BUILD>.<name>`.
@@ -18,12 +18,28 @@ def py_extension(name, deps, **kwargs):
         **kwargs
     )
 
-def fray_py_test(name, srcs, deps = [], data = [], size = "medium", cpu = True, gpu = True, **kwargs):
+def fray_family_extension(family):
+    """In python/fray/_C: `_<family>.so` (fray._C._<family>) and the py_library `<family>`."""
+    py_extension(
+        name = "_" + family,
+        deps = ["//cuda/%s:%s_binding" % (family, family)],
+    )
+    py_library(
+        name = family,
+        data = [":_%s.so" % family],
+        deps = [":_C"],
+    )
+
+def fray_py_test(name, srcs, family = None, deps = [], data = [], size = "medium", cpu = True, gpu = True, **kwargs):
     """One pytest file, two targets: `<name>` (CPU, CI) and `<name>_gpu` (tags = ["gpu"]).
 
+    family: the kernel family under test; adds the fray package, that family's extension
+    (//python/fray/_C:<family>) and the shared conftest to deps.
     Tests marked @pytest.mark.gpu run only in the GPU target; the others only in the CPU target,
     where Triton runs under its interpreter (TRITON_INTERPRET=1).
     """
+    if family:
+        deps = deps + ["//python/fray", "//python/fray/_C:" + family, "//tests:conftest"]
     common = dict(
         srcs = srcs + ["//tools:pytest_runner.py"],
         main = "//tools:pytest_runner.py",
@@ -54,7 +70,7 @@ def fray_bench(name, src, deps = [], **kwargs):
         name = name,
         srcs = [src],
         main = src,
-        deps = deps + ["//python/fray"],
+        deps = deps + ["//python/fray:all"],
         tags = ["gpu", "manual"],
         **kwargs
     )

@@ -2,17 +2,27 @@
 
 Every operator runs three ways behind one function: the CPU reference (float64), a Triton kernel
 and a CUDA C++ kernel; backend="auto" picks the fastest one verified on the device.
-"""
-from fray.ops.norm import add_rmsnorm, rmsnorm
 
-from fray import jit_kernels, triton  # noqa: E402  (seed-compatible alias modules)
+Each family is one module fray.ops.<family> listing its public functions in __all__ and its
+operators in OPS; they are collected here, so adding a family edits no shared file.
+"""
+import importlib as _importlib
+import pkgutil as _pkgutil
+
+from fray import ops as _ops
 
 __version__ = "0.1.0"
 
-# Operators, their family and whether they are registered as torch custom ops (for the CLI).
-OPS = {
-    "rmsnorm": "norm",
-    "add_rmsnorm": "norm",
-}
+OPS = {}        # op name -> family
+FAMILIES = {}   # family -> module
+for _info in sorted(_pkgutil.iter_modules(_ops.__path__), key=lambda m: m.name):
+    _module = _importlib.import_module("fray.ops." + _info.name)
+    FAMILIES[_info.name] = _module
+    for _name in _module.__all__:
+        globals()[_name] = getattr(_module, _name)
+    for _op in _module.OPS:
+        OPS[_op] = _info.name
 
-__all__ = ["add_rmsnorm", "rmsnorm", "OPS", "__version__"]
+from fray import jit_kernels, triton  # noqa: E402  (seed-compatible alias modules)
+
+__all__ = sorted(OPS) + ["OPS", "FAMILIES", "__version__"]

@@ -17,6 +17,8 @@ from fray.reference import convert as C
 from fray.reference import norm as ref
 
 FAMILY = "norm"
+OPS = ("rmsnorm", "add_rmsnorm")
+__all__ = ["rmsnorm", "add_rmsnorm"]
 B.register_preference("rmsnorm", ("cuda", "triton"))
 B.register_preference("add_rmsnorm", ("cuda", "triton"))
 
@@ -284,3 +286,60 @@ def add_rmsnorm_residual_inplace(x, residual, weight, eps=1e-6, *, backend="auto
     else:
         _add_rmsnorm_impl(x, residual, weight, out, residual, eps, weight_offset, backend)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# `fray check` cases: (op, backend, dtype, shape, callable raising on a mismatch)
+
+def check_cases(device):
+    """On a GPU: every available backend x dtype x a few awkward shapes. On the CPU: the reference
+    against hand-computed values and the Triton kernels under Triton's interpreter."""
+    from fray.testing import assert_close
+
+    def run(op, backend, dtype, rows, hidden, dev):
+        x = torch.randn(rows, hidden, device=dev).to(dtype)
+        r = torch.randn(rows, hidden, device=dev).to(dtype)
+        w = torch.randn(hidden, device=dev).to(dtype)
+        ey, es = ref.add_rmsnorm(x.double(), r.double(), w.double(), 1e-6,
+                                 round_sum=lambda v: v.to(dtype).double())
+        if backend == "triton-interpreter":
+            from fray_triton import norm as tnorm
+            y, s = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+            if op == "rmsnorm":
+                tnorm.rmsnorm(x, w, y, 1e-6, 0.0, hidden, hidden, rows, hidden)
+            else:
+                tnorm.add_rmsnorm(x, r, w, y, s, 1e-6, 0.0, hidden, hidden, hidden, hidden, rows, hidden)
+        elif op == "rmsnorm":
+            y = rmsnorm(x, w, backend=backend)
+        else:
+            y, s = add_rmsnorm(x, r, w, backend=backend)
+        if op == "rmsnorm":
+            assert_close(y, ref.rmsnorm(x.double(), w.double(), 1e-6), dtype, op)
+        else:
+            assert_close(y, ey, dtype, op)
+            assert_close(s, es, dtype, op)
+
+    def hand():
+        y = rmsnorm(np.array([[3.0, 4.0]]), np.array([1.0, 2.0]), eps=0.0)
+        np.testing.assert_allclose(y, [[3 / 12.5 ** 0.5, 8 / 12.5 ** 0.5]], rtol=1e-12)
+        y, s = add_rmsnorm(np.array([[1.0, 1.0]]), np.array([[2.0, 3.0]]), np.array([1.0, 2.0]), eps=0.0)
+        np.testing.assert_allclose(s, [[3.0, 4.0]])
+
+    cases = []
+    if device.type != "cuda":
+        cases.append(("rmsnorm+add", "reference", "fp64", "hand", hand))
+        for op in OPS:
+            for dtype in (torch.float32, torch.bfloat16):
+                cases.append((op, "triton-interpreter", V.DTYPE_NAMES[dtype], "3x100",
+                              lambda o=op, d=dtype: run(o, "triton-interpreter", d, 3, 100, "cpu")))
+        return cases
+    for op in OPS:
+        for backend, reason in B.available(op, FAMILY, device).items():
+            if reason is not None:
+                cases.append((op, backend, "-", "-", RuntimeError("unavailable: " + reason)))
+                continue
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                for rows, hidden in ((1, 1), (7, 4097), (1024, 8192)):
+                    cases.append((op, backend, V.DTYPE_NAMES[dtype], "%dx%d" % (rows, hidden),
+                                  lambda o=op, b=backend, d=dtype, r=rows, h=hidden: run(o, b, d, r, h, device)))
+    return cases
