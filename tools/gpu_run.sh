@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Run Fray's GPU tests and benchmarks from a staged bundle, without Bazel:
-#   bash run.sh [FAMILY|all] [DEADLINE_SECONDS]
-# Results go to $OUT (or ./gpu_results): logs, junit XML and benchmark JSON lines in results/,
-# re-packed into $OUT/results.tgz after every step, so a run cut short still returns what it did.
+#   bash run.sh [FAMILIES|all] [DEADLINE_SECONDS] [BENCH_REGEX]
+# FAMILIES: comma list (norm,softmax) or all; BENCH_REGEX selects benchmark files by name (default
+# all of the families'). Logs, junit XML and benchmark JSON lines are re-packed into
+# $OUT/results.tgz (or ./gpu_results/) after every step, so a run cut short still returns what it
+# did; the GPU machine returns only a few files, so that archive and summary.txt are all of $OUT.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 FAMILY=${1:-all}
 DEADLINE=${2:-540}
+BENCH_RE=${3:-.}
 OUTDIR=${OUT:-$PWD/gpu_results}
-RES=$OUTDIR/results
-mkdir -p "$RES"
+RES=$(mktemp -d)/results
+mkdir -p "$RES" "$OUTDIR"
 START=$(date +%s)
 left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
-pack() { tar czf "$OUTDIR/results.tgz" -C "$RES" . ; }
+pack() { tar czf "$OUTDIR/results.tgz" -C "$RES" . ; cp "$RES/summary.txt" "$OUTDIR/" 2>/dev/null || true; }
 
 export PYTHONPATH=$HERE/python:$HERE/triton${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
@@ -27,23 +30,31 @@ pack
 if [ "$FAMILY" = all ]; then
   FAMILIES=$(cd "$HERE/tests" && ls -d */ | tr -d /)
 else
-  FAMILIES=$FAMILY
+  FAMILIES=$(echo "$FAMILY" | tr , ' ')
 fi
 status=0
 cd "$HERE"
-for f in $FAMILIES; do
-  [ "$(left)" -gt 20 ] || { echo "deadline reached before tests of $f" | tee -a "$RES/summary.txt"; break; }
-  timeout "$(left)" python3 -m pytest -p no:cacheprovider -q -rs --rootdir=. -m gpu "tests/$f" \
-    --junitxml "$RES/pytest_$f.xml" > "$RES/pytest_$f.log" 2>&1
+# Tests of all selected families in one pytest run; pytest-xdist (if present) spreads them over
+# processes, which mostly parallelises Triton's compilation.
+XDIST=""
+python3 -c "import xdist" 2>/dev/null && XDIST="-n ${FRAY_TEST_PROCS:-8}"
+TESTS=$(for f in $FAMILIES; do printf 'tests/%s ' "$f"; done)
+if [ "$(left)" -gt 20 ]; then
+  # shellcheck disable=SC2086
+  timeout "$(left)" python3 -m pytest -p no:cacheprovider -q -rs --rootdir=. -m gpu $XDIST $TESTS \
+    --junitxml "$RES/pytest.xml" > "$RES/pytest.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
-  echo "tests/$f: rc=$rc $(tail -n 1 "$RES/pytest_$f.log")" | tee -a "$RES/summary.txt"
-  pack
-done
+  echo "tests ($FAMILIES): rc=$rc $(tail -n 1 "$RES/pytest.log")" | tee -a "$RES/summary.txt"
+else
+  echo "deadline reached before the tests" | tee -a "$RES/summary.txt"
+fi
+pack
 [ "$(left)" -gt 20 ] && timeout "$(left)" python3 -m fray.cli check > "$RES/check.log" 2>&1
 echo "fray check: rc=$? $(tail -n 1 "$RES/check.log" 2>/dev/null)" | tee -a "$RES/summary.txt"
 pack
 for f in $FAMILIES; do
   for b in "bench/$f"/*.py; do
+    basename "$b" .py | grep -Eq "$BENCH_RE" || continue
     [ "$(left)" -gt 30 ] || { echo "deadline reached before $b" | tee -a "$RES/summary.txt"; break 2; }
     timeout "$(left)" python3 "$b" --out "$RES/bench_$f.jsonl" > "$RES/$(basename "$b" .py).log" 2>&1
     echo "$b: rc=$?" | tee -a "$RES/summary.txt"
