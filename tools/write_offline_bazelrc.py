@@ -54,6 +54,9 @@ def main():
     lines.append("common --override_module=rules_python=%s" % rules_python_overlay(a.repo, a.debian))
     for name in STAND_INS:
         lines.append("common --override_module=%s=%%workspace%%/third_party/offline/%s" % (name, name))
+    if os.path.realpath(a.debian).startswith("/tmp/"):
+        # Bazel 7's sandboxes get a private /tmp, which would hide a Bazel installed under /tmp.
+        lines.append("common --noincompatible_sandbox_hermetic_tmp")
     with open(os.path.join(a.repo, ".bazelrc.offline"), "w") as fh:
         fh.write("\n".join(lines) + "\n")
 
