@@ -28,6 +28,16 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Butterfly max over aligned groups of `width` consecutive lanes (same rules as
+// warp_sum). fmaxf semantics: a NaN operand loses against a number.
+__device__ __forceinline__ float warp_max(float v, int width = kWarpSize) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
+    if (offset < width) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset, width));
+  }
+  return v;
+}
+
 // Sum over groups of `warps_per_group` consecutive whole warps of the block
 // (1 <= warps_per_group <= 32). `group` is the calling thread's group index,
 // i.e. its warp index / warps_per_group (passed in so no division is needed).

@@ -156,6 +156,31 @@ __device__ __forceinline__ void store_vec(T* dst, const AlignedVec<T, N>& src) {
   for (int i = 0; i < A::kWords; ++i) d[i] = s[i];
 }
 
+// store_vec as one inline-PTX vector store per 16 bytes, built from the
+// vector's 32-bit words. NVVM may split store_vec's uint4 copy into four
+// 32-bit stores when the vector was computed in registers and the address is
+// base + a runtime offset (seen in cuda/activation: 4 x STG.32 instead of one
+// STG.128); an asm vector store cannot be split. Plain (weak, write-back)
+// st.global like store_vec; same alignment rules.
+template <typename T, int N>
+__device__ __forceinline__ void store_vec_asm(T* dst, const AlignedVec<T, N>& src) {
+  using A = detail::VecAccess<T, N>;
+  if constexpr (A::kWordBytes == 16) {
+    const auto* w = reinterpret_cast<const unsigned int*>(src.val);
+#pragma unroll
+    for (int i = 0; i < A::kWords; ++i) {
+      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst + i * (16 / sizeof(T))), "r"(w[4 * i]),
+                   "r"(w[4 * i + 1]), "r"(w[4 * i + 2]), "r"(w[4 * i + 3])
+                   : "memory");
+    }
+  } else if constexpr (A::kWordBytes == 8) {
+    const auto* w = reinterpret_cast<const unsigned int*>(src.val);
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(dst), "r"(w[0]), "r"(w[1]) : "memory");
+  } else {
+    store_vec(dst, src);  // one 32- or 16-bit word: nothing to split
+  }
+}
+
 // Zero-fill (for masked-off lanes).
 template <typename T, int N>
 __device__ __forceinline__ void zero_vec(AlignedVec<T, N>& v) {
