@@ -1,0 +1,70 @@
+// Fray activation family: host-only API (plain C++; no CUDA compiler needed).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/common/dtype.h"
+
+namespace fray {
+
+// Gate activation of the gated MLP. Integer values are part of the Python ABI.
+enum class Activation : int {
+  kSilu = 0,      // g / (1 + exp(-g))
+  kGeluErf = 1,   // 0.5 g (1 + erf(g / sqrt(2)))
+  kGeluTanh = 2,  // 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+};
+
+inline constexpr bool is_valid_activation_code(int code) { return code >= 0 && code <= 2; }
+
+// Gated activation over `rows` rows of `d` elements:
+//
+//   out[i,j] = T(act(float(gate[i,j])) * float(up[i,j]))
+//
+// fp32 math, one rounding to T. Row strides are in elements; the last dim is
+// contiguous. The engines' fused layout x = [rows, 2d] (gate in the first
+// half, up in the second) is gate = x, up = x + d with both strides = x's.
+// `out` may alias gate or up exactly (same pointer and stride): every element
+// is read and then written by the same thread. Partial overlap is undefined.
+struct ActMulParams {
+  Activation act = Activation::kSilu;
+  const void* gate = nullptr;
+  int64_t gate_row_stride = 0;
+  const void* up = nullptr;
+  int64_t up_row_stride = 0;
+  void* out = nullptr;
+  int64_t out_row_stride = 0;
+  int64_t rows = 0;
+  int64_t d = 0;
+};
+
+// Enqueues the kernel on `stream` (the caller has made the stream's device
+// current). Never synchronises, allocates or throws. Returns
+// cudaErrorInvalidValue for an unsupported dtype or activation, else the
+// launch status.
+cudaError_t act_mul(DType dtype, const ActMulParams& p, cudaStream_t stream);
+
+// Number of distinct activation kernels compiled into the library.
+int act_mul_num_kernel_instances();
+
+// Python adapters (activation_api.cc): plain integer arguments; throw
+// std::invalid_argument for bad dtype codes and std::runtime_error for CUDA
+// errors. dtype codes: 0 fp32, 1 fp16, 2 bf16; `stream` is a raw cudaStream_t.
+namespace activation_api {
+
+void silu_mul(uintptr_t gate, int64_t gate_row_stride, uintptr_t up, int64_t up_row_stride, uintptr_t out,
+              int64_t out_row_stride, int64_t rows, int64_t d, int dtype, int device_index, uintptr_t stream);
+
+// approximate_tanh: false = exact (erf) GELU, true = the tanh approximation.
+void gelu_mul(uintptr_t gate, int64_t gate_row_stride, uintptr_t up, int64_t up_row_stride, uintptr_t out,
+              int64_t out_row_stride, int64_t rows, int64_t d, bool approximate_tanh, int dtype, int device_index,
+              uintptr_t stream);
+
+std::string archs();
+int cuda_runtime_version();
+int num_kernel_instances();
+
+}  // namespace activation_api
+}  // namespace fray

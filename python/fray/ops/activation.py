@@ -1,0 +1,285 @@
+"""The activation family: gated MLP activations silu_mul and gelu_mul.
+
+Two layouts, as engines and model files hold them:
+  one tensor   x = [..., 2 d], gate in the first half of the last dim, up in the second
+               (the output of a fused gate_up projection), out = act(x[..., :d]) * x[..., d:];
+  two tensors  gate, up = [..., d] each, out = act(gate) * up.
+Neither half is copied: the kernels read both halves of x in place through one row stride.
+
+Validation happens here, once; the kernels (cuda/activation, fray_triton.activation) trust their
+inputs. GPU entry points are torch custom ops (fray::silu_mul, fray::gelu_mul) with fake
+implementations, so torch.compile(fullgraph=True) traces through them; in eager mode the same
+implementation is called directly. CPU tensors and numpy arrays run the float64 reference and come
+back in the input's dtype.
+"""
+from typing import Optional
+
+import numpy as np
+import torch
+
+from fray import _validate as V
+from fray import backend as B
+from fray.reference import activation as ref
+from fray.reference import convert as C
+
+FAMILY = "activation"
+OPS = ("silu_mul", "gelu_mul")
+__all__ = ["silu_mul", "gelu_mul"]
+B.register_preference("silu_mul", ("cuda", "triton"))
+B.register_preference("gelu_mul", ("cuda", "triton"))
+
+APPROXIMATIONS = ("none", "tanh")
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+
+def _check_approximate(approximate):
+    if not isinstance(approximate, str):
+        raise TypeError("approximate: expected 'none' or 'tanh', got %s" % type(approximate).__name__)
+    if approximate not in APPROXIMATIONS:
+        raise ValueError("approximate: expected 'none' or 'tanh', got %r" % (approximate,))
+    return approximate
+
+
+def _half_width(x_shape, up):
+    """d: the last dim of up / out. One-tensor form: half of x's (which must be even)."""
+    n = x_shape[-1]
+    if up is not None:
+        return n
+    if n % 2:
+        raise ValueError("x: the last dimension holds the gate and up halves and must be even, got %d "
+                         "(pass up= for separate gate and up tensors)" % n)
+    return n // 2
+
+
+def _dtype_name(t):
+    return str(t.dtype).replace("torch.", "")
+
+
+def _check_tensors(x, up, out):
+    """Returns d. Checks dtypes, devices, shapes and that every layout is row-strided."""
+    V.require_tensor("x", x)
+    V.require_tensor("up", up, allow_none=True)
+    V.require_tensor("out", out, allow_none=True)
+    V.require_device_family("x", x)
+    V.require_float_dtype("x", x)
+    if x.dim() == 0:
+        raise ValueError("x: expected at least 1 dimension, got a 0-d tensor")
+    V.require_same_device([("x", x), ("up", up), ("out", out)])
+    d = _half_width(x.shape, up)
+    if up is not None:
+        if up.dtype != x.dtype:
+            raise TypeError("up: expected dtype %s (that of x), got %s" % (_dtype_name(x), _dtype_name(up)))
+        V.require_shape("up", up, x.shape)
+        V.row_stride("up", up)
+    V.row_stride("x", x)
+    if out is not None:
+        if out.dtype != x.dtype:
+            raise TypeError("out: expected dtype %s (that of x), got %s" % (_dtype_name(x), _dtype_name(out)))
+        V.require_shape("out", out, tuple(x.shape[:-1]) + (d,))
+        V.row_stride("out", out, writable=True)
+    return d
+
+
+def _check_arrays(x, up, out):
+    for name, a in (("x", x), ("up", up), ("out", out)):
+        if a is None:
+            continue
+        if not isinstance(a, np.ndarray):
+            raise TypeError("%s: expected a numpy.ndarray like x, got %s" % (name, type(a).__name__))
+        if a.dtype not in (np.float16, np.float32, np.float64):
+            raise TypeError("%s: expected a float16/float32/float64 array, got %s" % (name, a.dtype))
+    if x.ndim == 0:
+        raise ValueError("x: expected at least 1 dimension, got a 0-d array")
+    d = _half_width(x.shape, up)
+    if up is not None:
+        V.require_shape("up", up, x.shape)
+    if out is not None:
+        V.require_shape("out", out, tuple(x.shape[:-1]) + (d,))
+
+
+def _reference(fn, x, up, out):
+    """CPU path: float64 reference, rounded to x's dtype, as x's kind (numpy / torch)."""
+    xf = C.to_f64(x)
+    gate, u = ref.split(xf) if up is None else (xf, C.to_f64(up))
+    y = C.like(fn(gate, u), x)
+    if out is None:
+        return y
+    if isinstance(out, np.ndarray):
+        out[...] = y
+    else:
+        out.copy_(y)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU implementations (called directly in eager mode, through the custom ops under torch.compile)
+
+try:  # the raw cudaStream_t of the current stream without building a torch.cuda.Stream object
+    from torch._C import _cuda_getCurrentRawStream as _raw_stream
+except ImportError:  # CPU-only torch builds
+    _raw_stream = None
+
+
+def _stream(device):
+    if _raw_stream is not None:
+        return _raw_stream(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _act_impl(op, x, up, out, approximate, backend):
+    n = x.shape[-1]
+    d = n if up is not None else n // 2
+    if d == 0 or out.numel() == 0:
+        return
+    rows = out.numel() // d
+    be = B.resolve(op, FAMILY, backend, x.device)
+    sx, so = V.row_stride("x", x), V.row_stride("out", out, writable=True)
+    su = sx if up is None else V.row_stride("up", up)
+    if be == "cuda":
+        gate_ptr = x.data_ptr()
+        up_ptr = gate_ptr + d * x.element_size() if up is None else up.data_ptr()
+        ext = B.load_extension(FAMILY)
+        if op == "silu_mul":
+            ext.silu_mul(gate_ptr, sx, up_ptr, su, out.data_ptr(), so, rows, d,
+                         V.DTYPE_CODES[x.dtype], x.device.index, _stream(x.device))
+        else:
+            ext.gelu_mul(gate_ptr, sx, up_ptr, su, out.data_ptr(), so, rows, d, approximate == "tanh",
+                         V.DTYPE_CODES[x.dtype], x.device.index, _stream(x.device))
+    else:
+        from fray_triton import activation as tact
+        u = x.narrow(-1, d, d) if up is None else up
+        act = tact.SILU if op == "silu_mul" else (tact.GELU_TANH if approximate == "tanh" else tact.GELU_ERF)
+        with torch.cuda.device(x.device):
+            tact.act_mul(x, u, out, act, sx, su, so, rows, d)
+
+
+@torch.library.custom_op("fray::silu_mul", mutates_args=("out",))
+def _silu_mul_op(x: torch.Tensor, up: Optional[torch.Tensor], out: torch.Tensor, backend: str) -> None:
+    _act_impl("silu_mul", x, up, out, "none", backend)
+
+
+@torch.library.custom_op("fray::gelu_mul", mutates_args=("out",))
+def _gelu_mul_op(x: torch.Tensor, up: Optional[torch.Tensor], out: torch.Tensor, approximate: str,
+                 backend: str) -> None:
+    _act_impl("gelu_mul", x, up, out, approximate, backend)
+
+
+for _op in (_silu_mul_op, _gelu_mul_op):
+    _op.register_fake(lambda *args, **kwargs: None)
+
+
+def _compiling():
+    return torch.compiler.is_compiling()
+
+
+def _run(op, x, up, out, approximate, backend, fn):
+    if V.is_array(x):
+        _check_arrays(x, up, out)
+        return _reference(fn, x, up, out)
+    d = _check_tensors(x, up, out)
+    if x.device.type == "cpu":
+        if backend not in ("auto", "reference"):
+            raise ValueError("backend: %r needs CUDA tensors; x is on the CPU (use 'reference' or 'auto')" % backend)
+        return _reference(fn, x, up, out)
+    if out is None:
+        out = torch.empty(tuple(x.shape[:-1]) + (d,), dtype=x.dtype, device=x.device)
+    if _compiling():
+        if op == "silu_mul":
+            torch.ops.fray.silu_mul(x, up, out, backend)
+        else:
+            torch.ops.fray.gelu_mul(x, up, out, approximate, backend)
+    else:
+        _act_impl(op, x, up, out, approximate, backend)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+
+def silu_mul(x, up=None, *, out=None, backend="auto"):
+    """SwiGLU's gated activation: silu(gate) * up, silu(g) = g / (1 + exp(-g)).
+
+    silu_mul(x): x = [..., 2 d] holds gate (first half of the last dim) and up (second half), as a
+    fused gate_up projection writes it; returns [..., d]. silu_mul(gate, up): two [..., d] tensors.
+    fp32/fp16/bf16; last dim contiguous, leading dims any evenly strided rows (a slice of a wider
+    buffer is fine). Math in fp32, one rounding to x's dtype. CUDA tensors run on the current
+    stream without host synchronisation; CPU tensors and numpy arrays run the float64 reference.
+    out: preallocated [..., d] result of x's dtype; it may be the gate itself (x[..., :d] or
+    gate), not a partial overlap.
+    """
+    V.require_backend(backend, B.BACKENDS)
+    return _run("silu_mul", x, up, out, "none", backend, ref.silu_mul)
+
+
+def gelu_mul(x, up=None, *, approximate="none", out=None, backend="auto"):
+    """GeGLU's gated activation: gelu(gate) * up, layouts and arguments as in silu_mul.
+
+    approximate="none": gelu(g) = 0.5 g (1 + erf(g / sqrt(2))); "tanh": the tanh approximation
+    0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), as torch.nn.functional.gelu's `approximate`.
+    """
+    V.require_backend(backend, B.BACKENDS)
+    approximate = _check_approximate(approximate)
+    return _run("gelu_mul", x, up, out, approximate, backend,
+                lambda g, u: ref.gelu_mul(g, u, approximate))
+
+
+# ---------------------------------------------------------------------------------------------
+# `fray check` cases: (op, backend, dtype, shape, callable raising on a mismatch)
+
+def check_cases(device):
+    """On a GPU: every available backend x dtype x a few awkward shapes, both layouts (and both
+    GELU forms). On the CPU: the reference against hand-computed values and the Triton kernels
+    under Triton's interpreter."""
+    from fray.testing import assert_close
+
+    def expected(op, approximate, gate, up):
+        if op == "silu_mul":
+            return ref.silu_mul(gate.double(), up.double())
+        return ref.gelu_mul(gate.double(), up.double(), approximate)
+
+    def run(op, backend, dtype, rows, d, dev):
+        x = torch.randn(rows, 2 * d, device=dev).to(dtype)
+        gate, up = x[:, :d], x[:, d:]
+        for approximate in (("none",) if op == "silu_mul" else APPROXIMATIONS):
+            want = expected(op, approximate, gate, up)
+            if backend == "triton-interpreter":
+                from fray_triton import activation as tact
+                out = torch.full((rows, d), float("nan"), dtype=dtype)
+                act = tact.SILU if op == "silu_mul" else (
+                    tact.GELU_TANH if approximate == "tanh" else tact.GELU_ERF)
+                tact.act_mul(x, up, out, act, 2 * d, 2 * d, d, rows, d)
+                assert_close(out, want, dtype, op)
+                continue
+            kw = {} if op == "silu_mul" else {"approximate": approximate}
+            fn = silu_mul if op == "silu_mul" else gelu_mul
+            assert_close(fn(x, backend=backend, **kw), want, dtype, op + " one tensor")
+            assert_close(fn(gate.contiguous(), up.contiguous(), backend=backend, **kw), want, dtype,
+                         op + " two tensors")
+
+    def hand():
+        np.testing.assert_allclose(silu_mul(np.array([0.0, 1.0, 2.0, 3.0])), [0.0, 0.7310585786 * 3.0],
+                                   rtol=1e-10)
+        np.testing.assert_allclose(gelu_mul(np.array([1.0]), np.array([1.0])), [0.8413447461], rtol=1e-10)
+        np.testing.assert_allclose(gelu_mul(np.array([1.0]), np.array([1.0]), approximate="tanh"),
+                                   [0.8411919906], rtol=1e-10)
+
+    cases = []
+    if device.type != "cuda":
+        cases.append(("silu_mul+gelu_mul", "reference", "fp64", "hand", hand))
+        for op in OPS:
+            for dtype in (torch.float32, torch.bfloat16):
+                cases.append((op, "triton-interpreter", V.DTYPE_NAMES[dtype], "3x100",
+                              lambda o=op, d=dtype: run(o, "triton-interpreter", d, 3, 100, "cpu")))
+        return cases
+    for op in OPS:
+        for backend, reason in B.available(op, FAMILY, device).items():
+            if reason is not None:
+                cases.append((op, backend, "-", "-", RuntimeError("unavailable: " + reason)))
+                continue
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                for rows, d in ((1, 1), (7, 4097), (1024, 8192)):
+                    cases.append((op, backend, V.DTYPE_NAMES[dtype], "%dx%d" % (rows, d),
+                                  lambda o=op, b=backend, t=dtype, r=rows, n=d: run(o, b, t, r, n, device)))
+    return cases

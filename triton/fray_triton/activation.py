@@ -1,0 +1,111 @@
+"""Gated activations out = act(gate) * up in Triton: SiLU, GELU (erf) and GELU (tanh).
+
+Semantics match cuda/activation and fray.reference.activation: fp32 math on the loaded values, one
+rounding to the output dtype. gate / up / out are row-strided [n_rows, n_cols] with a contiguous
+last dim; the engines' fused layout x = [rows, 2 d] is passed as gate = x, up = x[:, d:] with x's
+row stride for both, so no half is ever copied.
+
+The op is a pure stream (read 2 elements, write 1), so the only goals are wide coalesced accesses
+and enough bytes in flight. Each program takes a tile of about TILE_ELEMS outputs: one slice of a
+long row, or several short rows stacked (a 128-element row alone would leave most of a warp idle).
+Triton vectorises the loads to 16 bytes whenever the pointers, n_cols and the strides are
+multiples of 16 (it specialises on that), and falls back to masked scalar accesses otherwise.
+
+The tanh GELU is evaluated as g / (1 + exp(-2 z)), the same function as 0.5 g (1 + tanh(z)) without
+the cancellation in 1 + tanh(z) for negative z, and with one exp instead of a tanh. tl.exp2 is
+ex2.approx and the division is div.full: a relative error of about |g| * 1e-7, inside every
+dtype's tolerance, fp32's rtol of 1e-5 included. The exact GELU uses erff for fp32 outputs and a
+cheaper closed-form Phi for 16-bit ones (see _activate).
+"""
+import triton
+import triton.language as tl
+
+from fray_triton.norm import _round
+
+# Activation codes, shared with cuda/activation/activation.h (enum Activation).
+SILU, GELU_ERF, GELU_TANH = 0, 1, 2
+
+# Outputs per program: 16 per thread at 8 warps, i.e. two 16-byte loads of gate and two of up
+# per thread for 16-bit types (four for fp32): a few KB in flight per program, and programs
+# short enough that the last wave leaves little of the GPU idle.
+TILE_ELEMS = 4096
+# Longest row slice per program (rows longer than this are split across programs).
+MAX_BLOCK_C = 4096
+# Most rows stacked in one tile (tiny rows: d = 1, 3, ...).
+MAX_BLOCK_R = 256
+
+
+@triton.jit
+def _activate(g, ACT: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    if ACT == 0:  # silu: g / (1 + e^-g), e^x = 2^(x log2 e)
+        return g / (1.0 + tl.exp2(g * -1.4426950408889634))
+    elif ACT == 2:  # gelu tanh: g / (1 + e^(-2z)), -2z log2(e) = g (c0 + c1 g^2)
+        return g / (1.0 + tl.exp2(g * (-2.302208198144325 - 0.1029432395800235 * g * g)))
+    elif OUT_DTYPE == tl.float32:  # gelu erf, fp32 outputs: libdevice erff
+        return 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
+    else:
+        # gelu erf for 16-bit outputs: g * Phi(g), Phi from Abramowitz & Stegun 7.1.26 (|error| <=
+        # 3e-7 in fp32; see cuda/activation/act_mul.cuh): one exp2 and one division, about half
+        # of erff's instructions, which would otherwise approach the memory time.
+        s = 1.0 / (1.0 + 0.2316418882663604 * tl.abs(g))
+        poly = 0.5307027145 * s - 0.7265760135
+        poly = poly * s + 0.7107068705
+        poly = poly * s - 0.142248368
+        poly = poly * s + 0.127414796
+        q = poly * s * tl.exp2(g * g * -0.7213475204444817)  # 0.5 erfc(|g| / sqrt(2))
+        return g * tl.where(g >= 0.0, 1.0 - q, q)
+
+
+# n_rows / n_cblocks only size the grid: not specialising on them (Triton would otherwise compile
+# separate kernels for 1, multiples of 16 and other row counts).
+@triton.jit(do_not_specialize=["n_rows", "n_cblocks"])
+def _act_mul_kernel(
+    G, U, O,
+    stride_g, stride_u, stride_o,
+    n_rows, n_cols, n_cblocks,
+    ACT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rb = pid // n_cblocks
+    cb = pid % n_cblocks
+    rows = rb * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    rows64 = rows.to(tl.int64)[:, None]
+    g = tl.load(G + rows64 * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + rows64 * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    y = _activate(g, ACT, O.dtype.element_ty) * u
+    tl.store(O + rows64 * stride_o + cols[None, :], _round(y, O.dtype.element_ty), mask=mask)
+
+
+def _config(n_cols):
+    block_c = min(triton.next_power_of_2(n_cols), MAX_BLOCK_C)
+    block_r = max(1, min(MAX_BLOCK_R, TILE_ELEMS // block_c))
+    # 512 outputs per warp (16 per thread): see TILE_ELEMS.
+    num_warps = max(1, min(8, block_r * block_c // 512))
+    return block_r, block_c, num_warps
+
+
+def act_mul(gate, up, out, act, gate_row_stride, up_row_stride, out_row_stride, n_rows, n_cols):
+    """out = act(gate) * up on the current stream. act: SILU, GELU_ERF or GELU_TANH.
+
+    gate / up / out: tensors whose data pointers start the first row (views are fine), rows
+    `*_row_stride` elements apart, n_cols contiguous elements each. out may be gate or up itself."""
+    if n_rows == 0 or n_cols == 0:
+        return
+    block_r, block_c, num_warps = _config(n_cols)
+    n_cblocks = triton.cdiv(n_cols, block_c)
+    grid = (triton.cdiv(n_rows, block_r) * n_cblocks,)
+    _act_mul_kernel[grid](
+        gate, up, out, gate_row_stride, up_row_stride, out_row_stride, n_rows, n_cols, n_cblocks,
+        ACT=act, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=num_warps)
+
+
+def silu_mul(gate, up, out, gate_row_stride, up_row_stride, out_row_stride, n_rows, n_cols):
+    act_mul(gate, up, out, SILU, gate_row_stride, up_row_stride, out_row_stride, n_rows, n_cols)
+
+
+def gelu_mul(gate, up, out, approximate, gate_row_stride, up_row_stride, out_row_stride, n_rows, n_cols):
+    """approximate: "none" (erf) or "tanh"."""
+    act = GELU_TANH if approximate == "tanh" else GELU_ERF
+    act_mul(gate, up, out, act, gate_row_stride, up_row_stride, out_row_stride, n_rows, n_cols)
