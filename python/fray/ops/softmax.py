@@ -1,0 +1,379 @@
+"""The softmax family: softmax (temperature, any stride-1 dim, out_dtype) and online_softmax (the
+softmax plus each row's max and log-sum-exp).
+
+Validation happens here, once; the kernels (cuda/softmax, fray_triton.softmax) trust their inputs.
+GPU entry points are torch custom ops (fray::softmax, fray::online_softmax) with fake
+implementations, so torch.compile(fullgraph=True) traces through them; in eager mode the same
+implementation is called directly (no dispatcher overhead). CPU tensors and numpy arrays run the
+float64 reference and come back in the requested dtype.
+
+Special rows (same on every backend): an all -inf row gives NaN (as torch.softmax) and
+row_max = row_lse = -inf (as torch.logsumexp); rows holding NaN or +inf give NaN outputs.
+
+dim: the kernels reduce a dimension of stride 1. dim = -1 of a tensor whose last dim is contiguous
+is the usual case; any other dim works without a copy when it has stride 1 (e.g. a transposed
+view of a contiguous tensor) and the remaining dims collapse to evenly strided rows. Anything
+else is a ValueError that says so: Fray never copies silently.
+"""
+import math
+
+import numpy as np
+import torch
+
+from fray import _validate as V
+from fray import backend as B
+from fray.reference import convert as C
+from fray.reference import softmax as ref
+
+FAMILY = "softmax"
+OPS = ("softmax", "online_softmax")
+__all__ = ["softmax", "online_softmax"]
+B.register_preference("softmax", ("cuda", "triton"))
+B.register_preference("online_softmax", ("cuda", "triton"))
+
+_LOG2E = 1.4426950408889634
+_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_NUMPY_OUT = {torch.float32: np.float32, torch.float16: np.float16}
+# plain type tuples (not the numbers ABCs): cheap, and traced by torch.compile without a break
+_INTS = (int, np.integer)
+_REALS = (int, float, np.integer, np.floating)
+
+
+def _name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+
+def _check_temperature(temperature):
+    if isinstance(temperature, bool) or not isinstance(temperature, _REALS):
+        raise TypeError("temperature: expected a float, got %s" % type(temperature).__name__)
+    t = float(temperature)
+    # The kernels multiply by log2(e) / temperature in fp32: that must stay finite.
+    if not (math.isfinite(t) and t > 0 and _LOG2E / t < 3.0e38):
+        raise ValueError("temperature: expected a finite value > 0 (with 1/temperature a finite float32), got %r"
+                         % (temperature,))
+    return t
+
+
+def _check_dim(dim, ndim):
+    if isinstance(dim, bool) or not isinstance(dim, _INTS):
+        raise TypeError("dim: expected an int, got %s" % type(dim).__name__)
+    if not -ndim <= dim < ndim:
+        raise ValueError("dim: expected a value in [%d, %d] for a %d-d x, got %d" % (-ndim, ndim - 1, ndim, dim))
+    return int(dim) % ndim
+
+
+def _check_out_dtype(out_dtype, x_dtype):
+    if out_dtype is None:
+        return x_dtype
+    if not isinstance(out_dtype, torch.dtype) or out_dtype not in _OUT_DTYPES:
+        raise TypeError("out_dtype: expected None, torch.float32, torch.float16 or torch.bfloat16, got %r"
+                        % (out_dtype,))
+    return out_dtype
+
+
+def _numpy_out_dtype(out_dtype, x):
+    if out_dtype is None:
+        return x.dtype
+    if isinstance(out_dtype, torch.dtype):
+        if out_dtype not in _NUMPY_OUT:
+            raise TypeError("out_dtype: %s has no numpy counterpart (x is a numpy array); use float32 or float16"
+                            % _name(out_dtype))
+        return np.dtype(_NUMPY_OUT[out_dtype])
+    try:
+        d = np.dtype(out_dtype)
+    except TypeError:
+        d = None
+    if d is None or d not in (np.float16, np.float32, np.float64):
+        raise TypeError("out_dtype: expected None or a float16/float32/float64 dtype for a numpy x, got %r"
+                        % (out_dtype,))
+    return d
+
+
+def _row_layout(name, t, dim, writable=False):
+    """(t with `dim` moved last, its row stride): the view the kernels walk, or a ValueError."""
+    last = t.dim() - 1
+    if dim != last:
+        if t.shape[dim] > 1 and t.stride(dim) != 1:
+            raise ValueError(
+                "%s: the softmax dimension (dim=%d) must have stride 1, got stride %d; dim != -1 runs on a "
+                "transposed view without copying (pass %s.movedim(%d, -1).contiguous() and dim=-1 instead)"
+                % (name, dim, t.stride(dim), name, dim))
+        t = t.movedim(dim, -1)
+    return t, V.row_stride(name, t, writable=writable)
+
+
+def _check_tensor_x(x):
+    V.require_tensor("x", x)
+    V.require_device_family("x", x)
+    V.require_float_dtype("x", x)
+    if x.dim() == 0:
+        raise ValueError("x: expected at least 1 dimension (the softmax one), got a 0-d tensor")
+
+
+def _check_tensor_out(out, x, dtype, what):
+    V.require_tensor("out", out)
+    V.require_same_device([("x", x), ("out", out)])
+    if out.dtype != dtype:
+        raise TypeError("out: expected dtype %s (%s), got %s" % (_name(dtype), what, _name(out.dtype)))
+    V.require_shape("out", out, x.shape)
+
+
+def _check_array(x, out):
+    for name, a in (("x", x), ("out", out)):
+        if a is None:
+            continue
+        if not isinstance(a, np.ndarray):
+            raise TypeError("%s: expected a numpy.ndarray like x, got %s" % (name, type(a).__name__))
+    if x.dtype not in (np.float16, np.float32, np.float64):
+        raise TypeError("x: expected a float16/float32/float64 array, got %s" % x.dtype)
+    if x.ndim == 0:
+        raise ValueError("x: expected at least 1 dimension (the softmax one), got a 0-d array")
+    if out is not None:
+        V.require_shape("out", out, x.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU implementations (called directly in eager mode, through the custom ops under torch.compile)
+
+try:  # the raw cudaStream_t of the current stream without building a torch.cuda.Stream object
+    from torch._C import _cuda_getCurrentRawStream as _raw_stream
+except ImportError:  # CPU-only torch builds
+    _raw_stream = None
+
+
+def _stream(device):
+    if _raw_stream is not None:
+        return _raw_stream(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _softmax_impl(x, out, dim, temperature, backend):
+    if x.numel() == 0:
+        return
+    be = B.resolve("softmax", FAMILY, backend, x.device)
+    xv, sx = _row_layout("x", x, dim)
+    ov, so = _row_layout("out", out, dim, writable=True)
+    cols = xv.shape[-1]
+    rows = xv.numel() // cols
+    if be == "cuda":
+        B.load_extension(FAMILY).softmax(
+            xv.data_ptr(), sx, V.DTYPE_CODES[x.dtype], ov.data_ptr(), so, V.DTYPE_CODES[out.dtype],
+            rows, cols, temperature, x.device.index, _stream(x.device))
+    else:
+        from fray_triton import softmax as tsoftmax
+        with torch.cuda.device(x.device):
+            tsoftmax.softmax(xv, ov, temperature, sx, so, rows, cols)
+
+
+def _online_softmax_impl(x, out, row_max, row_lse, backend):
+    cols = x.shape[-1]
+    if x.numel() == 0:
+        if cols == 0:  # max and log-sum-exp of nothing
+            row_max.fill_(float("-inf"))
+            row_lse.fill_(float("-inf"))
+        return
+    be = B.resolve("online_softmax", FAMILY, backend, x.device)
+    sx, so = V.row_stride("x", x), V.row_stride("out", out, writable=True)
+    rows = x.numel() // cols
+    if be == "cuda":
+        B.load_extension(FAMILY).online_softmax(
+            x.data_ptr(), sx, out.data_ptr(), so, row_max.data_ptr(), row_lse.data_ptr(), rows, cols,
+            V.DTYPE_CODES[x.dtype], x.device.index, _stream(x.device))
+    else:
+        from fray_triton import softmax as tsoftmax
+        with torch.cuda.device(x.device):
+            tsoftmax.softmax(x, out, 1.0, sx, so, rows, cols, row_max=row_max, row_lse=row_lse)
+
+
+@torch.library.custom_op("fray::softmax", mutates_args=("out",))
+def _softmax_op(x: torch.Tensor, out: torch.Tensor, dim: int, temperature: float, backend: str) -> None:
+    _softmax_impl(x, out, dim, temperature, backend)
+
+
+@torch.library.custom_op("fray::online_softmax", mutates_args=("out", "row_max", "row_lse"))
+def _online_softmax_op(x: torch.Tensor, out: torch.Tensor, row_max: torch.Tensor, row_lse: torch.Tensor,
+                       backend: str) -> None:
+    _online_softmax_impl(x, out, row_max, row_lse, backend)
+
+
+for _op in (_softmax_op, _online_softmax_op):
+    _op.register_fake(lambda *args, **kwargs: None)
+
+
+def _compiling():
+    return torch.compiler.is_compiling()
+
+
+def _cpu_backend_check(backend):
+    if backend not in ("auto", "reference"):
+        raise ValueError("backend: %r needs CUDA tensors; x is on the CPU (use 'reference' or 'auto')" % backend)
+
+
+def _reference_softmax(x64, temperature, dim):
+    if x64.size == 0:
+        return x64.copy()
+    return ref.softmax(x64, temperature, axis=dim)
+
+
+def _reference_online(x64):
+    if x64.size == 0:
+        lead = x64.shape[:-1]
+        fill = -np.inf if x64.shape[-1] == 0 else np.nan  # shape (..., 0): max/lse of nothing
+        return x64.copy(), np.full(lead, fill), np.full(lead, fill)
+    return ref.online_softmax(x64)
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+
+def softmax(x, *, temperature=1.0, dim=-1, out_dtype=None, out=None, backend="auto"):
+    """softmax(x / temperature) along `dim`, numerically stable for any row width.
+
+    x: fp32/fp16/bf16 with at least 1 dim. dim: a dimension of stride 1 (dim=-1 on a tensor whose
+    last dim is contiguous; another dim on a view where it has stride 1, e.g. a transpose); the
+    other dims must collapse to evenly strided rows (slices of wider buffers are fine). No copies
+    are made: other layouts raise ValueError. temperature: finite, > 0. out_dtype: None (x's dtype)
+    or torch.float32/float16/bfloat16. out: preallocated result of x's shape and the output dtype
+    (may be x itself for an in-place softmax of the same dtype). Math in fp32, one rounding. CUDA
+    tensors run on the current stream without host synchronisation; CPU tensors and numpy arrays
+    run the float64 reference. An all -inf row gives NaN, as torch.softmax does.
+    """
+    V.require_backend(backend, B.BACKENDS)
+    temperature = _check_temperature(temperature)
+    if V.is_array(x):
+        _check_array(x, out)
+        dim = _check_dim(dim, x.ndim)
+        y = _reference_softmax(C.to_f64(x), temperature, dim).astype(_numpy_out_dtype(out_dtype, x))
+        if out is not None:
+            out[...] = y
+            return out
+        return y
+    _check_tensor_x(x)
+    dim = _check_dim(dim, x.dim())
+    odt = _check_out_dtype(out_dtype, x.dtype)
+    if out is not None:
+        _check_tensor_out(out, x, odt, "out_dtype" if out_dtype is not None else "that of x")
+    if x.numel() > 0:  # an empty tensor has no rows to lay out
+        _row_layout("x", x, dim)
+        if out is not None:
+            _row_layout("out", out, dim, writable=True)
+    if x.device.type == "cpu":
+        _cpu_backend_check(backend)
+        y = torch.from_numpy(np.ascontiguousarray(_reference_softmax(C.to_f64(x), temperature, dim))).to(odt)
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y
+    if out is None:
+        if dim == x.dim() - 1:
+            out = torch.empty(x.shape, dtype=odt, device=x.device)
+        else:  # rows laid out like the kernels write them: dim contiguous
+            moved = x.shape[:dim] + x.shape[dim + 1:] + x.shape[dim:dim + 1]
+            out = torch.empty(moved, dtype=odt, device=x.device).movedim(-1, dim)
+    if _compiling():
+        torch.ops.fray.softmax(x, out, dim, temperature, backend)
+    else:
+        _softmax_impl(x, out, dim, temperature, backend)
+    return out
+
+
+def online_softmax(x, *, out=None, backend="auto"):
+    """Softmax over the last dim plus its statistics: returns (y, row_max, row_lse).
+
+    y = softmax(x) in x's dtype (into `out` when given; out may be x); row_max = max(x) and
+    row_lse = log(sum(exp(x))) (natural log) per row, fp32 tensors of shape x.shape[:-1]. The row
+    is read once (rows wider than the CUDA backend's on-chip capacity, 262144 elements, and the
+    Triton backend's 32768, are read twice) with an online max/sum rescaling. An all -inf row gives
+    y = NaN and row_max = row_lse = -inf. Layout rules as softmax(dim=-1).
+    """
+    V.require_backend(backend, B.BACKENDS)
+    if V.is_array(x):
+        _check_array(x, out)
+        y, m, lse = _reference_online(C.to_f64(x))
+        y = y.astype(x.dtype)
+        m, lse = np.asarray(m, np.float32), np.asarray(lse, np.float32)
+        if out is not None:
+            out[...] = y
+            y = out
+        return y, m, lse
+    _check_tensor_x(x)
+    if out is not None:
+        _check_tensor_out(out, x, x.dtype, "that of x")
+    if x.numel() > 0:
+        V.row_stride("x", x)
+        if out is not None:
+            V.row_stride("out", out, writable=True)
+    if x.device.type == "cpu":
+        _cpu_backend_check(backend)
+        y, m, lse = _reference_online(C.to_f64(x))
+        y = C.like(y, x)
+        m = torch.from_numpy(np.array(m, dtype=np.float32))  # np.array keeps 0-d statistics 0-d
+        lse = torch.from_numpy(np.array(lse, dtype=np.float32))
+        if out is not None:
+            out.copy_(y)
+            y = out
+        return y, m, lse
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    row_max = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    row_lse = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if _compiling():
+        torch.ops.fray.online_softmax(x, out, row_max, row_lse, backend)
+    else:
+        _online_softmax_impl(x, out, row_max, row_lse, backend)
+    return out, row_max, row_lse
+
+
+# ---------------------------------------------------------------------------------------------
+# `fray check` cases: (op, backend, dtype, shape, callable raising on a mismatch)
+
+def check_cases(device):
+    """On a GPU: every available backend x dtype x a few awkward shapes. On the CPU: the reference
+    against hand-computed values and the Triton kernels under Triton's interpreter."""
+    from fray.testing import assert_close
+
+    def run(op, backend, dtype, rows, cols, dev):
+        x = (torch.randn(rows, cols, device=dev) * 3).to(dtype)
+        ey, em, el = ref.online_softmax(x.double())
+        if backend == "triton-interpreter":
+            from fray_triton import softmax as tsoftmax
+            y = torch.full_like(x, float("nan"))
+            m = torch.full((rows,), float("nan"))
+            lse = torch.full((rows,), float("nan"))
+            tsoftmax.softmax(x, y, 1.0, cols, cols, rows, cols, row_max=m, row_lse=lse)
+        elif op == "softmax":
+            y = softmax(x, backend=backend)
+        else:
+            y, m, lse = online_softmax(x, backend=backend)
+        assert_close(y, ey, dtype, op)
+        if op == "online_softmax" or backend == "triton-interpreter":
+            assert_close(m, em, torch.float32, op + " max")
+            assert_close(lse, el, torch.float32, op + " lse")
+
+    def hand():
+        np.testing.assert_allclose(softmax(np.array([0.0, math.log(3.0)])), [0.25, 0.75], rtol=1e-12)
+        y, m, lse = online_softmax(np.array([[0.0, math.log(3.0)]]))
+        np.testing.assert_allclose(lse, [math.log(4.0)], rtol=1e-6)
+        assert np.isnan(softmax(np.full((1, 3), -np.inf))).all()
+
+    cases = []
+    if device.type != "cuda":
+        cases.append(("softmax+online", "reference", "fp64", "hand", hand))
+        for dtype in (torch.float32, torch.bfloat16):
+            for rows, cols in ((3, 100), (2, 40000)):
+                cases.append(("softmax", "triton-interpreter", V.DTYPE_NAMES[dtype], "%dx%d" % (rows, cols),
+                              lambda d=dtype, r=rows, c=cols: run("softmax", "triton-interpreter", d, r, c, "cpu")))
+        return cases
+    for op in OPS:
+        for backend, reason in B.available(op, FAMILY, device).items():
+            if reason is not None:
+                cases.append((op, backend, "-", "-", RuntimeError("unavailable: " + reason)))
+                continue
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                for rows, cols in ((1, 1), (7, 4097), (64, 65536), (3, 262144)):
+                    cases.append((op, backend, V.DTYPE_NAMES[dtype], "%dx%d" % (rows, cols),
+                                  lambda o=op, b=backend, d=dtype, r=rows, c=cols: run(o, b, d, r, c, device)))
+    return cases

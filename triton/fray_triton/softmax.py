@@ -1,0 +1,130 @@
+"""Row softmax (with temperature) and online softmax (plus the row max and log-sum-exp) in Triton.
+
+Semantics match cuda/softmax and fray.reference.softmax: y = softmax(x / T) over each row, fp32
+math, one rounding at the end; statistics are the max and the natural-log log-sum-exp of x / T in
+fp32. An all -inf row gives y = NaN (like torch.softmax) and max = lse = -inf.
+
+exp(z / T) is computed as exp2((x - max) * log2(e) / T): one hardware ex2 per element, and the
+subtraction happens before the scaling so that large inputs do not lose their low bits.
+
+The op is memory-bound (one read of x, one write of y), so a row that fits in one program's
+registers is held there as one tile between the reduction and the store: a second read would cost
+as much again. Short rows are packed several to a program so that each program still moves a few
+KB. Rows wider than MAX_SINGLE_BLOCK take two passes: an online (max, sum) pass, and a normalising
+pass that walks the row backwards, so that the tiles it reads first are the ones the first pass
+loaded last (the likeliest to still be in L2). Triton has no way for programs to exchange partial
+results through distributed shared memory, so the CUDA backend's single-read cluster path for very
+wide rows has no counterpart here.
+"""
+import triton
+import triton.language as tl
+
+from fray_triton.norm import _round
+
+LOG2E = 1.4426950408889634
+# One tile per row up to this width: 32K fp32 values over 32 warps is 32 registers a thread,
+# about what still runs without spilling.
+MAX_SINGLE_BLOCK = 32768
+# Tile of the two-pass kernel: 16 warps x 16 elements a thread, a 16 KB (bf16) load per step.
+LOOP_BLOCK = 8192
+# Target elements per program for short rows.
+ROW_PACK_ELEMS = 4096
+
+
+@triton.jit
+def _softmax_tile_kernel(
+    X, Y, MAX, LSE,
+    stride_x, stride_y, n_rows, n_cols, scale, inv_t,
+    STATS: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < n_rows
+    mask = row_ok[:, None] & (cols < n_cols)[None, :]
+    rows64 = rows.to(tl.int64)
+
+    # Padding reads as -inf: it takes part in the max and adds exp2(-inf) = 0 to the sum.
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=float("-inf"))
+    x = x.to(tl.float32)
+    m = tl.max(x, axis=1)
+    # Shift by 0 instead of -inf for all -inf rows: the sum is then 0 (lse = -inf), not NaN.
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    e = tl.exp2((x - shift[:, None]) * scale)
+    s = tl.sum(e, axis=1)
+    inv = tl.where(m == float("-inf"), float("nan"), 1.0 / s)
+    y = e * inv[:, None]
+    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], _round(y, Y.dtype.element_ty), mask=mask)
+    if STATS:
+        mt = m * inv_t
+        tl.store(MAX + rows64, mt, mask=row_ok)
+        tl.store(LSE + rows64, mt + tl.log(s), mask=row_ok)
+
+
+@triton.jit
+def _softmax_loop_kernel(
+    X, Y, MAX, LSE,
+    stride_x, stride_y, n_cols, scale, inv_t,
+    STATS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    x_row = X + row * stride_x
+    y_row = Y + row * stride_y
+
+    # Pass 1: online (max, sum). m is the row max so far (one max-reduction per tile); s is a
+    # per-lane sum of exp2((x - shift(m)) * scale), rescaled by one scalar exp2 when m grows, and
+    # reduced across lanes only once, after the loop.
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        c = start + cols
+        x = tl.load(x_row + c, mask=c < n_cols, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp2((m - shift) * scale) + tl.exp2((x - shift) * scale)
+        m = m_new
+    total = tl.sum(s, axis=0)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    inv = tl.where(m == float("-inf"), float("nan"), 1.0 / total)
+
+    # Pass 2, last tile first (see the module docstring).
+    n_tiles = tl.cdiv(n_cols, BLOCK_N)
+    for i in range(0, n_tiles):
+        c = (n_tiles - 1 - i) * BLOCK_N + cols
+        ok = c < n_cols
+        x = tl.load(x_row + c, mask=ok, other=float("-inf")).to(tl.float32)
+        y = tl.exp2((x - shift) * scale) * inv
+        tl.store(y_row + c, _round(y, Y.dtype.element_ty), mask=ok)
+    if STATS:
+        mt = m * inv_t
+        tl.store(MAX + row, mt)
+        tl.store(LSE + row, mt + tl.log(total))
+
+
+def _num_warps(elems):
+    # About 16 elements a thread (32 for the widest single tiles): enough independent loads in
+    # flight and few registers.
+    return max(4, min(32, triton.next_power_of_2(elems) // 512))
+
+
+def softmax(x, out, temperature, x_row_stride, out_row_stride, n_rows, n_cols, row_max=None, row_lse=None):
+    """Launch on the current stream. x/out: row-strided [n_rows, n_cols] views (last dim
+    contiguous; out may be x). row_max/row_lse: contiguous fp32 [n_rows] or both None."""
+    scale = LOG2E / float(temperature)
+    inv_t = 1.0 / float(temperature)
+    stats = row_max is not None
+    if not stats:
+        row_max = row_lse = out  # never written (STATS=False)
+    if n_cols <= MAX_SINGLE_BLOCK:
+        block = triton.next_power_of_2(n_cols)
+        rows = max(1, min(64, ROW_PACK_ELEMS // block))
+        rows = min(rows, triton.next_power_of_2(n_rows))
+        grid = (triton.cdiv(n_rows, rows),)
+        _softmax_tile_kernel[grid](
+            x, out, row_max, row_lse, x_row_stride, out_row_stride, n_rows, n_cols, scale, inv_t,
+            STATS=stats, BLOCK_N=block, ROWS=rows, num_warps=_num_warps(block * rows))
+    else:
+        _softmax_loop_kernel[(n_rows,)](
+            x, out, row_max, row_lse, x_row_stride, out_row_stride, n_cols, scale, inv_t,
+            STATS=stats, BLOCK_N=LOOP_BLOCK, num_warps=_num_warps(LOOP_BLOCK))
