@@ -1,0 +1,40 @@
+// Fray elementwise family: host-only API (plain C++; no CUDA compiler needed).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/common/dtype.h"
+
+namespace fray {
+
+// out[i] = T(float(a[i]) + float(b[i])) for i < n over flat, dense arrays (the caller has
+// checked that a, b and out share one layout). out may alias a or b (same pointer); partial
+// overlaps are not allowed.
+struct VectorAddParams {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* out = nullptr;
+  int64_t n = 0;
+  int sm_count = 0;  // multiprocessors of the stream's device: sizes the grid
+};
+
+// Enqueues the kernel on `stream` (the caller has made the stream's device current). Never
+// synchronises, allocates or throws. Returns cudaErrorInvalidValue for an unsupported dtype,
+// else the launch status.
+cudaError_t vector_add(DType dtype, const VectorAddParams& p, cudaStream_t stream);
+
+// Python adapters (elementwise_api.cc): plain integer arguments; throw std::invalid_argument
+// for bad dtype codes and std::runtime_error for CUDA errors. dtype codes: 0 fp32, 1 fp16,
+// 2 bf16; `stream` is a raw cudaStream_t.
+namespace elementwise_api {
+
+void vector_add(uintptr_t a, uintptr_t b, uintptr_t out, int64_t n, int dtype, int device_index, uintptr_t stream);
+
+std::string archs();
+int cuda_runtime_version();
+
+}  // namespace elementwise_api
+}  // namespace fray
