@@ -46,6 +46,32 @@ cudaError_t rmsnorm(DType x_dtype, const RmsNormParams& p, cudaStream_t stream);
 // Number of distinct RMSNorm kernels compiled into the library.
 int rmsnorm_num_kernel_instances();
 
+// LayerNorm over `rows` rows of `hidden` elements (row strides in elements, last
+// dim contiguous), biased variance as torch:
+//   y[i,j] = T((x[i,j] - mean_i) / sqrt(var_i + eps) * w[j] + b[j]),
+//   var_i = mean_j((x[i,j] - mean_i)^2)
+// All math in fp32, one rounding to T. y may alias x (same pointer and stride).
+// `weight` and `bias` are contiguous [hidden] of dtype `weight_dtype` (x's dtype
+// or fp32); bias == nullptr means no bias.
+struct LayerNormParams {
+  const void* x = nullptr;
+  int64_t x_row_stride = 0;
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  DType weight_dtype = DType::kFloat32;
+  void* y = nullptr;
+  int64_t y_row_stride = 0;
+  int64_t rows = 0;
+  int64_t hidden = 0;
+  float eps = 1e-5f;
+};
+
+// As rmsnorm(): enqueues on `stream`, never synchronises, allocates or throws.
+cudaError_t layernorm(DType x_dtype, const LayerNormParams& p, cudaStream_t stream);
+
+// Number of distinct LayerNorm kernels compiled into the library.
+int layernorm_num_kernel_instances();
+
 // Python adapters (norm_api.cc): plain integer / float arguments; throw
 // std::invalid_argument for bad dtype codes and std::runtime_error for CUDA
 // errors. dtype codes: 0 fp32, 1 fp16, 2 bf16; `stream` is a raw cudaStream_t.
@@ -59,6 +85,11 @@ void add_rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t residual, int64_t 
                  uintptr_t weight, int weight_dtype, uintptr_t y, int64_t y_row_stride,
                  uintptr_t sum_out, int64_t sum_row_stride, int64_t rows, int64_t hidden, double eps,
                  double weight_offset, int x_dtype, int device_index, uintptr_t stream);
+
+// bias == 0: no bias (bias_dtype is then ignored); otherwise bias_dtype == weight_dtype.
+void layernorm(uintptr_t x, int64_t x_row_stride, uintptr_t weight, int weight_dtype, uintptr_t bias,
+               int bias_dtype, uintptr_t y, int64_t y_row_stride, int64_t rows, int64_t hidden, double eps,
+               int x_dtype, int device_index, uintptr_t stream);
 
 std::string archs();
 int cuda_runtime_version();

@@ -87,6 +87,38 @@ void add_rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t residual, int64_t 
   run(xd, p, device_index, stream, "add_rmsnorm");
 }
 
+void layernorm(uintptr_t x, int64_t x_row_stride, uintptr_t weight, int weight_dtype, uintptr_t bias,
+               int bias_dtype, uintptr_t y, int64_t y_row_stride, int64_t rows, int64_t hidden, double eps,
+               int x_dtype, int device_index, uintptr_t stream) {
+  const DType xd = to_dtype(x_dtype, "x");
+  const DType wd = to_dtype(weight_dtype, "weight");
+  if (wd != xd && wd != DType::kFloat32) {
+    throw std::invalid_argument(std::string("fray: layernorm weight dtype ") + dtype_name(wd) +
+                                " is not supported with x dtype " + dtype_name(xd) +
+                                " (use the same dtype as x, or float32)");
+  }
+  if (bias != 0) {
+    const DType bd = to_dtype(bias_dtype, "bias");
+    if (bd != wd) {
+      throw std::invalid_argument(std::string("fray: layernorm bias dtype ") + dtype_name(bd) +
+                                  " differs from the weight dtype " + dtype_name(wd));
+    }
+  }
+  LayerNormParams p;
+  p.x = reinterpret_cast<const void*>(x);
+  p.x_row_stride = x_row_stride;
+  p.weight = reinterpret_cast<const void*>(weight);
+  p.bias = reinterpret_cast<const void*>(bias);
+  p.weight_dtype = wd;
+  p.y = reinterpret_cast<void*>(y);
+  p.y_row_stride = y_row_stride;
+  p.rows = rows;
+  p.hidden = hidden;
+  p.eps = static_cast<float>(eps);
+  DeviceGuard guard(device_index);
+  check_cuda(fray::layernorm(xd, p, reinterpret_cast<cudaStream_t>(stream)), "layernorm");
+}
+
 std::string archs() { return FRAY_CUDA_ARCHS; }
 
 int cuda_runtime_version() {

@@ -1,8 +1,9 @@
-"""RMSNorm and fused add+RMSNorm in Triton.
+"""RMSNorm, fused add+RMSNorm and LayerNorm in Triton.
 
 Semantics match cuda/norm and fray.reference.norm exactly:
   y = x * rsqrt(mean(x^2) + eps) * (w + weight_offset), fp32 math, one rounding at the end;
-  fused add: s = round(x + r) is stored to sum_out, then y = rmsnorm(s).
+  fused add: s = round(x + r) is stored to sum_out, then y = rmsnorm(s);
+  layernorm: y = (x - mean) / sqrt(var + eps) * w + b (biased variance; see its section below).
 
 The op is memory-bound (one read of x (and r), one write of y (and s)), so the row stays in
 registers between the reduction and the normalisation: a second read would cost as much again.
@@ -135,3 +136,116 @@ def add_rmsnorm(x, residual, weight, out, sum_out, eps, weight_offset,
     """sum_out = round(x + residual); out = rmsnorm(sum_out). out may be x, sum_out may be residual."""
     _launch(x, residual, weight, out, sum_out, x_row_stride, residual_row_stride, out_row_stride,
             sum_row_stride, n_rows, n_cols, float(eps), float(weight_offset))
+
+
+# ---------------------------------------------------------------------------------------------
+# LayerNorm: y = (x - mean) / sqrt(var + eps) * w + b, biased variance, fp32 math, one rounding.
+#
+# Same shape of kernel as RMSNorm (the row stays in registers, short rows packed, wide rows
+# looped), with the statistics computed so that fp32 stays accurate when the mean is large
+# against the spread (100 + N(0, 1)): everything is summed relative to a pivot K = x[row, 0]
+# (d = x - K is O(spread), so mean(d) is good to fp32 rounding of the spread, while an fp32
+# mean(x) would be off by ulp(100) / 2 in every output), and the variance is the two-step
+# mean((d - mean(d))^2) over the register-resident row rather than E[x^2] - E[x]^2.
+
+@triton.jit
+def _layernorm_tile_kernel(
+    X, W, B, Y, stride_x, stride_y, n_rows, n_cols, eps,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, EVEN: tl.constexpr,
+):
+    # EVEN: the tile is exactly the rows and columns (n_cols == BLOCK_N, n_rows % ROWS == 0, the
+    # usual power-of-two hidden sizes): no masks and no masked-lane zeroing, which matters here
+    # because LayerNorm already does about twice RMSNorm's arithmetic per element.
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    rows64 = rows.to(tl.int64)
+    x_ptrs = X + rows64[:, None] * stride_x + cols[None, :]
+    y_ptrs = Y + rows64[:, None] * stride_y + cols[None, :]
+    if EVEN:
+        x = tl.load(x_ptrs).to(tl.float32)
+        pivot = tl.load(X + rows64 * stride_x).to(tl.float32)
+        d = x - pivot[:, None]
+        mean = tl.sum(d, axis=1) / n_cols
+        c = d - mean[:, None]
+        w = tl.load(W + cols).to(tl.float32)
+    else:
+        row_ok = rows < n_rows
+        col_ok = cols < n_cols
+        mask = row_ok[:, None] & col_ok[None, :]
+        x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+        pivot = tl.load(X + rows64 * stride_x, mask=row_ok, other=0.0).to(tl.float32)
+        # Masked lanes must not count: 0 - K is not 0.
+        d = tl.where(mask, x - pivot[:, None], 0.0)
+        mean = tl.sum(d, axis=1) / n_cols
+        c = tl.where(mask, d - mean[:, None], 0.0)
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(c * c, axis=1) / n_cols + eps)
+    y = c * rstd[:, None] * w[None, :]
+    if HAS_BIAS:
+        if EVEN:
+            y += tl.load(B + cols).to(tl.float32)[None, :]
+        else:
+            y += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    y = _round(y, Y.dtype.element_ty)
+    if EVEN:
+        tl.store(y_ptrs, y)
+    else:
+        tl.store(y_ptrs, y, mask=mask)
+
+
+@triton.jit
+def _layernorm_loop_kernel(
+    X, W, B, Y, stride_x, stride_y, n_rows, n_cols, eps,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # Rows wider than MAX_SINGLE_BLOCK: three passes (sum, centred sum of squares, normalise);
+    # the second and third reads mostly hit L2. Y is written only in the last pass, so it may
+    # be X itself.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    pivot = tl.load(X + row * stride_x).to(tl.float32)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        c = start + cols
+        m = c < n_cols
+        x = tl.load(X + row * stride_x + c, mask=m, other=0.0).to(tl.float32)
+        acc += tl.where(m, x - pivot, 0.0)
+    mean = tl.sum(acc, axis=0) / n_cols
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        c = start + cols
+        m = c < n_cols
+        x = tl.load(X + row * stride_x + c, mask=m, other=0.0).to(tl.float32)
+        d = tl.where(m, (x - pivot) - mean, 0.0)
+        acc += d * d
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    for start in range(0, n_cols, BLOCK_N):
+        c = start + cols
+        m = c < n_cols
+        x = tl.load(X + row * stride_x + c, mask=m, other=0.0).to(tl.float32)
+        y = ((x - pivot) - mean) * rstd * tl.load(W + c, mask=m, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y += tl.load(B + c, mask=m, other=0.0).to(tl.float32)
+        tl.store(Y + row * stride_y + c, _round(y, Y.dtype.element_ty), mask=m)
+
+
+def layernorm(x, weight, bias, out, eps, x_row_stride, out_row_stride, n_rows, n_cols):
+    """Launch on the current stream. x/out: row-strided [n_rows, n_cols] (last dim contiguous);
+    bias may be None; out may be x."""
+    has_bias = bias is not None
+    b = bias if has_bias else weight  # never read when HAS_BIAS is False
+    eps = float(eps)
+    if n_cols <= MAX_SINGLE_BLOCK:
+        block = triton.next_power_of_2(n_cols)
+        rows = max(1, min(64, ROW_PACK_ELEMS // block))
+        rows = min(rows, triton.next_power_of_2(n_rows))
+        grid = (triton.cdiv(n_rows, rows),)
+        _layernorm_tile_kernel[grid](
+            x, weight, b, out, x_row_stride, out_row_stride, n_rows, n_cols, eps,
+            HAS_BIAS=has_bias, BLOCK_N=block, ROWS=rows, EVEN=block == n_cols and n_rows % rows == 0,
+            num_warps=_num_warps(block * rows))
+    else:
+        _layernorm_loop_kernel[(n_rows,)](
+            x, weight, b, out, x_row_stride, out_row_stride, n_rows, n_cols, eps,
+            HAS_BIAS=has_bias, BLOCK_N=LOOP_BLOCK, num_warps=_num_warps(LOOP_BLOCK))

@@ -2,8 +2,9 @@
 
 rmsnorm bytes:     read x + read w + write y          = 2·R·H·s(x) + H·s(w)
 add_rmsnorm bytes: read x, r, w + write y, r          = 4·R·H·s(x) + H·s(w)
+layernorm bytes:   read x + read w, b + write y       = 2·R·H·s(x) + 2·H·s(w)   (with bias)
 Peers: torch.eager (the composite a model file writes), torch.compile (that composite compiled),
-torch.builtin (F.rms_norm), liger (Liger-Kernel, when importable).
+torch.builtin (F.rms_norm / F.layer_norm), liger (Liger-Kernel, when importable).
 """
 import torch
 import torch.nn.functional as F
@@ -12,8 +13,11 @@ import fray
 
 SHAPES = [(r, h, torch.bfloat16) for r in (1, 128, 4096, 16384) for h in (4096, 8192)]
 SHAPES.append((16384, 8192, torch.float16))
+LAYERNORM_SHAPES = [(16384, 8192, torch.bfloat16), (4096, 8192, torch.bfloat16)]
+OPS = ("rmsnorm", "add_rmsnorm", "layernorm")
 GRAPH_BELOW_US = 50.0
 EPS = 1e-6
+LN_EPS = 1e-5  # torch's layer_norm default
 
 
 def _eager_rmsnorm(x, w):
@@ -26,6 +30,13 @@ def _eager_add_rmsnorm(x, r, w):
     return _eager_rmsnorm(s, w), s
 
 
+def _eager_layernorm(x, w, b):
+    xf = x.float()
+    mean = xf.mean(-1, keepdim=True)
+    var = (xf - mean).pow(2).mean(-1, keepdim=True)
+    return ((xf - mean) * torch.rsqrt(var + LN_EPS) * w.float() + b.float()).to(x.dtype)
+
+
 def _liger():
     try:
         from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
@@ -35,9 +46,30 @@ def _liger():
     return LigerRMSNormFunction, LigerFusedAddRMSNormFunction
 
 
+def _liger_layernorm():
+    try:
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+    except Exception:  # not installed: the row is simply absent
+        return None
+    return LigerLayerNormFunction
+
+
 def _impls(op, x, r, w):
-    liger_rms, liger_add = _liger()
     impls = {}
+    if op == "layernorm":
+        b = r[0]  # a [hidden] bias of w's dtype
+        liger_ln = _liger_layernorm()
+        out = torch.empty_like(x)
+        impls["fray.cuda"] = lambda: fray.layernorm(x, w, b, LN_EPS, out=out, backend="cuda")
+        impls["fray.triton"] = lambda: fray.layernorm(x, w, b, LN_EPS, out=out, backend="triton")
+        impls["torch.eager"] = lambda: _eager_layernorm(x, w, b)
+        compiled = torch.compile(_eager_layernorm)
+        impls["torch.compile"] = lambda: compiled(x, w, b)
+        impls["torch.builtin"] = lambda: F.layer_norm(x, (x.shape[-1],), w, b, LN_EPS)
+        if liger_ln is not None:
+            impls["liger"] = lambda: liger_ln.apply(x, w, b, LN_EPS)
+        return impls
+    liger_rms, liger_add = _liger()
     if op == "rmsnorm":
         out = torch.empty_like(x)
         impls["fray.cuda"] = lambda: fray.rmsnorm(x, w, EPS, out=out, backend="cuda")
@@ -63,14 +95,17 @@ def _impls(op, x, r, w):
 
 def _bytes(op, rows, hidden, x, w):
     n = rows * hidden * x.element_size()
+    if op == "layernorm":
+        return 2 * n + 2 * hidden * w.element_size()
     return (2 if op == "rmsnorm" else 4) * n + hidden * w.element_size()
 
 
 def run(op, recorder, shapes=None, graph=True):
-    if op not in ("rmsnorm", "add_rmsnorm"):
-        raise ValueError("op: expected rmsnorm or add_rmsnorm, got %r" % op)
+    if op not in OPS:
+        raise ValueError("op: expected one of %s, got %r" % (", ".join(OPS), op))
     from fray.bench import graph_us, median, time_rounds, time_us
-    for rows, hidden, dtype in shapes or SHAPES:
+    default = LAYERNORM_SHAPES if op == "layernorm" else SHAPES
+    for rows, hidden, dtype in shapes or default:
         g = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(rows, hidden, device="cuda", generator=g).to(dtype)
         r = torch.randn(rows, hidden, device="cuda", generator=g).to(dtype)

@@ -1,12 +1,13 @@
-"""The norm family: rmsnorm and fused add+rmsnorm.
+"""The norm family: rmsnorm, fused add+rmsnorm and layernorm.
 
 Validation happens here, once; the kernels (cuda/norm, fray_triton.norm) trust their inputs.
 GPU entry points are torch custom ops (fray::rmsnorm, fray::add_rmsnorm, fray::add_rmsnorm_,
-fray::add_rmsnorm_residual_) with fake implementations, so torch.compile(fullgraph=True) traces
+fray::add_rmsnorm_residual_, fray::layernorm) with fake implementations, so torch.compile(fullgraph=True) traces
 through them; in eager mode the same implementation is called directly (no dispatcher overhead).
 CPU tensors and numpy arrays run the float64 reference and come back in the input's dtype.
 """
 import math
+from typing import Optional
 
 import numpy as np
 import torch
@@ -17,10 +18,11 @@ from fray.reference import convert as C
 from fray.reference import norm as ref
 
 FAMILY = "norm"
-OPS = ("rmsnorm", "add_rmsnorm")
-__all__ = ["rmsnorm", "add_rmsnorm"]
+OPS = ("rmsnorm", "add_rmsnorm", "layernorm")
+__all__ = ["rmsnorm", "add_rmsnorm", "layernorm"]
 B.register_preference("rmsnorm", ("cuda", "triton"))
 B.register_preference("add_rmsnorm", ("cuda", "triton"))
+B.register_preference("layernorm", ("cuda", "triton"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,6 +97,29 @@ def _check_arrays(x, weight, others):
             V.require_shape(name, a, x.shape)
 
 
+def _check_bias(x, weight, bias):
+    """bias: None, or [hidden] with weight's dtype (x's dtype or fp32) on x's device, contiguous.
+    Call after _check_tensors / _check_arrays have validated x and weight."""
+    if bias is None:
+        return
+    hidden = x.shape[-1]
+    if V.is_array(x):
+        if not isinstance(bias, np.ndarray):
+            raise TypeError("bias: expected a numpy.ndarray like x, got %s" % type(bias).__name__)
+        if bias.dtype not in (np.float16, np.float32, np.float64):
+            raise TypeError("bias: expected a float16/float32/float64 array, got %s" % bias.dtype)
+        V.require_shape("bias", bias, (hidden,))
+        return
+    V.require_tensor("bias", bias)
+    V.require_same_device([("x", x), ("bias", bias)])
+    if bias.dtype != weight.dtype:
+        raise TypeError("bias: expected dtype %s (that of weight), got %s" % (
+            str(weight.dtype).replace("torch.", ""), str(bias.dtype).replace("torch.", "")))
+    V.require_shape("bias", bias, (hidden,))
+    if hidden > 1 and bias.stride(0) != 1:
+        raise ValueError("bias: expected a contiguous 1-d tensor, got stride %d" % bias.stride(0))
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU implementations (called directly in eager mode, through the custom ops under torch.compile)
 
@@ -150,6 +175,23 @@ def _add_rmsnorm_impl(x, residual, weight, out, sum_out, eps, weight_offset, bac
                               sx, sr, so, ss, rows, hidden)
 
 
+def _layernorm_impl(x, weight, bias, out, eps, backend):
+    rows, hidden = _launch_args(x)
+    if rows == 0:
+        return
+    be = B.resolve("layernorm", FAMILY, backend, x.device)
+    sx, so = V.row_stride("x", x), V.row_stride("out", out, writable=True)
+    if be == "cuda":
+        wcode = V.DTYPE_CODES[weight.dtype]
+        B.load_extension(FAMILY).layernorm(
+            x.data_ptr(), sx, weight.data_ptr(), wcode, 0 if bias is None else bias.data_ptr(), wcode,
+            out.data_ptr(), so, rows, hidden, eps, V.DTYPE_CODES[x.dtype], x.device.index, _stream(x.device))
+    else:
+        from fray_triton import norm as tnorm
+        with torch.cuda.device(x.device):
+            tnorm.layernorm(x, weight, bias, out, eps, sx, so, rows, hidden)
+
+
 @torch.library.custom_op("fray::rmsnorm", mutates_args=("out",))
 def _rmsnorm_op(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float,
                 weight_offset: float, backend: str) -> None:
@@ -174,7 +216,13 @@ def _add_rmsnorm_residual_op(x: torch.Tensor, residual: torch.Tensor, weight: to
     _add_rmsnorm_impl(x, residual, weight, out, residual, eps, weight_offset, backend)
 
 
-for _op in (_rmsnorm_op, _add_rmsnorm_op, _add_rmsnorm_inplace_op, _add_rmsnorm_residual_op):
+@torch.library.custom_op("fray::layernorm", mutates_args=("out",))
+def _layernorm_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
+                  eps: float, backend: str) -> None:
+    _layernorm_impl(x, weight, bias, out, eps, backend)
+
+
+for _op in (_rmsnorm_op, _add_rmsnorm_op, _add_rmsnorm_inplace_op, _add_rmsnorm_residual_op, _layernorm_op):
     _op.register_fake(lambda *args, **kwargs: None)
 
 
@@ -288,6 +336,46 @@ def add_rmsnorm_residual_inplace(x, residual, weight, eps=1e-6, *, backend="auto
     return out
 
 
+def layernorm(x, weight, bias=None, eps=1e-5, *, out=None, backend="auto"):
+    """LayerNorm over the last dimension: (x - mean) / sqrt(var + eps) * weight (+ bias).
+
+    var is the biased variance (as torch.nn.functional.layer_norm). x: [..., hidden]
+    fp32/fp16/bf16, last dim contiguous, leading dims any evenly strided rows. weight: [hidden],
+    x's dtype or fp32; bias: None or [hidden] of weight's dtype. Math in fp32 (statistics taken
+    relative to the row's first element, so a large mean costs no accuracy), one rounding to
+    x's dtype. CUDA tensors run on the current stream without host synchronisation; CPU tensors
+    and numpy arrays run the float64 reference. out: preallocated result (x's shape and dtype;
+    may be x itself).
+    """
+    V.require_backend(backend, B.BACKENDS)
+    eps = _check_eps(eps)
+    if V.is_array(x):
+        _check_arrays(x, weight, [("out", out)])
+        _check_bias(x, weight, bias)
+        y = C.like(ref.layernorm(C.to_f64(x), C.to_f64(weight), None if bias is None else C.to_f64(bias), eps), x)
+        if out is not None:
+            out[...] = y
+            return out
+        return y
+    _check_tensors(x, weight, [("out", out, True)])
+    _check_bias(x, weight, bias)
+    if x.device.type == "cpu":
+        if backend not in ("auto", "reference"):
+            raise ValueError("backend: %r needs CUDA tensors; x is on the CPU (use 'reference' or 'auto')" % backend)
+        y = C.like(ref.layernorm(C.to_f64(x), C.to_f64(weight), None if bias is None else C.to_f64(bias), eps), x)
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if _compiling():
+        torch.ops.fray.layernorm(x, weight, bias, out, eps, backend)
+    else:
+        _layernorm_impl(x, weight, bias, out, eps, backend)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # `fray check` cases: (op, backend, dtype, shape, callable raising on a mismatch)
 
@@ -302,19 +390,26 @@ def check_cases(device):
         w = torch.randn(hidden, device=dev).to(dtype)
         ey, es = ref.add_rmsnorm(x.double(), r.double(), w.double(), 1e-6,
                                  round_sum=lambda v: v.to(dtype).double())
+        b = r[0]  # layernorm's bias
         if backend == "triton-interpreter":
             from fray_triton import norm as tnorm
             y, s = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
             if op == "rmsnorm":
                 tnorm.rmsnorm(x, w, y, 1e-6, 0.0, hidden, hidden, rows, hidden)
+            elif op == "layernorm":
+                tnorm.layernorm(x, w, b, y, 1e-5, hidden, hidden, rows, hidden)
             else:
                 tnorm.add_rmsnorm(x, r, w, y, s, 1e-6, 0.0, hidden, hidden, hidden, hidden, rows, hidden)
         elif op == "rmsnorm":
             y = rmsnorm(x, w, backend=backend)
+        elif op == "layernorm":
+            y = layernorm(x, w, b, backend=backend)
         else:
             y, s = add_rmsnorm(x, r, w, backend=backend)
         if op == "rmsnorm":
             assert_close(y, ref.rmsnorm(x.double(), w.double(), 1e-6), dtype, op)
+        elif op == "layernorm":
+            assert_close(y, ref.layernorm(x.double(), w.double(), b.double(), 1e-5), dtype, op)
         else:
             assert_close(y, ey, dtype, op)
             assert_close(s, es, dtype, op)
@@ -324,10 +419,13 @@ def check_cases(device):
         np.testing.assert_allclose(y, [[3 / 12.5 ** 0.5, 8 / 12.5 ** 0.5]], rtol=1e-12)
         y, s = add_rmsnorm(np.array([[1.0, 1.0]]), np.array([[2.0, 3.0]]), np.array([1.0, 2.0]), eps=0.0)
         np.testing.assert_allclose(s, [[3.0, 4.0]])
+        # x = [1, 3]: mean 2, biased var 1 -> x_hat = [-1, 1]
+        y = layernorm(np.array([[1.0, 3.0]]), np.array([1.0, 2.0]), np.array([0.5, 0.0]), eps=0.0)
+        np.testing.assert_allclose(y, [[-0.5, 2.0]], rtol=1e-12)
 
     cases = []
     if device.type != "cuda":
-        cases.append(("rmsnorm+add", "reference", "fp64", "hand", hand))
+        cases.append(("rmsnorm+add+ln", "reference", "fp64", "hand", hand))
         for op in OPS:
             for dtype in (torch.float32, torch.bfloat16):
                 cases.append((op, "triton-interpreter", V.DTYPE_NAMES[dtype], "3x100",
