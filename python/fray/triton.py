@@ -5,7 +5,11 @@ absolute. Fray's kernels live in the separate top-level package fray_triton.)
 """
 import functools
 
+from fray.ops import activation as _activation
+from fray.ops import elementwise as _elementwise
 from fray.ops import norm as _norm
+from fray.ops import rope as _rope
+from fray.ops import softmax as _softmax
 
 
 def _forced(fn):
@@ -18,3 +22,10 @@ def _forced(fn):
 
 rmsnorm = _forced(_norm.rmsnorm)
 add_rmsnorm = _forced(_norm.add_rmsnorm)
+silu_mul = _forced(_activation.silu_mul)
+gelu_mul = _forced(_activation.gelu_mul)
+rope = _forced(_rope.rope)
+softmax = _forced(_softmax.softmax)
+online_softmax = _forced(_softmax.online_softmax)
+layernorm = _forced(_norm.layernorm)
+vector_add = _forced(_elementwise.vector_add)
