@@ -56,16 +56,24 @@ def _find_python(rctx):
         return explicit
     want = rctx.os.environ.get("FRAY_PYTHON_VERSION")
     if want:
+        candidates = []
         found = rctx.which("python" + want)
         if found:
-            return str(found)
+            candidates.append(str(found))
         home = rctx.os.environ.get("PYENV_ROOT") or (rctx.os.environ.get("HOME", "/root") + "/.pyenv")
         versions = rctx.path(home + "/versions")
         if versions.exists:
-            for d in sorted(versions.readdir(), reverse = True):
-                if d.basename.startswith(want + ".") and d.get_child("bin").get_child("python3").exists:
-                    return str(d.get_child("bin").get_child("python3"))
-        fail("FRAY_PYTHON_VERSION=%s: no python%s on PATH or under %s; set PYTHON_BIN_PATH" % (want, want, versions))
+            for d in sorted(versions.readdir(), key = lambda p: p.basename, reverse = True):
+                if d.basename.startswith(want + "."):
+                    candidates.append(str(d.get_child("bin").get_child("python3")))
+
+        # A pyenv shim exists for every installed version but fails unless that version is
+        # selected: take the first candidate that runs and is the version asked for.
+        check = "import sys; assert '%d.%d' % sys.version_info[:2] == '" + want + "'"
+        for c in candidates:
+            if rctx.execute([c, "-c", check]).return_code == 0:
+                return c
+        fail("FRAY_PYTHON_VERSION=%s: no working python%s on PATH or under %s; set PYTHON_BIN_PATH" % (want, want, versions))
     found = rctx.which("python3")
     if not found:
         fail("python3 not found on PATH; set PYTHON_BIN_PATH")
