@@ -20,6 +20,15 @@ def _ref(x, w, b, eps):
                          None if b is None else b.to(torch.float64), eps)
 
 
+def _scale(x, w, b, eps):
+    """Magnitude of the terms of w * x_hat + b (see fray.testing.assert_close): |w| (|x_hat| + 1)
+    + |b|, the + 1 being x_hat's absolute error floor (x - mean is a difference)."""
+    xd = x.to(torch.float64)
+    xhat = ref.layernorm(xd, torch.ones_like(w, dtype=torch.float64), None, eps)
+    s = w.to(torch.float64).abs() * (xhat.abs() + 1.0)
+    return s if b is None else s + b.to(torch.float64).abs()
+
+
 # ---------------------------------------------------------------------------------------------
 # CPU: reference against hand-computed values
 
@@ -53,7 +62,7 @@ def test_cpu_tensor_runs_reference(dtype, with_bias):
     b = torch.randn(33, generator=g).to(dtype) if with_bias else None
     y = fray.layernorm(x, w, b, eps=1e-5)
     assert y.dtype == dtype and y.shape == x.shape and y.device.type == "cpu"
-    assert_close(y, _ref(x, w, b, 1e-5), dtype, "cpu reference")
+    assert_close(y, _ref(x, w, b, 1e-5), dtype, "cpu reference", scale=_scale(x, w, b, 1e-5))
     out = torch.full_like(x, float("nan"))
     assert fray.layernorm(x, w, b, 1e-5, out=out) is out
     assert torch.equal(out, y)
@@ -193,7 +202,7 @@ def test_gpu_vs_reference(cuda, backend, dtype, hidden, rows, with_bias):
     y = fray.layernorm(x, w, b, eps=1e-5, out=out, backend=backend)
     torch.cuda.synchronize()
     assert y is out
-    assert_close(y, _ref(x, w, b, 1e-5), dtype, "%s %dx%d bias=%s" % (backend, rows, hidden, with_bias))
+    assert_close(y, _ref(x, w, b, 1e-5), dtype, "%s %dx%d bias=%s" % (backend, rows, hidden, with_bias), scale=_scale(x, w, b, 1e-5))
 
 
 @pytest.mark.gpu
@@ -207,9 +216,9 @@ def test_gpu_large_mean_fp32(cuda, backend, hidden, mean):
     w = torch.randn(hidden, device=cuda, generator=g)
     b = torch.randn(hidden, device=cuda, generator=g)
     y = fray.layernorm(x, w, b, eps=1e-5, backend=backend)
-    assert_close(y, _ref(x, w, b, 1e-5), torch.float32, "%s mean %g" % (backend, mean))
+    assert_close(y, _ref(x, w, b, 1e-5), torch.float32, "%s mean %g" % (backend, mean), scale=_scale(x, w, b, 1e-5))
     y = fray.layernorm(x, w, None, eps=1e-5, backend=backend)  # no bias: x_hat * w itself
-    assert_close(y, _ref(x, w, None, 1e-5), torch.float32, "%s mean %g, no bias" % (backend, mean))
+    assert_close(y, _ref(x, w, None, 1e-5), torch.float32, "%s mean %g, no bias" % (backend, mean), scale=_scale(x, w, None, 1e-5))
 
 
 @pytest.mark.gpu
@@ -278,7 +287,7 @@ def test_gpu_torch_compile_fullgraph(cuda, backend, with_bias):
 
     compiled = torch.compile(f, fullgraph=True)
     y, z = compiled(x, w, b)
-    assert_close(y, _ref(x * 2.0, w, b, 1e-5), torch.float16, "compiled")
+    assert_close(y, _ref(x * 2.0, w, b, 1e-5), torch.float16, "compiled", scale=_scale(x * 2.0, w, b, 1e-5))
     ey, ez = f(x, w, b)
     assert torch.equal(y, ey) and torch.equal(z, ez)
 

@@ -242,3 +242,36 @@ def test_gpu_aliases_and_auto(cuda):
     assert B.resolve("rmsnorm", "norm", "auto", x.device) in ("cuda", "triton")
     empty = fray.rmsnorm(torch.empty(0, 256, device=cuda, dtype=torch.bfloat16), w)
     assert empty.shape == (0, 256)
+
+
+def _round_kernel():
+    import triton
+    import triton.language as tl
+
+    from fray_triton.norm import _round
+
+    @triton.jit
+    def kernel(X, Y, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(Y + i, _round(tl.load(X + i), Y.dtype.element_ty))
+
+    kernel.fn.__globals__["_round"] = _round  # jit resolves names in the defining module
+    return kernel
+
+
+@pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") != "1",
+                    reason="needs TRITON_INTERPRET=1 (the Bazel CPU target sets it)")
+def test_triton_bf16_rounding_helper():
+    """fray_triton.norm._round: round-to-nearest-even to bf16, carries into the exponent, inf and
+    every NaN payload (the GPU's canonical NaN is 0x7FFFFFFF) stay what they are."""
+    kernel = _round_kernel()
+    bits = torch.tensor([0x3F808000, 0x3F818000, 0x3F80C000, 0x3FFFFFFF, 0x7F800000, 0x7FFFFFFF,
+                         0xFFC00001, 0x00000001], dtype=torch.int64).to(torch.int32)
+    x = bits.view(torch.float32)
+    y = torch.empty(8, dtype=torch.bfloat16)
+    kernel[(1,)](x, y, N=8)
+    # ties to even (1.00390625 -> 1.0, 1.01171875 -> 1.015625), above half rounds up, mantissa
+    # carry into the exponent (1.99999 -> 2.0), inf, NaNs, subnormal -> 0
+    assert y[:5].tolist() == [1.0, 1.015625, 1.0078125, 2.0, float("inf")]
+    assert torch.isnan(y[5:7]).all()
+    assert y[7].item() == 0.0

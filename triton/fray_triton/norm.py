@@ -31,6 +31,8 @@ def _round(v, dtype: tl.constexpr):
     and drops the carry in its own fp32->bf16 conversion."""
     if dtype == tl.bfloat16:
         bits = v.to(tl.uint32, bitcast=True)
+        # NaNs first: the GPU's canonical NaN 0x7FFFFFFF would carry into the sign bit (-0.0).
+        bits = tl.where(v == v, bits, 0x7FC00000)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
         return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
     else:
