@@ -69,6 +69,28 @@ def median(values):
     return v[len(v) // 2]
 
 
+# Shapes whose fastest impl takes less than this also get a CUDA-graph-replay row (":graph").
+GRAPH_BELOW_US = 50.0
+
+
+def bench_impls(recorder, op, shape, dtype, impls, nbytes=None, flops=None, graph=True, **extra):
+    """Time every impl of one (op, shape, dtype): 3 interleaved rounds with the L2 flushed, then
+    CUDA-graph replay too when the fastest is under GRAPH_BELOW_US. One record per impl and
+    variant, holding the median and the per-round numbers; a failing impl leaves an error row."""
+    timed = time_rounds(impls, time_us)
+    variants = [("", timed)]
+    ok = [median(v) for v in timed.values() if not isinstance(v, Exception)]
+    if graph and ok and min(ok) < GRAPH_BELOW_US:
+        variants.append((":graph", time_rounds(impls, graph_us)))
+    for suffix, results in variants:
+        for impl, rounds in results.items():
+            if isinstance(rounds, Exception):
+                recorder.add(op, impl, shape + suffix, dtype, None, note="error: %s" % str(rounds)[:200], **extra)
+            else:
+                recorder.add(op, impl, shape + suffix, dtype, median(rounds), nbytes, flops,
+                             rounds=[round(u, 3) for u in rounds], **extra)
+
+
 def graph_us(fn, calls=20, replays=50):
     """µs per call under CUDA-graph replay: `calls` calls captured once, median over replays."""
     fn()

@@ -17,7 +17,6 @@ import fray
 
 # (rows, d, dtype, also time gelu's erf form)
 SHAPES = [(16384, 8192, torch.bfloat16, True), (128, 8192, torch.bfloat16, False)]
-GRAPH_BELOW_US = 50.0
 
 
 def _eager_silu_mul(x):
@@ -86,7 +85,7 @@ def _bytes(rows, d, x):
 def run(op, recorder, shapes=None, graph=True):
     if op not in ("silu_mul", "gelu_mul"):
         raise ValueError("op: expected silu_mul or gelu_mul, got %r" % op)
-    from fray.bench import graph_us, median, time_rounds, time_us
+    from fray.bench import bench_impls
     # --shapes gives (rows, d, dtype): time gelu's erf form for those too.
     todo = SHAPES if shapes is None else [(r, d, t, True) for r, d, t in shapes]
     for rows, d, dtype, with_erf in todo:
@@ -97,17 +96,4 @@ def run(op, recorder, shapes=None, graph=True):
         for form, approximate in forms:
             shape = "%dx%d%s" % (rows, d, form)
             impls = _impls(op, x, approximate)
-            variants = [("", time_us)]
-            timed = time_rounds(impls, time_us)
-            ok = [median(v) for v in timed.values() if not isinstance(v, Exception)]
-            if graph and ok and min(ok) < GRAPH_BELOW_US:
-                variants.append((":graph", graph_us))
-            for suffix, timer in variants:
-                if suffix:
-                    timed = time_rounds(impls, timer)
-                for impl, rounds in timed.items():
-                    if isinstance(rounds, Exception):
-                        recorder.add(op, impl, shape + suffix, dtype, None, note="error: %s" % str(rounds)[:200])
-                    else:
-                        recorder.add(op, impl, shape + suffix, dtype, median(rounds), nbytes,
-                                     rounds=[round(u, 3) for u in rounds])
+            bench_impls(recorder, op, shape, dtype, impls, nbytes, graph=graph)

@@ -13,7 +13,6 @@ import fray
 
 SHAPES = [(1 << 28, torch.bfloat16), (1 << 20, torch.bfloat16)]
 OPS = ("vector_add",)
-GRAPH_BELOW_US = 50.0
 
 
 def _eager_add(a, b):
@@ -34,7 +33,7 @@ def _impls(a, b):
 def run(op, recorder, shapes=None, graph=True):
     if op not in OPS:
         raise ValueError("op: expected one of %s, got %r" % (", ".join(OPS), op))
-    from fray.bench import graph_us, median, time_rounds, time_us
+    from fray.bench import bench_impls
     if shapes:  # from --shapes: (rows, cols, dtype)
         shapes = [(rows * cols, dtype) for rows, cols, dtype in shapes]
     for n, dtype in shapes or SHAPES:
@@ -43,18 +42,5 @@ def run(op, recorder, shapes=None, graph=True):
         b = torch.randn(n, device="cuda", generator=g).to(dtype)
         nbytes = 3 * n * a.element_size()
         impls = _impls(a, b)
-        variants = [("", time_us)]
-        timed = time_rounds(impls, time_us)
-        ok = [median(v) for v in timed.values() if not isinstance(v, Exception)]
-        if graph and ok and min(ok) < GRAPH_BELOW_US:
-            variants.append((":graph", graph_us))
-        for suffix, timer in variants:
-            if suffix:
-                timed = time_rounds(impls, timer)
-            for impl, rounds in timed.items():
-                if isinstance(rounds, Exception):
-                    recorder.add(op, impl, str(n) + suffix, dtype, None, note="error: %s" % str(rounds)[:200])
-                else:
-                    recorder.add(op, impl, str(n) + suffix, dtype, median(rounds), nbytes,
-                                 rounds=[round(u, 3) for u in rounds])
+        bench_impls(recorder, op, str(n), dtype, impls, nbytes, graph=graph)
         del a, b, impls

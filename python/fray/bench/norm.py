@@ -15,7 +15,6 @@ SHAPES = [(r, h, torch.bfloat16) for r in (1, 128, 4096, 16384) for h in (4096, 
 SHAPES.append((16384, 8192, torch.float16))
 LAYERNORM_SHAPES = [(16384, 8192, torch.bfloat16), (4096, 8192, torch.bfloat16)]
 OPS = ("rmsnorm", "add_rmsnorm", "layernorm")
-GRAPH_BELOW_US = 50.0
 EPS = 1e-6
 LN_EPS = 1e-5  # torch's layer_norm default
 
@@ -103,7 +102,7 @@ def _bytes(op, rows, hidden, x, w):
 def run(op, recorder, shapes=None, graph=True):
     if op not in OPS:
         raise ValueError("op: expected one of %s, got %r" % (", ".join(OPS), op))
-    from fray.bench import graph_us, median, time_rounds, time_us
+    from fray.bench import bench_impls
     default = LAYERNORM_SHAPES if op == "layernorm" else SHAPES
     for rows, hidden, dtype in shapes or default:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -113,17 +112,4 @@ def run(op, recorder, shapes=None, graph=True):
         shape = "%dx%d" % (rows, hidden)
         nbytes = _bytes(op, rows, hidden, x, w)
         impls = _impls(op, x, r, w)
-        variants = [("", time_us)]
-        timed = time_rounds(impls, time_us)
-        ok = [median(v) for v in timed.values() if not isinstance(v, Exception)]
-        if graph and ok and min(ok) < GRAPH_BELOW_US:
-            variants.append((":graph", graph_us))
-        for suffix, timer in variants:
-            if suffix:
-                timed = time_rounds(impls, timer)
-            for impl, rounds in timed.items():
-                if isinstance(rounds, Exception):
-                    recorder.add(op, impl, shape + suffix, dtype, None, note="error: %s" % str(rounds)[:200])
-                else:
-                    recorder.add(op, impl, shape + suffix, dtype, median(rounds), nbytes,
-                                 rounds=[round(u, 3) for u in rounds])
+        bench_impls(recorder, op, shape, dtype, impls, nbytes, graph=graph)

@@ -22,7 +22,6 @@ from fray.ops import rope as ops
 TOKENS, Q_HEADS, K_HEADS, HEAD_DIM = 8192, 32, 8, 128
 SHAPES = [("8192x32x128", False), ("8192x32x128:fused_qkv", True)]
 MAX_POSITION = 32768
-GRAPH_BELOW_US = 50.0
 
 
 def _eager_rope(q, k, cache, positions):
@@ -99,7 +98,7 @@ def run(op, recorder, shapes=None, graph=True):
     if shapes is not None:
         raise ValueError("shapes: the rope benchmark times fixed shapes (%s); --shapes is not supported"
                          % ", ".join(s for s, _ in SHAPES))
-    from fray.bench import graph_us, median, time_rounds, time_us
+    from fray.bench import bench_impls
     dtype = torch.bfloat16
     cache = ops.cos_sin_cache(MAX_POSITION, HEAD_DIM, 10000.0, "cuda")
     positions = torch.arange(TOKENS, device="cuda", dtype=torch.int64)
@@ -108,18 +107,4 @@ def run(op, recorder, shapes=None, graph=True):
     for shape, fused in SHAPES:
         q, k = _inputs(fused, dtype)
         impls = _impls(q, k, positions, cache)
-        variants = [("", time_us)]
-        timed = time_rounds(impls, time_us)
-        ok = [median(v) for v in timed.values() if not isinstance(v, Exception)]
-        if graph and ok and min(ok) < GRAPH_BELOW_US:
-            variants.append((":graph", graph_us))
-        for suffix, timer in variants:
-            if suffix:
-                timed = time_rounds(impls, timer)
-            for impl, rounds in timed.items():
-                if isinstance(rounds, Exception):
-                    recorder.add(op, impl, shape + suffix, dtype, None, notes=notes,
-                                 note="error: %s" % str(rounds)[:200])
-                else:
-                    recorder.add(op, impl, shape + suffix, dtype, median(rounds), nbytes, notes=notes,
-                                 rounds=[round(u, 3) for u in rounds])
+        bench_impls(recorder, op, shape, dtype, impls, nbytes, graph=graph, notes=notes)

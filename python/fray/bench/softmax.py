@@ -20,7 +20,6 @@ SHAPES = {
     "softmax": [(16384, 8192, torch.bfloat16)] + [(SWEEP_BYTES // (2 * w), w, torch.bfloat16) for w in SWEEP_WIDTHS],
     "online_softmax": [(16384, 8192, torch.bfloat16)],
 }
-GRAPH_BELOW_US = 50.0
 
 
 def _eager_softmax(x):
@@ -80,26 +79,13 @@ def _bytes(op, rows, width, x):
 def run(op, recorder, shapes=None, graph=True):
     if op not in SHAPES:
         raise ValueError("op: expected softmax or online_softmax, got %r" % op)
-    from fray.bench import graph_us, median, time_rounds, time_us
+    from fray.bench import bench_impls
     for rows, width, dtype in shapes or SHAPES[op]:
         g = torch.Generator(device="cuda").manual_seed(0)
         x = (torch.randn(rows, width, device="cuda", generator=g) * 3).to(dtype)
         shape = "%dx%d" % (rows, width)
         nbytes = _bytes(op, rows, width, x)
         impls = _impls(op, x)
-        variants = [("", time_us)]
-        timed = time_rounds(impls, time_us)
-        ok = [median(v) for v in timed.values() if not isinstance(v, Exception)]
-        if graph and ok and min(ok) < GRAPH_BELOW_US:
-            variants.append((":graph", graph_us))
-        for suffix, timer in variants:
-            if suffix:
-                timed = time_rounds(impls, timer)
-            for impl, rounds in timed.items():
-                if isinstance(rounds, Exception):
-                    recorder.add(op, impl, shape + suffix, dtype, None, note="error: %s" % str(rounds)[:200])
-                else:
-                    recorder.add(op, impl, shape + suffix, dtype, median(rounds), nbytes,
-                                 rounds=[round(u, 3) for u in rounds])
+        bench_impls(recorder, op, shape, dtype, impls, nbytes, graph=graph)
         del impls, x
         torch.cuda.empty_cache()
