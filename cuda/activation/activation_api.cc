@@ -18,18 +18,10 @@ namespace fray {
 namespace activation_api {
 namespace {
 
-DType to_dtype(int code) {
-  if (!is_valid_dtype_code(code)) {
-    throw std::invalid_argument("fray: unsupported dtype code " + std::to_string(code) +
-                                " (expected 0 = float32, 1 = float16, 2 = bfloat16)");
-  }
-  return static_cast<DType>(code);
-}
-
 void run(Activation act, uintptr_t gate, int64_t gate_row_stride, uintptr_t up, int64_t up_row_stride,
          uintptr_t out, int64_t out_row_stride, int64_t rows, int64_t d, int dtype, int device_index,
          uintptr_t stream, const char* what) {
-  const DType dt = to_dtype(dtype);
+  const DType dt = dtype_from_code(dtype, "gate");
   ActMulParams p;
   p.act = act;
   p.gate = reinterpret_cast<const void*>(gate);

@@ -2,6 +2,7 @@
 //
 //  * DeviceGuard  - RAII device switch, a no-op when already on the right device.
 //  * check_cuda   - throws std::runtime_error("fray: <what>: <cuda error string>").
+//  * dtype_from_code - Python dtype code -> DType, or std::invalid_argument.
 //  * launch_error - cudaGetLastError() right after a kernel launch (launchers
 //    return its value as their cudaError_t and never throw).
 #pragma once
@@ -11,6 +12,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/common/dtype.h"
+
 namespace fray {
 
 // Throws std::runtime_error (pybind11 -> RuntimeError) when err != cudaSuccess.
@@ -18,6 +21,16 @@ inline void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("fray: ") + what + ": " + cudaGetErrorString(err));
   }
+}
+
+// The DType of a Python-side dtype code; std::invalid_argument (pybind11 -> ValueError) naming
+// `what` for any other integer. Every family's adapter converts codes through this.
+inline DType dtype_from_code(int code, const char* what) {
+  if (!is_valid_dtype_code(code)) {
+    throw std::invalid_argument(std::string("fray: unsupported ") + what + " dtype code " + std::to_string(code) +
+                                " (expected 0 = float32, 1 = float16, 2 = bfloat16)");
+  }
+  return static_cast<DType>(code);
 }
 
 // Status of the most recent launch on this host thread (clears the sticky

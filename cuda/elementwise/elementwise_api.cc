@@ -19,14 +19,6 @@ namespace fray {
 namespace elementwise_api {
 namespace {
 
-DType to_dtype(int code, const char* what) {
-  if (!is_valid_dtype_code(code)) {
-    throw std::invalid_argument(std::string("fray: unsupported ") + what + " dtype code " + std::to_string(code) +
-                                " (expected 0 = float32, 1 = float16, 2 = bfloat16)");
-  }
-  return static_cast<DType>(code);
-}
-
 // Multiprocessor count of `device`, queried once per device and kept per device index (a
 // process may drive several GPUs of different kinds). Benign race: two threads may both query
 // and store the same value.
@@ -46,7 +38,7 @@ int sm_count(int device) {
 }  // namespace
 
 void vector_add(uintptr_t a, uintptr_t b, uintptr_t out, int64_t n, int dtype, int device_index, uintptr_t stream) {
-  const DType d = to_dtype(dtype, "a");
+  const DType d = dtype_from_code(dtype, "a");
   DeviceGuard guard(device_index);
   int device = device_index;
   if (device < 0) check_cuda(cudaGetDevice(&device), "cudaGetDevice");

@@ -18,14 +18,6 @@ namespace fray {
 namespace norm_api {
 namespace {
 
-DType to_dtype(int code, const char* what) {
-  if (!is_valid_dtype_code(code)) {
-    throw std::invalid_argument(std::string("fray: unsupported ") + what + " dtype code " + std::to_string(code) +
-                                " (expected 0 = float32, 1 = float16, 2 = bfloat16)");
-  }
-  return static_cast<DType>(code);
-}
-
 // weight dtype must be x's dtype or fp32.
 void check_weight_dtype(DType x, DType w) {
   if (w != x && w != DType::kFloat32) {
@@ -45,8 +37,8 @@ void run(DType x_dtype, const RmsNormParams& p, int device_index, uintptr_t stre
 void rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t weight, int weight_dtype, uintptr_t y,
              int64_t y_row_stride, int64_t rows, int64_t hidden, double eps, double weight_offset,
              int x_dtype, int device_index, uintptr_t stream) {
-  const DType xd = to_dtype(x_dtype, "x");
-  const DType wd = to_dtype(weight_dtype, "weight");
+  const DType xd = dtype_from_code(x_dtype, "x");
+  const DType wd = dtype_from_code(weight_dtype, "weight");
   check_weight_dtype(xd, wd);
   RmsNormParams p;
   p.x = reinterpret_cast<const void*>(x);
@@ -66,8 +58,8 @@ void add_rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t residual, int64_t 
                  uintptr_t weight, int weight_dtype, uintptr_t y, int64_t y_row_stride,
                  uintptr_t sum_out, int64_t sum_row_stride, int64_t rows, int64_t hidden, double eps,
                  double weight_offset, int x_dtype, int device_index, uintptr_t stream) {
-  const DType xd = to_dtype(x_dtype, "x");
-  const DType wd = to_dtype(weight_dtype, "weight");
+  const DType xd = dtype_from_code(x_dtype, "x");
+  const DType wd = dtype_from_code(weight_dtype, "weight");
   check_weight_dtype(xd, wd);
   RmsNormParams p;
   p.x = reinterpret_cast<const void*>(x);
@@ -90,15 +82,15 @@ void add_rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t residual, int64_t 
 void layernorm(uintptr_t x, int64_t x_row_stride, uintptr_t weight, int weight_dtype, uintptr_t bias,
                int bias_dtype, uintptr_t y, int64_t y_row_stride, int64_t rows, int64_t hidden, double eps,
                int x_dtype, int device_index, uintptr_t stream) {
-  const DType xd = to_dtype(x_dtype, "x");
-  const DType wd = to_dtype(weight_dtype, "weight");
+  const DType xd = dtype_from_code(x_dtype, "x");
+  const DType wd = dtype_from_code(weight_dtype, "weight");
   if (wd != xd && wd != DType::kFloat32) {
     throw std::invalid_argument(std::string("fray: layernorm weight dtype ") + dtype_name(wd) +
                                 " is not supported with x dtype " + dtype_name(xd) +
                                 " (use the same dtype as x, or float32)");
   }
   if (bias != 0) {
-    const DType bd = to_dtype(bias_dtype, "bias");
+    const DType bd = dtype_from_code(bias_dtype, "bias");
     if (bd != wd) {
       throw std::invalid_argument(std::string("fray: layernorm bias dtype ") + dtype_name(bd) +
                                   " differs from the weight dtype " + dtype_name(wd));

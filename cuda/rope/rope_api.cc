@@ -16,18 +16,6 @@
 
 namespace fray {
 namespace rope_api {
-namespace {
-
-DType to_dtype(int code) {
-  if (!is_valid_dtype_code(code)) {
-    throw std::invalid_argument("fray: unsupported rope dtype code " + std::to_string(code) +
-                                " (expected 0 = float32, 1 = float16, 2 = bfloat16)");
-  }
-  return static_cast<DType>(code);
-}
-
-}  // namespace
-
 void rope(uintptr_t q, int64_t q_token_stride, int64_t q_head_stride, uintptr_t q_out,
           int64_t q_out_token_stride, int64_t q_out_head_stride, uintptr_t k, int64_t k_token_stride,
           int64_t k_head_stride, uintptr_t k_out, int64_t k_out_token_stride, int64_t k_out_head_stride,
@@ -35,7 +23,7 @@ void rope(uintptr_t q, int64_t q_token_stride, int64_t q_head_stride, uintptr_t 
           uintptr_t cos, uintptr_t sin, int64_t cs_row_stride, int64_t tokens, int64_t q_heads,
           int64_t k_heads, int64_t head_dim, int64_t rotary_dim, bool neox, int dtype, int device_index,
           uintptr_t stream) {
-  const DType d = to_dtype(dtype);
+  const DType d = dtype_from_code(dtype, "q");
   if (positions_dtype != 0 && positions_dtype != 32 && positions_dtype != 64) {
     throw std::invalid_argument("fray: rope positions_dtype must be 0 (none), 32 or 64, got " +
                                 std::to_string(positions_dtype));

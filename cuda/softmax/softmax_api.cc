@@ -19,14 +19,6 @@ namespace fray {
 namespace softmax_api {
 namespace {
 
-DType to_dtype(int code, const char* what) {
-  if (!is_valid_dtype_code(code)) {
-    throw std::invalid_argument(std::string("fray: unsupported ") + what + " dtype code " + std::to_string(code) +
-                                " (expected 0 = float32, 1 = float16, 2 = bfloat16)");
-  }
-  return static_cast<DType>(code);
-}
-
 void run(const SoftmaxParams& p, int device_index, uintptr_t stream, const char* what) {
   DeviceGuard guard(device_index);
   check_cuda(fray::softmax(p, reinterpret_cast<cudaStream_t>(stream)), what);
@@ -44,10 +36,10 @@ void softmax(uintptr_t x, int64_t x_row_stride, int x_dtype, uintptr_t y, int64_
   SoftmaxParams p;
   p.x = reinterpret_cast<const void*>(x);
   p.x_row_stride = x_row_stride;
-  p.x_dtype = to_dtype(x_dtype, "x");
+  p.x_dtype = dtype_from_code(x_dtype, "x");
   p.y = reinterpret_cast<void*>(y);
   p.y_row_stride = y_row_stride;
-  p.y_dtype = to_dtype(y_dtype, "y");
+  p.y_dtype = dtype_from_code(y_dtype, "y");
   p.rows = rows;
   p.cols = cols;
   p.temperature = temperature;
@@ -62,7 +54,7 @@ void online_softmax(uintptr_t x, int64_t x_row_stride, uintptr_t y, int64_t y_ro
   SoftmaxParams p;
   p.x = reinterpret_cast<const void*>(x);
   p.x_row_stride = x_row_stride;
-  p.x_dtype = to_dtype(dtype, "x");
+  p.x_dtype = dtype_from_code(dtype, "x");
   p.y = reinterpret_cast<void*>(y);
   p.y_row_stride = y_row_stride;
   p.y_dtype = p.x_dtype;

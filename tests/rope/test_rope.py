@@ -299,7 +299,7 @@ def test_cuda_extension_imports():
     assert hasattr(torch.ops.fray, "rope") and hasattr(torch.ops.fray, "rope_")
     with pytest.raises(ValueError, match="rotary_dim must be even"):
         ext.rope(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 8, 3, True, 2, -1, 0)
-    with pytest.raises(ValueError, match="unsupported rope dtype code 7"):
+    with pytest.raises(ValueError, match="unsupported q dtype code 7"):
         ext.rope(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 8, 8, True, 7, -1, 0)
 
 
