@@ -1,0 +1,642 @@
+"""The attention family: single-token (decode) attention over contiguous and paged KV caches, and
+the KV-cache appends that precede it.
+
+Validation happens here, once; the kernels (fray_triton.attention) trust their inputs. GPU entry
+points are torch custom ops (fray::decode_attention, fray::paged_decode_attention, fray::kv_append,
+fray::kv_append_paged) with fake implementations, so torch.compile(fullgraph=True) traces through
+them; in eager mode the same implementation is called directly. CPU tensors and numpy arrays run
+the float64 reference and come back in the input's dtype.
+
+Trust boundary: lens and block_table live on the device and are never read on the host (a read
+would synchronise and break CUDA-graph replay with new lengths). The kernels clamp lens[b] to
+[0, T] (decode) and skip appends at positions outside [0, T), so a bad length cannot read or
+write outside the cache; block-table entries are used as given. FRAY_CHECK_INDICES=1 checks both
+with a host synchronisation and raises ValueError (RuntimeError while a CUDA graph is capturing).
+CPU calls always check them (the reference reads them on the host anyway).
+
+Layouts: contiguous caches are HND [B, Hkv, T, D] (the seed's [B, H, T, D]) or NHD [B, T, Hkv, D];
+paged caches are NHD pages [num_blocks, block_size, Hkv, D] (vLLM's and FlashInfer's NHD paged
+layout) with an int32 block_table [B, max_blocks]: token t of sequence b is in page
+block_table[b, t // block_size], slot t % block_size.
+"""
+import functools
+import math
+
+import numpy as np
+import torch
+
+from fray import _validate as V
+from fray import backend as B
+from fray import env
+from fray.reference import attention as ref
+from fray.reference import convert as C
+
+FAMILY = "attention"
+OPS = ("decode_attention", "paged_decode_attention", "kv_append", "kv_append_paged")
+__all__ = list(OPS)
+for _op_name in OPS:
+    B.register_preference(_op_name, ("triton",))  # no CUDA kernels yet
+
+LAYOUTS = ("HND", "NHD")
+HEAD_DIMS = (64, 128, 256)
+MAX_GROUP = 16
+PAGE_SIZES = (1, 16, 32, 64, 128)
+# Refused with a message of their own (a membership test torch.compile traces without a break).
+_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+             if hasattr(torch, n))
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+
+def _name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def _refuse_features(window_left, logits_soft_cap, sinks):
+    if window_left is not None:
+        raise ValueError("window_left: sliding-window attention is not supported; got %r (expected None)"
+                         % (window_left,))
+    if logits_soft_cap is not None:
+        raise ValueError("logits_soft_cap: logit soft-capping is not supported; got %r (expected None)"
+                         % (logits_soft_cap,))
+    if sinks is not None:
+        raise ValueError("sinks: attention sinks are not supported; expected None")
+
+
+def _check_layout(kv_layout):
+    if kv_layout not in LAYOUTS:
+        raise ValueError("kv_layout: expected 'HND' ([B, Hkv, T, D]) or 'NHD' ([B, T, Hkv, D]), got %r"
+                         % (kv_layout,))
+    return kv_layout == "NHD"
+
+
+def _check_scale(scale, head_dim):
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError("scale: expected a float or None, got %s" % type(scale).__name__)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError("scale: expected a finite value > 0, got %r" % (scale,))
+    return float(scale)
+
+
+def _check_num_splits(num_splits):
+    if num_splits is None:
+        return 0
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise TypeError("num_splits: expected an int or None, got %s" % type(num_splits).__name__)
+    if num_splits < 1:
+        raise ValueError("num_splits: expected a value >= 1 (or None for the heuristic), got %d" % num_splits)
+    return num_splits
+
+
+def _q_tokens(q):
+    """q's [B, Hq, D] shape; a 4-d q [B, Hq, 1, D] (the seed's form) is one query token."""
+    if len(q.shape) == 4:
+        if q.shape[2] != 1:
+            raise ValueError("q: decode attention takes one query token per sequence; got shape %s "
+                             "(expected [B, Hq, D] or [B, Hq, 1, D])" % (tuple(q.shape),))
+        return q.shape[0], q.shape[1], q.shape[3]
+    if len(q.shape) != 3:
+        raise ValueError("q: expected shape [B, Hq, D] or [B, Hq, 1, D], got %s" % (tuple(q.shape),))
+    return tuple(q.shape)
+
+
+def _check_heads(batch, n_heads, n_kv_heads, head_dim, cache_name, q_batch, q_dim):
+    if q_dim != head_dim:
+        raise ValueError("%s: head dim %d differs from q's %d" % (cache_name, head_dim, q_dim))
+    if head_dim not in HEAD_DIMS:
+        raise ValueError("q: head dim must be one of %s, got %d" % (HEAD_DIMS, head_dim))
+    if batch is not None and batch != q_batch:
+        raise ValueError("%s: batch %d differs from q's %d" % (cache_name, batch, q_batch))
+    if n_kv_heads < 1 or n_heads % n_kv_heads or not 1 <= n_heads // n_kv_heads <= MAX_GROUP:
+        raise ValueError("q: Hq / Hkv must be an integer group size in 1..%d; got Hq=%d, Hkv=%d"
+                         % (MAX_GROUP, n_heads, n_kv_heads))
+
+
+def _decode_shapes(q, k, v, lens, nhd):
+    qb, hq, d = _q_tokens(q)
+    if len(k.shape) != 4:
+        raise ValueError("k_cache: expected a 4-d cache (%s), got shape %s" % (
+            "[B, T, Hkv, D]" if nhd else "[B, Hkv, T, D]", tuple(k.shape)))
+    V.require_shape("v_cache", v, k.shape)
+    if nhd:
+        batch, capacity, hkv, dk = k.shape
+    else:
+        batch, hkv, capacity, dk = k.shape
+    _check_heads(batch, hq, hkv, dk, "k_cache", qb, d)
+    V.require_shape("lens", lens, (qb,))
+    return capacity, hkv
+
+
+def _paged_shapes(q, kp, vp, block_table, lens):
+    qb, hq, d = _q_tokens(q)
+    if len(kp.shape) != 4:
+        raise ValueError("k_pages: expected [num_blocks, block_size, Hkv, D], got shape %s" % (tuple(kp.shape),))
+    V.require_shape("v_pages", vp, kp.shape)
+    _, page, hkv, dk = kp.shape
+    if page not in PAGE_SIZES:
+        raise ValueError("k_pages: block size (dim 1) must be one of %s, got %d" % (PAGE_SIZES, page))
+    _check_heads(None, hq, hkv, dk, "k_pages", qb, d)
+    if len(block_table.shape) != 2 or block_table.shape[0] != qb:
+        raise ValueError("block_table: expected shape [B=%d, max_blocks], got %s" % (qb, tuple(block_table.shape)))
+    V.require_shape("lens", lens, (qb,))
+    return block_table.shape[1] * page, hkv, page
+
+
+def _append_shapes(k, v, k_new, v_new, lens, paged, nhd):
+    if len(k.shape) != 4:
+        raise ValueError("%s: expected a 4-d cache, got shape %s" % ("k_pages" if paged else "k_cache", tuple(k.shape)))
+    V.require_shape("v_pages" if paged else "v_cache", v, k.shape)
+    if paged:
+        _, page, hkv, d = k.shape
+        if page not in PAGE_SIZES:
+            raise ValueError("k_pages: block size (dim 1) must be one of %s, got %d" % (PAGE_SIZES, page))
+        batch = None
+    elif nhd:
+        batch, _, hkv, d = k.shape
+    else:
+        batch, hkv, _, d = k.shape
+    if len(k_new.shape) != 3:
+        raise ValueError("k_new: expected shape [B, Hkv, D] (one token per sequence), got %s" % (tuple(k_new.shape),))
+    if (batch is not None and k_new.shape[0] != batch) or tuple(k_new.shape[1:]) != (hkv, d):
+        raise ValueError("k_new: expected shape %s, got %s" % (
+            ((batch if batch is not None else k_new.shape[0]), hkv, d), tuple(k_new.shape)))
+    V.require_shape("v_new", v_new, k_new.shape)
+    V.require_shape("lens", lens, (k_new.shape[0],))
+
+
+def _check_cache_dtype(name, t, want):
+    if t.dtype in _FP8:
+        raise TypeError("%s: FP8 KV caches are not supported yet (got %s); use bf16, fp16 or fp32 caches"
+                        % (name, _name(t.dtype)))
+    if t.dtype != want:
+        raise TypeError("%s: expected dtype %s (that of q / the cache), got %s" % (name, _name(want), _name(t.dtype)))
+
+
+def _check_tensors(floats, ints, out=None):
+    """floats: [(name, tensor)] sharing the first one's float dtype; ints: [(name, tensor)] int32
+    and 1-element-stride contiguous; all on the first tensor's device; last dims contiguous."""
+    name0, t0 = floats[0]
+    for name, t in floats + ints:
+        V.require_tensor(name, t)
+    V.require_device_family(name0, t0)
+    if t0.dtype in _FP8:
+        raise TypeError("%s: FP8 is not supported yet (got %s)" % (name0, _name(t0.dtype)))
+    V.require_float_dtype(name0, t0)
+    V.require_same_device(floats + ints + ([("out", out)] if out is not None else []))
+    for name, t in floats[1:]:
+        _check_cache_dtype(name, t, t0.dtype)
+    for name, t in ints:
+        if t.dtype != torch.int32:
+            raise TypeError("%s: expected dtype int32, got %s" % (name, _name(t.dtype)))
+        if t.dim() >= 1 and t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError("%s: the last dimension must be contiguous (stride 1), got stride %d"
+                             % (name, t.stride(-1)))
+    for name, t in floats:
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError("%s: the last dimension must be contiguous (stride 1), got stride %d"
+                             % (name, t.stride(-1)))
+
+
+def _check_out(out, q):
+    if out is None:
+        return
+    V.require_tensor("out", out)
+    if out.dtype != q.dtype:
+        raise TypeError("out: expected dtype %s (that of q), got %s" % (_name(q.dtype), _name(out.dtype)))
+    V.require_shape("out", out, q.shape)
+    if out.shape[-1] > 1 and out.stride(-1) != 1:
+        raise ValueError("out: the last dimension must be contiguous (stride 1), got stride %d" % out.stride(-1))
+
+
+def _check_arrays(floats, ints, out=None):
+    for name, a in floats + ([("out", out)] if out is not None else []):
+        if not isinstance(a, np.ndarray):
+            raise TypeError("%s: expected a numpy.ndarray like %s, got %s" % (name, floats[0][0], type(a).__name__))
+        if a.dtype not in (np.float16, np.float32, np.float64):
+            raise TypeError("%s: expected a float16/float32/float64 array, got %s" % (name, a.dtype))
+    for name, a in ints:
+        if not isinstance(a, np.ndarray):
+            raise TypeError("%s: expected a numpy.ndarray like %s, got %s" % (name, floats[0][0], type(a).__name__))
+        if not np.issubdtype(a.dtype, np.integer):
+            raise TypeError("%s: expected an integer array, got %s" % (name, a.dtype))
+
+
+def _index_values(lens, capacity, block_table=None, page_size=1, num_pages=0, append=False):
+    """The host-side range check of lens (and the block-table entries they use)."""
+    lens = torch.as_tensor(lens)
+    if lens.numel() == 0:
+        return
+    lo, hi = (int(x) for x in torch.stack(torch.aminmax(lens.to(torch.int64))).tolist())
+    if append:
+        if lo < 0 or hi >= capacity:
+            raise ValueError("lens: kv_append writes position lens[b], so values must lie in [0, T=%d); got values "
+                             "in [%d, %d]" % (capacity, lo, hi))
+    elif lo < 0 or hi > capacity:
+        raise ValueError("lens: values must lie in [0, T=%d]; got values in [%d, %d]" % (capacity, lo, hi))
+    if block_table is None:
+        return
+    bt = torch.as_tensor(block_table).to(torch.int64)
+    lens64 = lens.to(device=bt.device, dtype=torch.int64)
+    used_blocks = lens64 // page_size + 1 if append else (lens64 + page_size - 1) // page_size
+    used = torch.arange(bt.shape[1], device=bt.device)[None, :] < used_blocks[:, None]
+    bad = used & ((bt < 0) | (bt >= num_pages))
+    if bool(bad.any()):
+        b, i = (int(x) for x in bad.nonzero()[0].tolist())
+        raise ValueError("block_table: entry [%d, %d] = %d lies outside [0, num_blocks=%d) and is used (lens[%d] = %d)"
+                         % (b, i, int(bt[b, i]), num_pages, b, int(lens64[b])))
+
+
+def _device_check_indices(*args, **kwargs):
+    """FRAY_CHECK_INDICES=1 on CUDA tensors: the range checks, at the cost of a host sync."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("FRAY_CHECK_INDICES=1 checks lens / block_table with a host synchronisation, which "
+                           "CUDA-graph capture forbids; unset FRAY_CHECK_INDICES while capturing")
+    _index_values(*args, **kwargs)
+
+
+def _cpu_backend(backend, device):
+    if backend not in ("auto", "reference"):
+        raise ValueError("backend: %r needs CUDA tensors; the inputs are on %s (use 'reference' or 'auto')"
+                         % (backend, device))
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU implementations (called directly in eager mode, through the custom ops under torch.compile)
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index):
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _three(t):
+    return t if t.dim() == 3 else t.select(2, 0)
+
+
+def _decode_impl(op, q, k, v, lens, block_table, out, lse, scale, nhd, num_splits, backend):
+    q3, o3 = _three(q), _three(out)
+    if q3.shape[0] == 0:
+        return
+    B.resolve(op, FAMILY, backend, q.device)  # only Triton exists; a forced "cuda" raises here
+    if block_table is not None:
+        page, hkv = k.shape[1], k.shape[2]
+        capacity = block_table.shape[1] * page
+        ks, vs = (k.stride(0), k.stride(2), k.stride(1)), (v.stride(0), v.stride(2), v.stride(1))
+    elif nhd:
+        page, capacity, hkv = 1, k.shape[1], k.shape[2]
+        ks, vs = (k.stride(0), k.stride(2), k.stride(1)), (v.stride(0), v.stride(2), v.stride(1))
+    else:
+        page, hkv, capacity = 1, k.shape[1], k.shape[2]
+        ks, vs = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
+    if env.check_indices():  # here rather than in the wrapper: compiled graphs check too
+        _device_check_indices(lens, capacity, block_table, page, k.shape[0])
+    if capacity == 0:
+        o3.zero_()
+        lse.fill_(float("-inf"))
+        return
+    from fray_triton import attention as tattn
+    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(q.device):
+        tattn.decode(q3, k, v, lens, block_table, o3, lse, scale,
+                     q_strides=(q3.stride(0), q3.stride(1)), k_strides=ks, v_strides=vs,
+                     bt_stride=block_table.stride(0) if block_table is not None else 0,
+                     out_strides=(o3.stride(0), o3.stride(1)), lse_stride=lse.stride(0),
+                     n_kv_heads=hkv, capacity=capacity, page_size=page,
+                     num_splits=num_splits or None, num_sms=_num_sms(dev))
+
+
+def _append_impl(op, k, v, k_new, v_new, lens, block_table, nhd, backend):
+    if k_new.shape[0] == 0 or k_new.shape[1] == 0:
+        return
+    B.resolve(op, FAMILY, backend, k.device)
+    if block_table is not None:
+        page, capacity = k.shape[1], block_table.shape[1] * k.shape[1]
+        ks, vs = (k.stride(0), k.stride(2), k.stride(1)), (v.stride(0), v.stride(2), v.stride(1))
+    elif nhd:
+        page, capacity = 1, k.shape[1]
+        ks, vs = (k.stride(0), k.stride(2), k.stride(1)), (v.stride(0), v.stride(2), v.stride(1))
+    else:
+        page, capacity = 1, k.shape[2]
+        ks, vs = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
+    if env.check_indices():
+        _device_check_indices(lens, capacity, block_table, page, k.shape[0], append=True)
+    if capacity == 0:
+        return
+    from fray_triton import attention as tattn
+    with torch.cuda.device(k.device):
+        tattn.append(k, v, k_new, v_new, lens, block_table, k_strides=ks, v_strides=vs,
+                     bt_stride=block_table.stride(0) if block_table is not None else 0,
+                     capacity=capacity, page_size=page)
+
+
+@torch.library.custom_op("fray::decode_attention", mutates_args=("out", "lse"))
+def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,
+               out: torch.Tensor, lse: torch.Tensor, scale: float, nhd: bool, num_splits: int,
+               backend: str) -> None:
+    _decode_impl("decode_attention", q, k_cache, v_cache, lens, None, out, lse, scale, nhd, num_splits, backend)
+
+
+@torch.library.custom_op("fray::paged_decode_attention", mutates_args=("out", "lse"))
+def _paged_decode_op(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
+                     lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale: float, num_splits: int,
+                     backend: str) -> None:
+    _decode_impl("paged_decode_attention", q, k_pages, v_pages, lens, block_table, out, lse, scale, False,
+                 num_splits, backend)
+
+
+@torch.library.custom_op("fray::kv_append", mutates_args=("k_cache", "v_cache"))
+def _append_op(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+               lens: torch.Tensor, nhd: bool, backend: str) -> None:
+    _append_impl("kv_append", k_cache, v_cache, k_new, v_new, lens, None, nhd, backend)
+
+
+@torch.library.custom_op("fray::kv_append_paged", mutates_args=("k_pages", "v_pages"))
+def _append_paged_op(k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
+                     k_new: torch.Tensor, v_new: torch.Tensor, lens: torch.Tensor, backend: str) -> None:
+    _append_impl("kv_append_paged", k_pages, v_pages, k_new, v_new, lens, block_table, False, backend)
+
+
+for _op in (_decode_op, _paged_decode_op, _append_op, _append_paged_op):
+    _op.register_fake(lambda *args, **kwargs: None)
+
+
+def _compiling():
+    return torch.compiler.is_compiling()
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+
+def _cpu_decode(q, out, return_lse, result):
+    """Round the float64 reference result to q's dtype and type; fill `out` when given."""
+    y, lse = result[0], result[1]
+    if len(q.shape) == 4:
+        y = y[:, :, None, :]
+    if V.is_array(q):
+        y = C.like(y, q)
+        lse = np.asarray(lse).astype(np.float64 if q.dtype == np.float64 else np.float32)
+        if out is not None:
+            out[...] = y
+            y = out
+    else:
+        y = C.like(y, q)
+        lse = torch.from_numpy(np.asarray(lse)).to(torch.float32)
+        if out is not None:
+            out.copy_(y)
+            y = out
+    return (y, lse) if return_lse else y
+
+
+def _q3_f64(q):
+    a = C.to_f64(q)
+    return a[:, :, 0] if a.ndim == 4 else a
+
+
+def decode_attention(q, k_cache, v_cache, lens, *, kv_layout="HND", scale=None, out=None, return_lse=False,
+                     num_splits=None, backend="auto", window_left=None, logits_soft_cap=None, sinks=None):
+    """Single-token attention over a contiguous KV cache, split-KV (flash decoding) on the GPU.
+
+    q: [B, Hq, D] (or [B, Hq, 1, D]); k_cache, v_cache: [B, Hkv, T, D] (kv_layout="HND") or
+    [B, T, Hkv, D] ("NHD"), q's dtype (fp32/fp16/bf16; FP8 refused), last dim contiguous, other
+    strides free (slices of bigger caches are fine). Hq / Hkv in 1..16 (GQA), D in 64, 128, 256.
+    lens: int32 [B] on q's device; sequence b attends to positions [0, lens[b]); lens[b] = 0 gives
+    a zero row and lse = -inf. scale: default 1/sqrt(D). Softmax in fp32, one rounding to q's dtype.
+    Returns out (q's shape and dtype; `out` if given) or (out, lse) with return_lse: lse fp32
+    [B, Hq], natural log of sum exp(scale q.k).
+    num_splits: KV splits per sequence (None: chosen on the host from T, B*Hkv and the SM count,
+    never from lens; splits that start at or past lens[b] exit at once). Deterministic.
+    Trust boundary (see the module docstring): lens is not read on the host; the kernel clamps it
+    to [0, T]; FRAY_CHECK_INDICES=1 validates 0 <= lens <= T with a host sync (ValueError; a
+    RuntimeError during CUDA-graph capture). Sliding windows, soft-capping and sinks are refused.
+    """
+    V.require_backend(backend, B.BACKENDS)
+    _refuse_features(window_left, logits_soft_cap, sinks)
+    nhd = _check_layout(kv_layout)
+    if not isinstance(return_lse, bool):
+        raise TypeError("return_lse: expected a bool, got %s" % type(return_lse).__name__)
+    splits = _check_num_splits(num_splits)
+    floats, ints = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)], [("lens", lens)]
+    if V.is_array(q):
+        _check_arrays(floats, ints, out)
+    else:
+        _check_tensors(floats, ints, out)
+        _check_out(out, q)
+    capacity, _ = _decode_shapes(q, k_cache, v_cache, lens, nhd)
+    if V.is_array(out):
+        V.require_shape("out", out, q.shape)
+    scale = _check_scale(scale, q.shape[-1])
+    if V.is_array(q) or q.device.type == "cpu":
+        if not V.is_array(q):
+            _cpu_backend(backend, q.device)
+        _index_values(lens, capacity)
+        result = ref.decode_attention(_q3_f64(q), C.to_f64(k_cache), C.to_f64(v_cache), C.to_f64(lens).astype(np.int64),
+                                      scale, kv_layout)
+        return _cpu_decode(q, out, return_lse, result)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    if _compiling():
+        torch.ops.fray.decode_attention(q, k_cache, v_cache, lens, out, lse, scale, nhd, splits, backend)
+    else:
+        _decode_impl("decode_attention", q, k_cache, v_cache, lens, None, out, lse, scale, nhd, splits, backend)
+    return (out, lse) if return_lse else out
+
+
+def paged_decode_attention(q, k_pages, v_pages, block_table, lens, *, scale=None, out=None, return_lse=False,
+                           num_splits=None, backend="auto", window_left=None, logits_soft_cap=None, sinks=None):
+    """Single-token attention over a paged KV cache.
+
+    k_pages, v_pages: [num_blocks, block_size, Hkv, D] (NHD pages as in vLLM / FlashInfer), block
+    size 1, 16, 32, 64 or 128, q's dtype, last dim contiguous. block_table: int32 [B, max_blocks]
+    (last dim contiguous): token t of sequence b is k_pages[block_table[b, t // block_size],
+    t % block_size]. The capacity T is max_blocks * block_size. Everything else as in
+    decode_attention. Trust boundary: block_table entries for the blocks below lens[b] are used
+    as given (FRAY_CHECK_INDICES=1 checks them, and lens, with a host sync).
+    """
+    V.require_backend(backend, B.BACKENDS)
+    _refuse_features(window_left, logits_soft_cap, sinks)
+    if not isinstance(return_lse, bool):
+        raise TypeError("return_lse: expected a bool, got %s" % type(return_lse).__name__)
+    splits = _check_num_splits(num_splits)
+    floats = [("q", q), ("k_pages", k_pages), ("v_pages", v_pages)]
+    ints = [("block_table", block_table), ("lens", lens)]
+    if V.is_array(q):
+        _check_arrays(floats, ints, out)
+    else:
+        _check_tensors(floats, ints, out)
+        _check_out(out, q)
+    capacity, _, page = _paged_shapes(q, k_pages, v_pages, block_table, lens)
+    if V.is_array(out):
+        V.require_shape("out", out, q.shape)
+    scale = _check_scale(scale, q.shape[-1])
+    if V.is_array(q) or q.device.type == "cpu":
+        if not V.is_array(q):
+            _cpu_backend(backend, q.device)
+        _index_values(lens, capacity, block_table, page, k_pages.shape[0])
+        result = ref.paged_decode_attention(_q3_f64(q), C.to_f64(k_pages), C.to_f64(v_pages),
+                                            C.to_f64(block_table).astype(np.int64),
+                                            C.to_f64(lens).astype(np.int64), scale)
+        return _cpu_decode(q, out, return_lse, result)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    if _compiling():
+        torch.ops.fray.paged_decode_attention(q, k_pages, v_pages, block_table, lens, out, lse, scale, splits,
+                                              backend)
+    else:
+        _decode_impl("paged_decode_attention", q, k_pages, v_pages, lens, block_table, out, lse, scale, False,
+                     splits, backend)
+    return (out, lse) if return_lse else out
+
+
+def kv_append(k_cache, v_cache, k_new, v_new, lens, *, kv_layout="HND", backend="auto"):
+    """In place: k_cache[b, :, lens[b]] = k_new[b] (HND; k_cache[b, lens[b]] for NHD), same for v.
+
+    k_new, v_new: [B, Hkv, D] in the caches' dtype, last dim contiguous. lens: int32 [B] on the
+    caches' device, left unchanged (advance it yourself after the step). No host reads: CUDA-graph
+    capturable. Trust boundary: a position outside [0, T) is not written; FRAY_CHECK_INDICES=1
+    raises ValueError for it instead (host sync). Returns (k_cache, v_cache).
+    """
+    V.require_backend(backend, B.BACKENDS)
+    nhd = _check_layout(kv_layout)
+    floats = [("k_cache", k_cache), ("v_cache", v_cache), ("k_new", k_new), ("v_new", v_new)]
+    if V.is_array(k_cache):
+        _check_arrays(floats, [("lens", lens)])
+    else:
+        _check_tensors(floats, [("lens", lens)])
+    _append_shapes(k_cache, v_cache, k_new, v_new, lens, False, nhd)
+    capacity = k_cache.shape[1] if nhd else k_cache.shape[2]
+    if V.is_array(k_cache) or k_cache.device.type == "cpu":
+        if not V.is_array(k_cache):
+            _cpu_backend(backend, k_cache.device)
+        _index_values(lens, capacity, append=True)
+        ref.kv_append(k_cache, v_cache, k_new, v_new, C.to_f64(lens).astype(np.int64), kv_layout)
+        return k_cache, v_cache
+    if _compiling():
+        torch.ops.fray.kv_append(k_cache, v_cache, k_new, v_new, lens, nhd, backend)
+    else:
+        _append_impl("kv_append", k_cache, v_cache, k_new, v_new, lens, None, nhd, backend)
+    return k_cache, v_cache
+
+
+def kv_append_paged(k_pages, v_pages, block_table, k_new, v_new, lens, *, backend="auto"):
+    """In place: the token at position lens[b] of sequence b, page block_table[b, lens[b] //
+    block_size], slot lens[b] % block_size, gets k_new[b] / v_new[b] ([B, Hkv, D], the pages'
+    dtype). Pages and block_table as in paged_decode_attention; lens unchanged; graph-capturable.
+    Trust boundary as in kv_append, plus the block-table entry, used as given. Returns (k_pages, v_pages).
+    """
+    V.require_backend(backend, B.BACKENDS)
+    floats = [("k_pages", k_pages), ("v_pages", v_pages), ("k_new", k_new), ("v_new", v_new)]
+    ints = [("block_table", block_table), ("lens", lens)]
+    if V.is_array(k_pages):
+        _check_arrays(floats, ints)
+    else:
+        _check_tensors(floats, ints)
+    _append_shapes(k_pages, v_pages, k_new, v_new, lens, True, False)
+    if len(block_table.shape) != 2 or block_table.shape[0] != k_new.shape[0]:
+        raise ValueError("block_table: expected shape [B=%d, max_blocks], got %s"
+                         % (k_new.shape[0], tuple(block_table.shape)))
+    page = k_pages.shape[1]
+    capacity = block_table.shape[1] * page
+    if V.is_array(k_pages) or k_pages.device.type == "cpu":
+        if not V.is_array(k_pages):
+            _cpu_backend(backend, k_pages.device)
+        _index_values(lens, capacity, block_table, page, k_pages.shape[0], append=True)
+        ref.kv_append_paged(k_pages, v_pages, C.to_f64(block_table).astype(np.int64), k_new, v_new,
+                            C.to_f64(lens).astype(np.int64))
+        return k_pages, v_pages
+    if _compiling():
+        torch.ops.fray.kv_append_paged(k_pages, v_pages, block_table, k_new, v_new, lens, backend)
+    else:
+        _append_impl("kv_append_paged", k_pages, v_pages, k_new, v_new, lens, block_table, False, backend)
+    return k_pages, v_pages
+
+
+# ---------------------------------------------------------------------------------------------
+# `fray check` cases: (op, backend, dtype, shape, callable raising on a mismatch)
+
+def _random_case(dtype, dev, batch=2, hq=4, hkv=2, capacity=37, d=64, page=16, lens=(37, 16), seed=0):
+    """Random q, HND caches, and the same data as NHD pages with a shuffled block table."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    q = torch.randn(batch, hq, d, device=dev, generator=g).to(dtype)
+    k = torch.randn(batch, hkv, capacity, d, device=dev, generator=g).to(dtype)
+    v = torch.randn(batch, hkv, capacity, d, device=dev, generator=g).to(dtype)
+    max_blocks = -(-capacity // page)
+    num_pages = batch * max_blocks + 3
+    perm = torch.randperm(num_pages, device=dev, generator=g)[: batch * max_blocks]
+    bt = perm.view(batch, max_blocks).to(torch.int32)
+    kp = torch.zeros(num_pages, page, hkv, d, device=dev, dtype=dtype)
+    vp = torch.zeros_like(kp)
+    pad = max_blocks * page - capacity
+    kn = torch.nn.functional.pad(k.transpose(1, 2), (0, 0, 0, 0, 0, pad))  # [B, T', Hkv, D]
+    vn = torch.nn.functional.pad(v.transpose(1, 2), (0, 0, 0, 0, 0, pad))
+    kp[bt.long()] = kn.reshape(batch, max_blocks, page, hkv, d)
+    vp[bt.long()] = vn.reshape(batch, max_blocks, page, hkv, d)
+    return q, k, v, kp, vp, bt, torch.tensor(lens, dtype=torch.int32, device=dev)
+
+
+def check_cases(device):
+    """On a GPU: Triton x dtype x layout (contiguous HND/NHD, paged) against the reference. On the
+    CPU: the reference against hand-computed values and the Triton kernels under the interpreter."""
+    from fray.testing import assert_close
+
+    def run(dtype, paged, nhd, dev, interpreter):
+        q, k, v, kp, vp, bt, lens = _random_case(dtype, dev)
+        e, el, mag = ref.decode_attention(q.double(), k.double(), v.double(), lens.tolist(), None, "HND")
+        if interpreter:
+            from fray_triton import attention as tattn
+            out = torch.full_like(q, float("nan"))
+            lse = torch.full(q.shape[:2], float("nan"))
+            if paged:
+                kk, vv, ks = kp, vp, (kp.stride(0), kp.stride(2), kp.stride(1))
+            else:
+                kk, vv, ks = k, v, (k.stride(0), k.stride(1), k.stride(2))
+            tattn.decode(q, kk, vv, lens, bt if paged else None, out, lse, 1.0 / math.sqrt(64),
+                         q_strides=q.stride()[:2], k_strides=ks, v_strides=ks, bt_stride=bt.stride(0),
+                         out_strides=out.stride()[:2], lse_stride=lse.stride(0), n_kv_heads=2,
+                         capacity=bt.shape[1] * 16 if paged else 37, page_size=16, num_splits=3,
+                         num_sms=1, block_n=16)
+        elif paged:
+            out, lse = paged_decode_attention(q, kp, vp, bt, lens, return_lse=True, backend="triton")
+        elif nhd:
+            out, lse = decode_attention(q, k.transpose(1, 2), v.transpose(1, 2), lens, kv_layout="NHD",
+                                        return_lse=True, backend="triton")
+        else:
+            out, lse = decode_attention(q, k, v, lens, return_lse=True, backend="triton")
+        assert_close(out, e, dtype, "decode", scale=mag)
+        assert_close(lse, el, torch.float32, "lse")
+
+    def hand():
+        q = np.ones((1, 1, 64))
+        k = np.zeros((1, 1, 2, 64))
+        v = np.zeros((1, 1, 2, 64))
+        v[0, 0, 0], v[0, 0, 1] = 2.0, 4.0
+        y = decode_attention(q, k, v, np.array([1]))      # one key: its value
+        np.testing.assert_allclose(y, np.full((1, 1, 64), 2.0))
+        y, lse = decode_attention(q, k, v, np.array([2]), return_lse=True)  # equal keys: the mean
+        np.testing.assert_allclose(y, np.full((1, 1, 64), 3.0))
+        np.testing.assert_allclose(lse, [[math.log(2.0)]])
+        y, lse = decode_attention(q, k, v, np.array([0]), return_lse=True)
+        assert (y == 0).all() and lse[0, 0] == -np.inf
+
+    cases = []
+    if device.type != "cuda":
+        cases.append(("decode_attention", "reference", "fp64", "hand", hand))
+        for dtype in (torch.float32, torch.bfloat16):
+            for paged in (False, True):
+                cases.append(("paged_decode_attention" if paged else "decode_attention", "triton-interpreter",
+                              V.DTYPE_NAMES[dtype], "2x4x37x64",
+                              lambda d=dtype, p=paged: run(d, p, False, "cpu", True)))
+        return cases
+    for op in ("decode_attention", "paged_decode_attention"):
+        reason = B.available(op, FAMILY, device)["triton"]
+        if reason is not None:
+            cases.append((op, "triton", "-", "-", RuntimeError("unavailable: " + reason)))
+            continue
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            for nhd in ((False, True) if op == "decode_attention" else (False,)):
+                cases.append((op, "triton", V.DTYPE_NAMES[dtype], "2x4x37x64" + (" NHD" if nhd else ""),
+                              lambda d=dtype, p=op != "decode_attention", n=nhd: run(d, p, n, device, False)))
+    return cases

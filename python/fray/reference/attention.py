@@ -1,0 +1,123 @@
+"""Single-token (decode) attention and KV-cache appends in float64.
+
+decode_attention: for each sequence b and query head h (kv head h // (Hq / Hkv), GQA),
+    s_t = scale * <q[b, h], k[b, kvh, t]>   for t < lens[b]
+    out[b, h] = sum_t softmax(s)_t v[b, kvh, t],  lse[b, h] = log(sum_t exp(s_t))  (natural log)
+    lens[b] = 0 gives out = 0 and lse = -inf.
+Caches are HND [B, Hkv, T, D] or NHD [B, T, Hkv, D]; paged caches are NHD pages
+[num_blocks, block_size, Hkv, D] addressed through block_table[b, t // block_size].
+`magnitude` is sum_t softmax(s)_t |v_t|: the size of the terms the output sums, which is what
+rounding errors are relative to (an output that cancels to ~0 still carries errors of that size).
+
+Inputs are float64 numpy arrays, or float64 torch tensors on any device (the GPU tests compute the
+reference next to the data); lens and block_table are read on the host, which is fine here.
+"""
+import math
+
+import numpy as np
+
+
+def _lib(a):
+    if isinstance(a, np.ndarray):
+        return np
+    import torch
+    return torch
+
+
+def _host_ints(a):
+    return [int(v) for v in (a.tolist() if hasattr(a, "tolist") else a)]
+
+
+def to_nhd(cache, kv_layout):
+    """[B, T, Hkv, D] view of a cache in either layout."""
+    if kv_layout == "NHD":
+        return cache
+    return cache.transpose(0, 2, 1, 3) if isinstance(cache, np.ndarray) else cache.transpose(1, 2)
+
+
+def gather_pages(pages, block_table_row, n):
+    """The first n tokens of one sequence from NHD pages: [n, Hkv, D]."""
+    bs = pages.shape[1]
+    blocks = _host_ints(block_table_row)[: (n + bs - 1) // bs]
+    if not blocks:
+        return pages[:0, 0]
+    parts = [pages[b] for b in blocks]
+    xp = _lib(pages)
+    cat = np.concatenate(parts, axis=0) if xp is np else xp.cat(parts, dim=0)
+    return cat[:n]
+
+
+def _attend(q_b, k_seq, v_seq, scale):
+    """q_b [Hq, D]; k_seq, v_seq [n, Hkv, D] -> (out [Hq, D], lse [Hq], magnitude [Hq, D])."""
+    xp = _lib(q_b)
+    hq, d = q_b.shape
+    n, hkv = k_seq.shape[0], k_seq.shape[1]
+    group = hq // hkv
+    if n == 0:
+        zeros = q_b * 0.0
+        lse = zeros[:, 0] - math.inf
+        return zeros, lse, zeros
+    out, lse, mag = [], [], []
+    for h in range(hq):
+        kvh = h // group
+        k = k_seq[:, kvh, :]                     # [n, D]
+        v = v_seq[:, kvh, :]
+        s = (k @ q_b[h]) * scale                 # [n]
+        m = s.max()
+        p = xp.exp(s - m)
+        total = p.sum()
+        out.append((p @ v) / total)
+        mag.append((p @ xp.abs(v)) / total)
+        lse.append(m + xp.log(total))
+    stack = np.stack if xp is np else xp.stack
+    return stack(out), stack(lse), stack(mag)
+
+
+def _finish(results):
+    xp = _lib(results[0][0])
+    stack = np.stack if xp is np else xp.stack
+    return tuple(stack([r[i] for r in results]) for i in range(3))
+
+
+def decode_attention(q, k_cache, v_cache, lens, scale=None, kv_layout="HND"):
+    """q [B, Hq, D]; caches per kv_layout; lens [B] -> (out [B, Hq, D], lse [B, Hq], magnitude)."""
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    k, v = to_nhd(k_cache, kv_layout), to_nhd(v_cache, kv_layout)
+    results = [_attend(q[b], k[b, :n], v[b, :n], scale) for b, n in enumerate(_host_ints(lens))]
+    if not results:
+        return q * 0.0, q[:, :, 0] * 0.0, q * 0.0
+    return _finish(results)
+
+
+def paged_decode_attention(q, k_pages, v_pages, block_table, lens, scale=None):
+    """q [B, Hq, D]; pages [num_blocks, block_size, Hkv, D]; block_table [B, max_blocks]."""
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    results = []
+    for b, n in enumerate(_host_ints(lens)):
+        results.append(_attend(q[b], gather_pages(k_pages, block_table[b], n),
+                               gather_pages(v_pages, block_table[b], n), scale))
+    if not results:
+        return q * 0.0, q[:, :, 0] * 0.0, q * 0.0
+    return _finish(results)
+
+
+def kv_append(k_cache, v_cache, k_new, v_new, lens, kv_layout="HND"):
+    """In place: cache[b, :, lens[b]] = new[b] (HND; [b, lens[b]] for NHD). Any array dtype."""
+    for b, pos in enumerate(_host_ints(lens)):
+        if kv_layout == "HND":
+            k_cache[b, :, pos] = k_new[b]
+            v_cache[b, :, pos] = v_new[b]
+        else:
+            k_cache[b, pos] = k_new[b]
+            v_cache[b, pos] = v_new[b]
+
+
+def kv_append_paged(k_pages, v_pages, block_table, k_new, v_new, lens):
+    """In place: page block_table[b, pos // bs], slot pos % bs, gets new[b] (pos = lens[b])."""
+    bs = k_pages.shape[1]
+    for b, pos in enumerate(_host_ints(lens)):
+        blk = int(block_table[b][pos // bs])
+        k_pages[blk, pos % bs] = k_new[b]
+        v_pages[blk, pos % bs] = v_new[b]

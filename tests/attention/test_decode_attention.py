@@ -1,0 +1,370 @@
+"""fray.decode_attention: reference, Triton (interpreter on CPU, GPU), error contract, index checks."""
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import fray
+from fray.ops import attention as A
+from fray.reference import attention as ref
+from fray.testing import assert_close
+
+INTERPRET = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                               reason="needs TRITON_INTERPRET=1 (the Bazel CPU target sets it)")
+
+
+def _expected(q, k, v, lens, scale=None, kv_layout="HND"):
+    return ref.decode_attention(q.double(), k.double(), v.double(), lens.tolist(), scale, kv_layout)
+
+
+def _check(out, lse, expected, dtype, what):
+    e, el, mag = expected
+    assert_close(out, e, dtype, what, scale=mag)
+    el = torch.as_tensor(el).cpu()
+    lse = lse.cpu()
+    empty = torch.isinf(el)
+    assert torch.equal(torch.isinf(lse) & (lse < 0), empty), "%s: lse -inf rows differ" % what
+    assert_close(lse[~empty], el[~empty], torch.float32, what + " lse")
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: reference against hand-computed values
+
+def _one_head(keys, values, q=None):
+    """q [1, 1, D] of ones (D = 64) against the given per-position key/value rows."""
+    d = 64
+    q = np.ones((1, 1, d)) if q is None else q
+    k = np.zeros((1, 1, len(keys), d))
+    v = np.zeros((1, 1, len(values), d))
+    for t, (kk, vv) in enumerate(zip(keys, values)):
+        k[0, 0, t], v[0, 0, t] = kk, vv
+    return q, k, v
+
+
+def test_reference_hand_computed():
+    q, k, v = _one_head([0.5, -1.0, 3.0], [2.0, 4.0, 8.0])
+    # one key: the output is its value, lse = its score (q.k = 64 * 0.5 = 32, scale 1/8 -> 4)
+    out, lse, _ = ref.decode_attention(q, k, v, [1])
+    np.testing.assert_allclose(out, np.full((1, 1, 64), 2.0), rtol=1e-15)
+    np.testing.assert_allclose(lse, [[4.0]], rtol=1e-15)
+    # two equal keys: the mean of the values, lse = score + log 2
+    q, k, v = _one_head([1.0, 1.0, 5.0], [2.0, 4.0, 100.0])
+    out, lse, _ = ref.decode_attention(q, k, v, [2])
+    np.testing.assert_allclose(out, np.full((1, 1, 64), 3.0), rtol=1e-15)
+    np.testing.assert_allclose(lse, [[8.0 + math.log(2.0)]], rtol=1e-15)
+    # lens 0: a zero row and lse = -inf
+    out, lse, _ = ref.decode_attention(q, k, v, [0])
+    assert (out == 0).all() and lse[0, 0] == -np.inf
+    # scale: keys 0 and 1/64 per element give scores 0 and scale; weights 1 : e^scale
+    q, k, v = _one_head([0.0, 1.0 / 64], [0.0, 1.0])
+    out, lse, _ = ref.decode_attention(q, k, v, [2], scale=math.log(3.0))
+    np.testing.assert_allclose(out, np.full((1, 1, 64), 0.75), rtol=1e-14)
+    np.testing.assert_allclose(lse, [[math.log(4.0)]], rtol=1e-14)
+
+
+def test_reference_gqa_head_mapping():
+    # Hq = 4, Hkv = 2: query heads 0, 1 read kv head 0 and heads 2, 3 read kv head 1.
+    q = np.ones((1, 4, 64))
+    k = np.zeros((1, 2, 1, 64))
+    v = np.stack([np.full((1, 64), 1.0), np.full((1, 64), 2.0)])[None]
+    out, _, _ = ref.decode_attention(q, k, v, [1])
+    np.testing.assert_allclose(out[0, :, 0], [1.0, 1.0, 2.0, 2.0])
+
+
+def test_reference_layouts_and_paged_agree():
+    q, k, v, kp, vp, bt, lens = A._random_case(torch.float32, "cpu", lens=(37, 16))
+    e = _expected(q, k, v, lens)
+    nhd = ref.decode_attention(q.double(), k.transpose(1, 2).double(), v.transpose(1, 2).double(), [37, 16],
+                               None, "NHD")
+    paged = ref.paged_decode_attention(q.double(), kp.double(), vp.double(), bt, [37, 16])
+    for a, b in zip(e, nhd):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for a, b in zip(e, paged):
+        torch.testing.assert_close(a, b, rtol=1e-15, atol=1e-15)
+
+
+def test_public_api_numpy_and_cpu_tensors():
+    q, k, v = _one_head([1.0, 1.0], [2.0, 4.0])
+    y = fray.decode_attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), np.array([2]))
+    assert isinstance(y, np.ndarray) and y.dtype == np.float32 and y.shape == (1, 1, 64)
+    np.testing.assert_allclose(y, 3.0)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        q, k, v, _, _, _, lens = A._random_case(dtype, "cpu", lens=(5, 0))
+        out = torch.full_like(q, float("nan"))
+        y, lse = fray.decode_attention(q, k, v, lens, out=out, return_lse=True)
+        assert y is out and y.dtype == dtype and lse.dtype == torch.float32
+        _check(y, lse, _expected(q, k, v, lens), dtype, "cpu")
+        # the seed's 4-d q [B, H, 1, D] gives a 4-d output
+        y4 = fray.decode_attention(q[:, :, None], k, v, lens)
+        assert y4.shape == (2, 4, 1, 64) and torch.equal(y4[:, :, 0], y)
+        yn = fray.decode_attention(q, k.transpose(1, 2), v.transpose(1, 2), lens, kv_layout="NHD")
+        assert torch.equal(yn, y)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the Triton kernels under TRITON_INTERPRET=1
+
+def _triton(q, k, v, lens, kv_layout="HND", scale=None, num_splits=3, block_n=16):
+    from fray_triton import attention as tattn
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:2], float("nan"))
+    if kv_layout == "HND":
+        ks, vs, hkv, cap = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2)), \
+            k.shape[1], k.shape[2]
+    else:
+        ks, vs, hkv, cap = (k.stride(0), k.stride(2), k.stride(1)), (v.stride(0), v.stride(2), v.stride(1)), \
+            k.shape[2], k.shape[1]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    tattn.decode(q, k, v, lens, None, out, lse, scale, q_strides=q.stride()[:2], k_strides=ks, v_strides=vs,
+                 bt_stride=0, out_strides=out.stride()[:2], lse_stride=lse.stride(0), n_kv_heads=hkv,
+                 capacity=cap, page_size=1, num_splits=num_splits, num_sms=132, block_n=block_n)
+    return out, lse
+
+
+@INTERPRET
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_layout", ["HND", "NHD"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_triton_interpreter_vs_reference(dtype, kv_layout, num_splits):
+    # B=2, Hq=4, Hkv=2, T=37, D=64; lens 1 (splits past it exit), 16 (a tile boundary), T.
+    for lens in ((1, 37), (16, 0)):
+        q, k, v, _, _, _, lens_t = A._random_case(dtype, "cpu", lens=lens, seed=sum(lens))
+        if kv_layout == "NHD":
+            k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+        out, lse = _triton(q, k, v, lens_t, kv_layout, num_splits=num_splits)
+        _check(out, lse, _expected(q, k, v, lens_t, None, kv_layout), dtype,
+               "triton %s lens=%s splits=%d" % (kv_layout, lens, num_splits))
+
+
+@INTERPRET
+def test_triton_interpreter_group8_d128_scale_and_strided_cache():
+    g = torch.Generator().manual_seed(3)
+    big_k = torch.randn(2, 1, 50, 128, generator=g)
+    big_v = torch.randn(2, 1, 50, 128, generator=g)
+    k, v = big_k[:, :, 5:45], big_v[:, :, 5:45]  # a slice of a larger cache: T = 40
+    q = torch.randn(2, 8, 128, generator=g)
+    lens = torch.tensor([40, 33], dtype=torch.int32)
+    out, lse = _triton(q, k, v, lens, scale=0.3, num_splits=2, block_n=16)
+    _check(out, lse, _expected(q, k, v, lens, 0.3), torch.float32, "group 8, D 128")
+
+
+@INTERPRET
+def test_triton_interpreter_clamps_bad_lens():
+    # Outside the trust boundary: lens past T reads only T positions, negative lens a zero row.
+    q, k, v, _, _, _, _ = A._random_case(torch.float32, "cpu")
+    out, lse = _triton(q, k, v, torch.tensor([37 + 50, -3], dtype=torch.int32))
+    _check(out, lse, _expected(q, k, v, torch.tensor([37, 0])), torch.float32, "clamped")
+
+
+@INTERPRET
+def test_ops_layer_wiring_under_interpreter(monkeypatch):
+    """The GPU implementations of the ops layer (strides of both layouts, paged, 4-d q, appends)
+    driven on CPU tensors through the interpreter, with the CUDA-only calls stubbed out."""
+    import contextlib
+    monkeypatch.setattr(A.B, "resolve", lambda *a: "triton")
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(A, "_num_sms", lambda i: 4)
+    q, k, v, kp, vp, bt, lens = A._random_case(torch.bfloat16, "cpu", lens=(37, 16))
+    e = _expected(q, k, v, lens)
+    for layout in ("HND", "NHD", "paged"):
+        out = torch.full(q.shape[:2] + (1, 64), float("nan"), dtype=q.dtype)
+        lse = torch.empty(2, 4)
+        if layout == "paged":
+            A._decode_impl("paged_decode_attention", q[:, :, None], kp, vp, lens, bt, out, lse, 0.125, False, 0, "auto")
+        else:
+            kk, vv = (k, v) if layout == "HND" else (k.transpose(1, 2), v.transpose(1, 2))
+            A._decode_impl("decode_attention", q[:, :, None], kk, vv, lens, None, out, lse, 0.125, layout == "NHD",
+                           2, "auto")
+        _check(out[:, :, 0], lse, e, torch.bfloat16, "ops layer " + layout)
+    kn, vn = torch.randn(2, 2, 64).to(q.dtype), torch.randn(2, 2, 64).to(q.dtype)
+    at = torch.tensor([36, 0], dtype=torch.int32)
+    kc, vc = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    A._append_impl("kv_append", kc, vc, kn, vn, at, None, True, "auto")
+    assert torch.equal(kc[0, 36], kn[0]) and torch.equal(vc[1, 0], vn[1])
+    A._append_impl("kv_append_paged", kp, vp, kn, vn, at, bt, False, "auto")
+    assert torch.equal(kp[bt[0, 2], 4], kn[0]) and torch.equal(vp[bt[1, 0], 0], vn[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: error contract and index checks
+
+def test_errors_name_the_argument():
+    q, k, v, _, _, _, lens = A._random_case(torch.float32, "cpu")
+    with pytest.raises(TypeError, match="k_cache: expected dtype float32"):
+        fray.decode_attention(q, k.half(), v, lens)
+    with pytest.raises(TypeError, match="lens: expected dtype int32, got int64"):
+        fray.decode_attention(q, k, v, lens.long())
+    with pytest.raises(TypeError, match="q: expected dtype in"):
+        fray.decode_attention(q.double(), k, v, lens)
+    if hasattr(torch, "float8_e4m3fn"):
+        with pytest.raises(TypeError, match="k_cache: FP8 KV caches are not supported"):
+            fray.decode_attention(q, k.to(torch.float8_e4m3fn), v, lens)
+    with pytest.raises(ValueError, match="q: decode attention takes one query token"):
+        fray.decode_attention(q[:, :, None].expand(2, 4, 3, 64), k, v, lens)
+    with pytest.raises(ValueError, match="window_left: sliding-window"):
+        fray.decode_attention(q, k, v, lens, window_left=128)
+    with pytest.raises(ValueError, match="logits_soft_cap: logit soft-capping"):
+        fray.decode_attention(q, k, v, lens, logits_soft_cap=30.0)
+    with pytest.raises(ValueError, match="sinks: attention sinks"):
+        fray.decode_attention(q, k, v, lens, sinks=torch.zeros(4))
+    with pytest.raises(ValueError, match="kv_layout: expected 'HND'"):
+        fray.decode_attention(q, k, v, lens, kv_layout="HDN")
+    with pytest.raises(ValueError, match=r"v_cache: expected shape \(2, 2, 37, 64\)"):
+        fray.decode_attention(q, k, v[:, :, :36], lens)
+    with pytest.raises(ValueError, match="q: head dim must be one of"):
+        fray.decode_attention(q[..., :32], k[..., :32], v[..., :32], lens)
+    with pytest.raises(ValueError, match="q: Hq / Hkv must be an integer group size"):
+        fray.decode_attention(q[:, :3], k, v, lens)
+    with pytest.raises(ValueError, match="q: Hq / Hkv must be an integer group size in 1..16"):
+        fray.decode_attention(torch.randn(2, 34, 64), k, v, lens)
+    with pytest.raises(ValueError, match=r"lens: expected shape \(2,\)"):
+        fray.decode_attention(q, k, v, lens[:1])
+    with pytest.raises(ValueError, match="k_cache: the last dimension must be contiguous"):
+        fray.decode_attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, lens)
+    with pytest.raises(ValueError, match="scale: expected a finite value > 0"):
+        fray.decode_attention(q, k, v, lens, scale=float("nan"))
+    with pytest.raises(ValueError, match="num_splits: expected a value >= 1"):
+        fray.decode_attention(q, k, v, lens, num_splits=0)
+    with pytest.raises(TypeError, match="return_lse: expected a bool"):
+        fray.decode_attention(q, k, v, lens, return_lse=1)
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        fray.decode_attention(q, k, v, lens, backend="flashinfer")
+    with pytest.raises(ValueError, match="backend: 'triton' needs CUDA tensors"):
+        fray.decode_attention(q, k, v, lens, backend="triton")
+    with pytest.raises(TypeError, match="out: expected dtype float32"):
+        fray.decode_attention(q, k, v, lens, out=torch.empty(2, 4, 64, dtype=torch.float16))
+    with pytest.raises(TypeError, match="lens: expected a tensor on cpu"):
+        fray.decode_attention(q, k, v, torch.empty(2, dtype=torch.int32, device="meta"))
+    with pytest.raises(TypeError, match="k_cache: expected a numpy.ndarray"):
+        fray.decode_attention(q.numpy(), k, v, lens)
+
+
+def test_lens_range_checked_on_cpu(monkeypatch):
+    q, k, v, _, _, _, _ = A._random_case(torch.float32, "cpu")
+    monkeypatch.setenv("FRAY_CHECK_INDICES", "1")
+    with pytest.raises(ValueError, match=r"lens: values must lie in \[0, T=37\]; got values in \[0, 38\]"):
+        fray.decode_attention(q, k, v, torch.tensor([38, 0], dtype=torch.int32))
+    with pytest.raises(ValueError, match="lens: values must lie"):
+        fray.decode_attention(q, k, v, torch.tensor([-1, 3], dtype=torch.int32))
+    monkeypatch.delenv("FRAY_CHECK_INDICES")  # the CPU path checks regardless (it reads lens anyway)
+    with pytest.raises(ValueError, match="lens: values must lie"):
+        fray.decode_attention(q, k, v, torch.tensor([38, 0], dtype=torch.int32))
+
+
+def test_check_indices_refused_during_capture(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="FRAY_CHECK_INDICES=1 .* CUDA-graph capture"):
+        A._device_check_indices(torch.tensor([1], dtype=torch.int32), 37)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _gpu_case(cuda, dtype, batch, hq, hkv, capacity, d, seed):
+    g = torch.Generator(device=cuda).manual_seed(seed)
+    q = torch.randn(batch, hq, d, device=cuda, generator=g).to(dtype)
+    k = torch.randn(batch, hkv, capacity, d, device=cuda, generator=g).to(dtype)
+    v = torch.randn(batch, hkv, capacity, d, device=cuda, generator=g).to(dtype)
+    # T, 0, 1, a tile boundary, and random lengths
+    pattern = [capacity, 0, 1, 64, 129] + torch.randint(0, capacity + 1, (batch,), generator=g,
+                                                        device=cuda).tolist()
+    lens = torch.tensor(pattern[:batch], dtype=torch.int32, device=cuda)
+    return q, k, v, lens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (32, 4)])
+def test_gpu_vs_reference(cuda, dtype, d, hq, hkv):
+    q, k, v, lens = _gpu_case(cuda, dtype, 6, hq, hkv, 517, d, d + hq)
+    out = torch.full_like(q, float("nan"))
+    y, lse = fray.decode_attention(q, k, v, lens, out=out, return_lse=True, backend="triton")
+    torch.cuda.synchronize()
+    assert y is out
+    _check(y, lse, _expected(q, k, v, lens), dtype, "triton D=%d group=%d" % (d, hq // hkv))
+    yn = fray.decode_attention(q, k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(), lens,
+                               kv_layout="NHD", backend="triton")
+    assert_close(yn, _expected(q, k, v, lens)[0], dtype, "NHD", scale=_expected(q, k, v, lens)[2])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hkv", [(64, 16), (16, 1)])
+@pytest.mark.parametrize("num_splits", [None, 1, 7])
+def test_gpu_groups_and_splits(cuda, hq, hkv, num_splits):
+    q, k, v, lens = _gpu_case(cuda, torch.bfloat16, 3, hq, hkv, 3001, 128, hq)
+    y, lse = fray.decode_attention(q, k, v, lens, return_lse=True, num_splits=num_splits)
+    _check(y, lse, _expected(q, k, v, lens), torch.bfloat16, "splits=%s" % num_splits)
+    # deterministic: the same inputs give the same bits
+    assert torch.equal(fray.decode_attention(q, k, v, lens, num_splits=num_splits), y)
+
+
+@pytest.mark.gpu
+def test_gpu_long_single_sequence(cuda):
+    q, k, v, _ = _gpu_case(cuda, torch.bfloat16, 1, 8, 1, 32768, 128, 5)
+    lens = torch.tensor([32768 - 5], dtype=torch.int32, device=cuda)
+    y, lse = fray.decode_attention(q, k, v, lens, return_lse=True)
+    _check(y, lse, _expected(q, k, v, lens), torch.bfloat16, "long")
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture_with_new_lens(cuda):
+    q, k, v, lens = _gpu_case(cuda, torch.bfloat16, 4, 16, 4, 700, 128, 9)
+    out = torch.empty_like(q)
+    fray.decode_attention(q, k, v, lens, out=out)  # warm-up (Triton compiles here)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fray.decode_attention(q, k, v, lens, out=out)
+    for new in ([700, 1, 0, 300], [5, 699, 64, 65], [0, 0, 0, 1]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        e = _expected(q, k, v, lens)
+        assert_close(out, e[0], torch.bfloat16, "graph replay lens=%s" % new, scale=e[2])
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_fullgraph(cuda):
+    q, k, v, lens = _gpu_case(cuda, torch.float16, 3, 8, 2, 300, 64, 11)
+
+    def f(q, k, v, lens):
+        y, lse = fray.decode_attention(q * 2.0, k, v, lens, return_lse=True)
+        return y + 1.0, lse
+
+    y, lse = torch.compile(f, fullgraph=True)(q, k, v, lens)
+    e = _expected(q * 2.0, k, v, lens)
+    assert_close(y - 1.0, e[0], torch.float16, "compiled", scale=e[2] + 1.0)
+    ey, lse_eager = f(q, k, v, lens)
+    assert torch.equal(y, ey) and torch.equal(lse, lse_eager)
+
+
+@pytest.mark.gpu
+def test_gpu_check_indices(cuda, monkeypatch):
+    q, k, v, lens = _gpu_case(cuda, torch.float32, 2, 4, 2, 37, 64, 1)
+    monkeypatch.setenv("FRAY_CHECK_INDICES", "1")
+    with pytest.raises(ValueError, match=r"lens: values must lie in \[0, T=37\]"):
+        fray.decode_attention(q, k, v, torch.tensor([38, 1], dtype=torch.int32, device=cuda))
+    fray.decode_attention(q, k, v, lens)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="FRAY_CHECK_INDICES=1"):
+        with torch.cuda.graph(graph):
+            fray.decode_attention(q, k, v, lens)
+
+
+@pytest.mark.gpu
+def test_gpu_seed_layout_and_empty(cuda):
+    q, k, v, lens = _gpu_case(cuda, torch.bfloat16, 2, 4, 4, 100, 128, 2)
+    y = fray.decode_attention(q[:, :, None], k, v, lens)  # the seed's Q [B, H, 1, D]
+    assert y.shape == (2, 4, 1, 128)
+    e = _expected(q, k, v, lens)
+    assert_close(y[:, :, 0], e[0], torch.bfloat16, "4-d q", scale=e[2])
+    assert fray.decode_attention(q[:0], k[:0], v[:0], lens[:0]).shape == (0, 4, 128)
