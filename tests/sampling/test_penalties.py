@@ -1,0 +1,154 @@
+"""fray.apply_penalties and fray.decode_step: a 5-token hand example, Triton (interpreter) vs
+reference with ragged histories, the composition, errors; GPU: agreement, graph replay, compile."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import fray
+from fray.reference import sampling as ref
+from fray.testing import assert_close
+
+INTERP = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                            reason="needs TRITON_INTERPRET=1 (the Bazel CPU target sets it)")
+
+
+def _hand():
+    logits = torch.tensor([[2.0, -1.0, 0.5, -0.5, 3.0], [2.0, -1.0, 0.5, -0.5, 3.0]])
+    ids = torch.tensor([0, 1, 1, 3, 0, 0])
+    offs = torch.tensor([0, 6, 6])  # row 1 has an empty history
+    return logits, ids, offs
+
+
+def test_five_token_example_by_hand():
+    # rep 2, presence 0.5, frequency 0.25; id 0 seen 3x, id 1 2x, id 3 once:
+    # 0: 2 / 2 - 0.5 - 0.75 = -0.25;  1: -1 * 2 - 0.5 - 0.5 = -3;  3: -0.5 * 2 - 0.5 - 0.25 = -1.75
+    logits, ids, offs = _hand()
+    out = fray.apply_penalties(logits, ids, offs, repetition=2.0, presence=0.5, frequency=0.25)
+    assert out is logits
+    assert logits.tolist() == [[-0.25, -3.0, 0.5, -1.75, 3.0], [2.0, -1.0, 0.5, -0.5, 3.0]]
+
+
+@INTERP
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_interpreter_hand_and_ragged(dtype):
+    from fray_triton import sampling as ts
+    logits, ids, offs = _hand()
+    logits = logits.to(dtype)
+    ones = torch.ones(2)
+    ts.apply_penalties(logits, ids, offs, 2 * ones, 0.5 * ones, 0.25 * ones, 5, 2, 5)
+    assert logits.float().tolist() == [[-0.25, -3.0, 0.5, -1.75, 3.0], [2.0, -1.0, 0.5, -0.5, 3.0]]
+    # ragged histories longer than one 64-entry tile, int32 ids, per-row parameters
+    g = torch.Generator().manual_seed(2)
+    rows, vocab = 4, 90
+    x = torch.randn(rows, vocab, generator=g).to(dtype)
+    lens = torch.tensor([0, 150, 3, 70])
+    offs = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
+    ids = torch.randint(0, vocab, (int(lens.sum()),), generator=g).to(torch.int32)
+    rep, pres, freq = torch.tensor([1.0, 1.3, 0.7, 2.0]), torch.tensor([0.0, 0.5, -0.2, 1.0]), \
+        torch.tensor([0.0, 0.1, 0.3, 0.0])
+    expect = ref.apply_penalties(x.double().numpy(), ids.numpy(), offs.numpy(), rep.double().numpy(),
+                                 pres.double().numpy(), freq.double().numpy())
+    ts.apply_penalties(x, ids, offs, rep, pres, freq, vocab, rows, vocab)
+    assert_close(x, expect, dtype, "penalties")
+
+
+@INTERP
+def test_triton_interpreter_decode_step_composition():
+    from fray_triton import sampling as ts
+    g = torch.Generator().manual_seed(4)
+    rows, vocab = 3, 200
+    x = torch.randn(rows, vocab, generator=g) * 2
+    ids = torch.randint(0, vocab, (30,), generator=g)
+    offs = torch.tensor([0, 10, 10, 30])
+    kw = dict(repetition=1.2, presence=0.3, frequency=0.1, temperature=torch.tensor([0.0, 0.9, 1.1]),
+              top_k=20, top_p=0.9, min_p=0.01, seeds=torch.tensor([5, 6, 7]), offsets=torch.tensor([1, 2, 3]))
+    expect = fray.decode_step(x.clone(), ids, offs, **kw)  # CPU: the reference
+    full = lambda v: torch.full((rows,), v)  # noqa: E731
+    xt = x.clone()
+    ts.apply_penalties(xt, ids, offs, full(1.2), full(0.3), full(0.1), vocab, rows, vocab)
+    tok, lp = torch.empty(rows, dtype=torch.int64), torch.empty(rows)
+    ts.sample(xt, tok, lp, kw["temperature"], full(20).long(), full(0.9), full(0.01), kw["seeds"], kw["offsets"],
+              vocab, rows, vocab)
+    assert torch.equal(tok, expect)
+
+
+def test_decode_step_is_penalties_then_sample_on_cpu():
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 64, generator=g)
+    ids, offs = torch.tensor([3, 3, 10, 63]), torch.tensor([0, 3, 4])
+    kw = dict(temperature=0.8, top_k=8, top_p=0.95, min_p=0.0, seeds=torch.tensor([1, 2]), offsets=5)
+    a = x.clone()
+    tok = fray.decode_step(a, ids, offs, repetition=1.5, presence=0.2, frequency=0.1, **kw)
+    b = fray.apply_penalties(x.clone(), ids, offs, repetition=1.5, presence=0.2, frequency=0.1)
+    assert torch.equal(a, b)
+    assert torch.equal(tok, fray.sample(b, **kw))
+
+
+def test_errors_name_the_argument():
+    logits, ids, offs = _hand()
+    with pytest.raises(ValueError, match="token_offsets:"):
+        fray.apply_penalties(logits, ids, torch.tensor([0, 6]))
+    with pytest.raises(ValueError, match="token_offsets:"):
+        fray.apply_penalties(logits, ids, torch.tensor([0, 7, 6]))
+    with pytest.raises(ValueError, match="token_ids:"):
+        fray.apply_penalties(logits, torch.tensor([0, 5]), torch.tensor([0, 1, 2]))
+    with pytest.raises(TypeError, match="token_ids:"):
+        fray.apply_penalties(logits, ids.float(), offs)
+    with pytest.raises(ValueError, match="repetition:"):
+        fray.apply_penalties(logits, ids, offs, repetition=0.0)
+    with pytest.raises(ValueError, match="logits:"):
+        fray.apply_penalties(logits[0], ids, offs)
+    before = logits.clone()
+    with pytest.raises(ValueError, match="top_p:"):
+        fray.decode_step(logits, ids, offs, repetition=2.0, temperature=1.0, top_p=2.0, seeds=0, offsets=0)
+    assert torch.equal(logits, before)  # validated before anything is written
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU (next session, H200)
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_penalties_vs_reference(cuda, dtype):
+    g = torch.Generator().manual_seed(1)
+    rows, vocab = 6, 32000
+    x = (torch.randn(rows, vocab, generator=g) * 3).to(dtype)
+    lens = torch.tensor([0, 1, 500, 64, 65, 2000])
+    offs = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
+    ids = torch.randint(0, 300, (int(lens.sum()),), generator=g)
+    expect = ref.apply_penalties(x.double().numpy(), ids.numpy(), offs.numpy(), np.full(rows, 1.3),
+                                 np.full(rows, 0.4), np.full(rows, 0.05))
+    xc = x.to(cuda)
+    fray.apply_penalties(xc, ids.to(cuda), offs.to(cuda), repetition=1.3, presence=0.4, frequency=0.05)
+    assert_close(xc, expect, dtype, "penalties")
+
+
+@pytest.mark.gpu
+def test_gpu_decode_step_graph_replay_and_compile(cuda):
+    g = torch.Generator().manual_seed(2)
+    rows, vocab = 4, 32000
+    base = torch.randn(rows, vocab, generator=g).to(cuda)
+    x = base.clone()
+    ids = torch.randint(0, vocab, (40,), generator=g).to(cuda)
+    offs = torch.tensor([0, 10, 20, 30, 40], device=cuda)
+    seeds = torch.arange(rows, device=cuda)
+    counter = torch.zeros(rows, dtype=torch.int64, device=cuda)
+    kw = dict(repetition=1.1, presence=0.2, frequency=0.1, temperature=0.9, top_k=40, top_p=0.9, min_p=0.0,
+              seeds=seeds, offsets=counter)
+    fray.decode_step(x, ids, offs, **kw)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tok = fray.decode_step(x, ids, offs, **kw)
+    for step in range(3):
+        x.copy_(base)
+        counter += 1
+        graph.replay()
+        expect = fray.decode_step(base.cpu().clone(), ids.cpu(), offs.cpu(),
+                                  **dict(kw, seeds=seeds.cpu(), offsets=counter.cpu()))
+        assert torch.equal(tok.cpu(), expect), step
+    f = torch.compile(lambda t: fray.decode_step(t, ids, offs, **kw), fullgraph=True)
+    a, b = base.clone(), base.clone()
+    assert torch.equal(f(a), fray.decode_step(b, ids, offs, **kw))
+    assert torch.equal(a, b)
