@@ -54,6 +54,7 @@ echo "fray check: rc=$? $(tail -n 1 "$RES/check.log" 2>/dev/null)" | tee -a "$RE
 pack
 for f in $FAMILIES; do
   for b in "bench/$f"/*.py; do
+    [ -f "$b" ] || continue
     basename "$b" .py | grep -Eq "$BENCH_RE" || continue
     [ "$(left)" -gt 30 ] || { echo "deadline reached before $b" | tee -a "$RES/summary.txt"; break 2; }
     timeout "$(left)" python3 "$b" --out "$RES/bench_$f.jsonl" > "$RES/$(basename "$b" .py).log" 2>&1

@@ -1,5 +1,8 @@
 """Seed-compatible names of the CUDA kernels (the seed compiled them at run time; Fray builds them
 ahead of time with Bazel). Same code as the public API."""
+import torch
+
+from fray.ops import attention as _attention
 from fray.ops import norm as _norm
 from fray.ops import rope as _rope
 from fray.ops import softmax as _softmax
@@ -24,3 +27,10 @@ def softmax(x):
 def online_softmax(x):
     """(softmax(x), row max, row log-sum-exp) over the last dim (backend auto)."""
     return _softmax.online_softmax(x)
+
+
+def flash_decoding(Q, K, V, Output):
+    """The seed's flash decoding: Q [B, H, 1, D], K/V [B, H, T, D] (HND, all T positions valid),
+    Output [B, H, 1, D]."""
+    lens = torch.full((K.shape[0],), K.shape[2], dtype=torch.int32, device=K.device)
+    return _attention.decode_attention(Q, K, V, lens, out=Output)

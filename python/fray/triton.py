@@ -6,9 +6,11 @@ absolute. Fray's kernels live in the separate top-level package fray_triton.)
 import functools
 
 from fray.ops import activation as _activation
+from fray.ops import attention as _attention
 from fray.ops import elementwise as _elementwise
 from fray.ops import norm as _norm
 from fray.ops import rope as _rope
+from fray.ops import sampling as _sampling
 from fray.ops import softmax as _softmax
 
 
@@ -29,3 +31,6 @@ softmax = _forced(_softmax.softmax)
 online_softmax = _forced(_softmax.online_softmax)
 layernorm = _forced(_norm.layernorm)
 vector_add = _forced(_elementwise.vector_add)
+decode_attention = _forced(_attention.decode_attention)
+paged_decode_attention = _forced(_attention.paged_decode_attention)
+topk = _forced(_sampling.topk)
