@@ -100,3 +100,29 @@ cuda_library = rule(
     toolchains = use_cpp_toolchain(),
     fragments = ["cpp"],
 )
+
+def cuda_family(family):
+    """The two targets of cuda/<family>, which //python/fray/_C links into fray._C._<family>:
+
+    <family>_kernels  every .cu of the folder (one per dtype, so nvcc compiles them in parallel)
+                      with its .cuh/.h headers;
+    <family>_binding  the torch-free adapter <family>_api.cc (integers in, cudaError_t ->
+                      exception) and the pybind11 list <family>_binding.cc.
+    """
+    cuda_library(
+        name = family + "_kernels",
+        srcs = native.glob(["*.cu"]),
+        hdrs = native.glob(["*.cuh", "*.h"]),
+        deps = ["//cuda/common"],
+    )
+    native.cc_library(
+        name = family + "_binding",
+        srcs = [family + "_api.cc", family + "_binding.cc"],
+        copts = ["-fvisibility=hidden"],
+        deps = [
+            ":%s_kernels" % family,
+            "//cuda/common",
+            "@local_python//:pybind11",
+        ],
+        alwayslink = True,
+    )

@@ -28,6 +28,19 @@ def register_preference(op, order):
     _PREFERENCE[op] = tuple(order)
 
 
+try:  # the raw cudaStream_t of the current stream without building a torch.cuda.Stream object
+    from torch._C import _cuda_getCurrentRawStream as _raw_stream
+except ImportError:  # CPU-only torch builds
+    _raw_stream = None
+
+
+def current_stream(device):
+    """The raw cudaStream_t (an int) of `device`'s current stream, as the extensions take it."""
+    if _raw_stream is not None:
+        return _raw_stream(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 @functools.lru_cache(maxsize=None)
 def load_extension(family):
     """The compiled module fray._C._<family>, or an ImportError describing why it is missing."""

@@ -116,16 +116,7 @@ def _reference(fn, x, up, out):
 # ---------------------------------------------------------------------------------------------
 # GPU implementations (called directly in eager mode, through the custom ops under torch.compile)
 
-try:  # the raw cudaStream_t of the current stream without building a torch.cuda.Stream object
-    from torch._C import _cuda_getCurrentRawStream as _raw_stream
-except ImportError:  # CPU-only torch builds
-    _raw_stream = None
-
-
-def _stream(device):
-    if _raw_stream is not None:
-        return _raw_stream(device.index)
-    return torch.cuda.current_stream(device).cuda_stream
+_stream = B.current_stream
 
 
 def _act_impl(op, x, up, out, approximate, backend):

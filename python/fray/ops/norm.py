@@ -128,16 +128,7 @@ def _launch_args(x):
     return x.numel() // hidden, hidden
 
 
-try:  # the raw cudaStream_t of the current stream without building a torch.cuda.Stream object
-    from torch._C import _cuda_getCurrentRawStream as _raw_stream
-except ImportError:  # CPU-only torch builds
-    _raw_stream = None
-
-
-def _stream(device):
-    if _raw_stream is not None:
-        return _raw_stream(device.index)
-    return torch.cuda.current_stream(device).cuda_stream
+_stream = B.current_stream
 
 
 def _rmsnorm_impl(x, weight, out, eps, weight_offset, backend):

@@ -287,16 +287,7 @@ def _check_arrays(q, k, positions, cache, max_position, rotary_dim):
 # ---------------------------------------------------------------------------------------------
 # GPU implementation (called directly in eager mode, through the custom ops under torch.compile)
 
-try:  # the raw cudaStream_t of the current stream without building a torch.cuda.Stream object
-    from torch._C import _cuda_getCurrentRawStream as _raw_stream
-except ImportError:  # CPU-only torch builds
-    _raw_stream = None
-
-
-def _stream(device):
-    if _raw_stream is not None:
-        return _raw_stream(device.index)
-    return torch.cuda.current_stream(device).cuda_stream
+_stream = B.current_stream
 
 
 def _check_indices(positions, max_position):

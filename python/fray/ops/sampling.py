@@ -36,11 +36,6 @@ SORT_MAX_WIDTH = 4096   # fray_triton.sampling.SORT_MAX_WIDTH (not imported: Tri
 REDUCE_MAX_K = 64       # fray_triton.sampling.REDUCE_MAX_K
 SAMPLE_DTYPES = (torch.float32, torch.bfloat16)
 
-try:  # the raw cudaStream_t of the current stream without building a torch.cuda.Stream object
-    from torch._C import _cuda_getCurrentRawStream as _raw_stream  # noqa: F401  (kept for the CUDA round)
-except ImportError:
-    _raw_stream = None
-
 
 def _compiling():
     return torch.compiler.is_compiling()
