@@ -156,3 +156,24 @@ def _resolve(op, family, backend, device):
 def available(op, family, device):
     """{backend: None or the reason it is unavailable} for the CLI's `ops` table."""
     return {b: unavailable_reason(b, family, device) for b in ("cuda", "triton")}
+
+
+def gpu_check_cases(family, ops, device, shapes, run, dtypes=None):
+    """`fray check` rows for a GPU: (op, backend, dtype, shape label, thunk) for every available
+    backend x dtype x shape, the thunk calling run(op, backend, dtype, *shape, device) and raising
+    on a mismatch; an unavailable backend gives one row whose thunk is the reason (an exception)."""
+    import functools
+
+    from fray._validate import DTYPE_NAMES
+    dtypes = dtypes or (torch.float32, torch.float16, torch.bfloat16)
+    cases = []
+    for op in ops:
+        for backend, reason in available(op, family, device).items():
+            if reason is not None:
+                cases.append((op, backend, "-", "-", RuntimeError("unavailable: " + reason)))
+                continue
+            for dtype in dtypes:
+                for shape in shapes:
+                    cases.append((op, backend, DTYPE_NAMES[dtype], "x".join(str(v) for v in shape),
+                                  functools.partial(run, op, backend, dtype, *shape, device)))
+    return cases

@@ -422,13 +422,4 @@ def check_cases(device):
                 cases.append((op, "triton-interpreter", V.DTYPE_NAMES[dtype], "3x100",
                               lambda o=op, d=dtype: run(o, "triton-interpreter", d, 3, 100, "cpu")))
         return cases
-    for op in OPS:
-        for backend, reason in B.available(op, FAMILY, device).items():
-            if reason is not None:
-                cases.append((op, backend, "-", "-", RuntimeError("unavailable: " + reason)))
-                continue
-            for dtype in (torch.float32, torch.float16, torch.bfloat16):
-                for rows, hidden in ((1, 1), (7, 4097), (1024, 8192)):
-                    cases.append((op, backend, V.DTYPE_NAMES[dtype], "%dx%d" % (rows, hidden),
-                                  lambda o=op, b=backend, d=dtype, r=rows, h=hidden: run(o, b, d, r, h, device)))
-    return cases
+    return B.gpu_check_cases(FAMILY, OPS, device, ((1, 1), (7, 4097), (1024, 8192)), run)

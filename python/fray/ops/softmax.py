@@ -358,13 +358,4 @@ def check_cases(device):
                 cases.append(("softmax", "triton-interpreter", V.DTYPE_NAMES[dtype], "%dx%d" % (rows, cols),
                               lambda d=dtype, r=rows, c=cols: run("softmax", "triton-interpreter", d, r, c, "cpu")))
         return cases
-    for op in OPS:
-        for backend, reason in B.available(op, FAMILY, device).items():
-            if reason is not None:
-                cases.append((op, backend, "-", "-", RuntimeError("unavailable: " + reason)))
-                continue
-            for dtype in (torch.float32, torch.float16, torch.bfloat16):
-                for rows, cols in ((1, 1), (7, 4097), (64, 65536), (3, 262144)):
-                    cases.append((op, backend, V.DTYPE_NAMES[dtype], "%dx%d" % (rows, cols),
-                                  lambda o=op, b=backend, d=dtype, r=rows, c=cols: run(o, b, d, r, c, device)))
-    return cases
+    return B.gpu_check_cases(FAMILY, OPS, device, ((1, 1), (7, 4097), (64, 65536), (3, 262144)), run)

@@ -1,0 +1,40 @@
+"""fray.backend without a GPU: backend resolution rules and the `fray check` case matrix."""
+import pytest
+import torch
+
+from fray import backend as B
+
+
+def test_gpu_check_cases_matrix(monkeypatch):
+    monkeypatch.setattr(B, "available", lambda op, family, device: {"cuda": None, "triton": "no Triton here"})
+    calls = []
+
+    def run(op, backend, dtype, rows, cols, dev):
+        calls.append((op, backend, dtype, rows, cols, dev))
+
+    device = torch.device("cuda", 0)  # only compared and passed through, never used
+    cases = B.gpu_check_cases("fam", ("a", "b"), device, ((1, 2), (3, 4)), run, dtypes=(torch.float32, torch.bfloat16))
+    # per op: 2 dtypes x 2 shapes for cuda + one "unavailable" row for triton
+    assert len(cases) == 2 * (4 + 1)
+    unavailable = [c for c in cases if isinstance(c[4], Exception)]
+    assert [(c[0], c[1]) for c in unavailable] == [("a", "triton"), ("b", "triton")]
+    assert "no Triton here" in str(unavailable[0][4])
+    runnable = [c for c in cases if not isinstance(c[4], Exception)]
+    assert [c[2:4] for c in runnable[:4]] == [("fp32", "1x2"), ("fp32", "3x4"), ("bf16", "1x2"), ("bf16", "3x4")]
+    for c in runnable:
+        c[4]()
+    assert calls[0] == ("a", "cuda", torch.float32, 1, 2, device)
+    assert calls[-1] == ("b", "cuda", torch.bfloat16, 3, 4, device)
+
+
+def test_reference_backend_refused_for_gpu_tensors():
+    with pytest.raises(ValueError, match="backend: 'reference' runs on CPU tensors"):
+        B.resolve("rmsnorm", "norm", "reference", torch.device("cuda", 0))
+
+
+def test_forced_backend_override(monkeypatch):
+    monkeypatch.setenv("FRAY_BACKEND", "reference")
+    B._RESOLVED.clear()
+    with pytest.raises(ValueError, match="backend: 'reference'"):
+        B.resolve("rmsnorm", "norm", "auto", torch.device("cuda", 0))
+    B._RESOLVED.clear()
