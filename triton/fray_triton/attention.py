@@ -188,7 +188,10 @@ def decode(q, k, v, lens, block_table, out, lse, scale, *, q_strides, k_strides,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_N=block_n, PAGED=paged, PAGE_SIZE=page_size if paged else 1, IEEE=ieee,
         ROUND_P=ieee and k.dtype != torch.float32,
-        num_warps=4 if head_dim <= 128 else 8)
+        num_warps=4 if head_dim <= 128 else 8,
+        # fp32 caches at D=256: Triton's default 3 stages of [BLOCK_N, D] K and V tiles need 276 KB of
+        # shared memory (the sm_90 limit is 227 KB) and the launch fails; one stage needs 144 KB.
+        num_stages=1 if k.element_size() * head_dim > 512 else 3)
     _combine_kernel[(batch * n_heads,)](
         po, pl, lens, out, lse, out_strides[0], out_strides[1], lse_stride,
         n_heads, num_splits, capacity, split_size,
