@@ -86,3 +86,10 @@ def row_stride(name, t, writable=False):
 def require_backend(backend, allowed):
     if not isinstance(backend, str) or backend not in allowed:
         raise ValueError("backend: expected one of %s, got %r" % (", ".join(repr(b) for b in allowed), backend))
+
+
+def require_cpu_backend(backend, what="x"):
+    """CPU tensors and numpy arrays run the reference: 'auto' or 'reference' only."""
+    if backend not in ("auto", "reference"):
+        raise ValueError("backend: %r needs CUDA tensors; %s is on the CPU (use 'reference' or 'auto')"
+                         % (backend, what))

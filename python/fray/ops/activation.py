@@ -171,8 +171,7 @@ def _run(op, x, up, out, approximate, backend, fn):
         return _reference(fn, x, up, out)
     d = _check_tensors(x, up, out)
     if x.device.type == "cpu":
-        if backend not in ("auto", "reference"):
-            raise ValueError("backend: %r needs CUDA tensors; x is on the CPU (use 'reference' or 'auto')" % backend)
+        V.require_cpu_backend(backend, "x")
         return _reference(fn, x, up, out)
     if out is None:
         out = torch.empty(tuple(x.shape[:-1]) + (d,), dtype=x.dtype, device=x.device)

@@ -170,8 +170,7 @@ def vector_add(a, b, *, out=None, backend="auto"):
         return y
     _check_tensors(a, b, out)
     if a.device.type == "cpu":
-        if backend not in ("auto", "reference"):
-            raise ValueError("backend: %r needs CUDA tensors; a is on the CPU (use 'reference' or 'auto')" % backend)
+        V.require_cpu_backend(backend, "a")
         y = _reference(a, b)
         if out is None:
             return y

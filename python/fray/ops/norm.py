@@ -244,8 +244,7 @@ def rmsnorm(x, weight, eps=1e-6, *, out=None, backend="auto", weight_offset=0.0)
         return y
     _check_tensors(x, weight, [("out", out, True)])
     if x.device.type == "cpu":
-        if backend not in ("auto", "reference"):
-            raise ValueError("backend: %r needs CUDA tensors; x is on the CPU (use 'reference' or 'auto')" % backend)
+        V.require_cpu_backend(backend, "x")
         y = C.like(ref.rmsnorm(C.to_f64(x), C.to_f64(weight), eps, weight_offset), x)
         if out is not None:
             out.copy_(y)
@@ -284,8 +283,7 @@ def add_rmsnorm(x, residual, weight, eps=1e-6, *, inplace=False, backend="auto",
     if inplace:
         V.row_stride("x", x, writable=True)
     if x.device.type == "cpu":
-        if backend not in ("auto", "reference"):
-            raise ValueError("backend: %r needs CUDA tensors; x is on the CPU (use 'reference' or 'auto')" % backend)
+        V.require_cpu_backend(backend, "x")
         y, s = ref.add_rmsnorm(C.to_f64(x), C.to_f64(residual), C.to_f64(weight), eps, weight_offset,
                                round_sum=lambda v: C.round_to(v, x))
         y, s = C.like(y, x), C.like(s, x)
@@ -351,8 +349,7 @@ def layernorm(x, weight, bias=None, eps=1e-5, *, out=None, backend="auto"):
     _check_tensors(x, weight, [("out", out, True)])
     _check_bias(x, weight, bias)
     if x.device.type == "cpu":
-        if backend not in ("auto", "reference"):
-            raise ValueError("backend: %r needs CUDA tensors; x is on the CPU (use 'reference' or 'auto')" % backend)
+        V.require_cpu_backend(backend, "x")
         y = C.like(ref.layernorm(C.to_f64(x), C.to_f64(weight), None if bias is None else C.to_f64(bias), eps), x)
         if out is not None:
             out.copy_(y)

@@ -390,8 +390,7 @@ def rope(q, k, positions, *, max_position, cos_sin_cache=None, theta=10000.0, ro
     offset, pos_t = _check_positions(positions, tokens, max_position, q)
     cos, sin = _check_cache(cos_sin_cache, max_position, rotary_dim, q.device)
     if q.device.type == "cpu":
-        if backend not in ("auto", "reference"):
-            raise ValueError("backend: %r needs CUDA tensors; q is on the CPU (use 'reference' or 'auto')" % backend)
+        V.require_cpu_backend(backend, "q")
         pos = (pos_t.numpy().astype(np.int64) if pos_t is not None else offset + np.arange(tokens, dtype=np.int64))
         return _cpu_rope(q, k, pos, cos_sin_cache, max_position, rotary_dim, theta, style, inplace)
     if inplace:

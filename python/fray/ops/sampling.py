@@ -46,9 +46,7 @@ def _dt(d):
 
 
 def _cpu_backend_ok(backend, what):
-    if backend not in ("auto", "reference"):
-        raise ValueError("backend: %r needs CUDA tensors; %s is on the CPU (use 'reference' or 'auto')"
-                         % (backend, what))
+    V.require_cpu_backend(backend, what)
 
 
 def _check_logits(name, x, dtypes, ndim=None):

@@ -199,8 +199,7 @@ def _compiling():
 
 
 def _cpu_backend_check(backend):
-    if backend not in ("auto", "reference"):
-        raise ValueError("backend: %r needs CUDA tensors; x is on the CPU (use 'reference' or 'auto')" % backend)
+    V.require_cpu_backend(backend, "x")
 
 
 def _reference_softmax(x64, temperature, dim):
