@@ -92,7 +92,8 @@ __device__ __forceinline__ void load_cs(AlignedVec<float, N>& d, const float* p)
   }
 }
 
-// x' = x*c - y*s, y' = y*c + x*s in fp32, one rounding to T.
+// x' = x*c - y*s, y' = y*c + x*s in fp32, one rounding to T. The fmas are explicit so every
+// variant (vector or scalar, in place or not) and the Triton kernel contract the same way.
 template <typename T, int N>
 __device__ __forceinline__ void rotate_halves(AlignedVec<T, N>& lo, AlignedVec<T, N>& hi,
                                               const AlignedVec<float, N>& c, const AlignedVec<float, N>& s) {
@@ -102,8 +103,8 @@ __device__ __forceinline__ void rotate_halves(AlignedVec<T, N>& lo, AlignedVec<T
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const float a = x[i], b = y[i];
-    x[i] = a * c[i] - b * s[i];
-    y[i] = b * c[i] + a * s[i];
+    x[i] = fmaf(a, c[i], -(b * s[i]));
+    y[i] = fmaf(b, c[i], a * s[i]);
   }
   vec_from_float(lo, x);
   vec_from_float(hi, y);
@@ -117,8 +118,8 @@ __device__ __forceinline__ void rotate_pairs(AlignedVec<T, N>& v, const AlignedV
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) {
     const float a = f[2 * i], b = f[2 * i + 1];
-    f[2 * i] = a * c[i] - b * s[i];
-    f[2 * i + 1] = b * c[i] + a * s[i];
+    f[2 * i] = fmaf(a, c[i], -(b * s[i]));
+    f[2 * i + 1] = fmaf(b, c[i], a * s[i]);
   }
   vec_from_float(v, f);
 }

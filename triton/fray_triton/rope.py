@@ -27,26 +27,35 @@ MAX_TOKENS_PER_PROGRAM = 16
 
 
 @triton.jit
-def _rotate_heads(X, XO, stride_xh, stride_oh, n_heads, head0, c, s,
+def _rotate(x, y, c, s):
+    # Explicit fma: left to the compiler, x*c - y*s contracts differently in differently
+    # specialised variants (e.g. 16-byte-aligned out of place vs 2-byte-aligned in place), and in
+    # place must equal out of place bit for bit.
+    return tl.fma(x, c, -(y * s)), tl.fma(y, c, x * s)
+
+
+@triton.jit
+def _rotate_heads(X, XO, stride_xh, stride_oh, n_heads, head0, P, pos, COS, SIN, stride_cs,
                   half, rotary_dim, rest,
-                  NEOX: tl.constexpr, COPY_REST: tl.constexpr, BLOCK_H: tl.constexpr,
-                  HALF_PAD: tl.constexpr, REST_PAD: tl.constexpr):
+                  HAS_POS: tl.constexpr, NEOX: tl.constexpr, COPY_REST: tl.constexpr,
+                  BLOCK_H: tl.constexpr, HALF_PAD: tl.constexpr, REST_PAD: tl.constexpr):
     """Rotate heads [head0, head0 + BLOCK_H) of one token. X/XO point at the token's first head;
-    c, s are the token's [HALF_PAD] cos/sin values (0 past `half`)."""
+    the position is read from P (when HAS_POS) or is `pos`.
+
+    The head tile is loaded first and the position -> cos/sin chain after it: the tile does not
+    depend on the position, so its loads are in flight while the two dependent loads resolve
+    (issued in the other order, every program pays three memory latencies back to back)."""
     heads = head0 + tl.arange(0, BLOCK_H)
     hx = heads.to(tl.int64)[:, None] * stride_xh
     ho = heads.to(tl.int64)[:, None] * stride_oh
     hmask = (heads < n_heads)[:, None]
-    i = tl.arange(0, HALF_PAD)[None, :]
+    ci = tl.arange(0, HALF_PAD)
+    i = ci[None, :]
     if NEOX:
         # The two halves are separate contiguous runs: two [BLOCK_H, HALF_PAD] tiles.
         m = hmask & (i < half)
         x = tl.load(X + hx + i, mask=m, other=0.0).to(tl.float32)
         y = tl.load(X + hx + half + i, mask=m, other=0.0).to(tl.float32)
-        xo = x * c[None, :] - y * s[None, :]
-        yo = y * c[None, :] + x * s[None, :]
-        tl.store(XO + ho + i, _round(xo, XO.dtype.element_ty), mask=m)
-        tl.store(XO + ho + half + i, _round(yo, XO.dtype.element_ty), mask=m)
     else:
         # Interleaved pairs: load the contiguous [BLOCK_H, 2 * HALF_PAD] span and split the
         # last axis into (even, odd), which keeps the loads and stores contiguous.
@@ -54,8 +63,16 @@ def _rotate_heads(X, XO, stride_xh, stride_oh, n_heads, head0, c, s,
         m = hmask & (j < rotary_dim)
         v = tl.load(X + hx + j, mask=m, other=0.0).to(tl.float32)
         x, y = tl.split(tl.reshape(v, (BLOCK_H, HALF_PAD, 2)))
-        xo = x * c[None, :] - y * s[None, :]
-        yo = y * c[None, :] + x * s[None, :]
+    if HAS_POS:
+        pos = tl.load(P).to(tl.int64)
+    cmask = ci < half
+    c = tl.load(COS + pos * stride_cs + ci, mask=cmask, other=0.0)
+    s = tl.load(SIN + pos * stride_cs + ci, mask=cmask, other=0.0)
+    xo, yo = _rotate(x, y, c[None, :], s[None, :])
+    if NEOX:
+        tl.store(XO + ho + i, _round(xo, XO.dtype.element_ty), mask=m)
+        tl.store(XO + ho + half + i, _round(yo, XO.dtype.element_ty), mask=m)
+    else:
         out = tl.reshape(tl.join(xo, yo), (BLOCK_H, 2 * HALF_PAD))
         tl.store(XO + ho + j, _round(out, XO.dtype.element_ty), mask=m)
     if COPY_REST:
@@ -79,26 +96,21 @@ def _rope_kernel(
 ):
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
-    ci = tl.arange(0, HALF_PAD)
-    cmask = ci < half
     for tt in range(TOKENS):
         t = pid_t * TOKENS + tt
         if t < n_tokens:
             t64 = t.to(tl.int64)
-            if HAS_POS:
-                pos = tl.load(P + t64 * stride_p).to(tl.int64)
-            else:
-                pos = pos_offset + t64
-            c = tl.load(COS + pos * stride_cs + ci, mask=cmask, other=0.0)
-            s = tl.load(SIN + pos * stride_cs + ci, mask=cmask, other=0.0)
+            pos = pos_offset + t64  # unused when HAS_POS
             if pid_h < n_qb:
                 _rotate_heads(Q + t64 * stride_qt, QO + t64 * stride_qot, stride_qh, stride_qoh, n_qh,
-                              pid_h * BLOCK_HQ, c, s, half, rotary_dim, rest,
-                              NEOX, COPY_REST, BLOCK_HQ, HALF_PAD, REST_PAD)
+                              pid_h * BLOCK_HQ, P + t64 * stride_p, pos, COS, SIN, stride_cs,
+                              half, rotary_dim, rest,
+                              HAS_POS, NEOX, COPY_REST, BLOCK_HQ, HALF_PAD, REST_PAD)
             else:
                 _rotate_heads(K + t64 * stride_kt, KO + t64 * stride_kot, stride_kh, stride_koh, n_kh,
-                              (pid_h - n_qb) * BLOCK_HK, c, s, half, rotary_dim, rest,
-                              NEOX, COPY_REST, BLOCK_HK, HALF_PAD, REST_PAD)
+                              (pid_h - n_qb) * BLOCK_HK, P + t64 * stride_p, pos, COS, SIN, stride_cs,
+                              half, rotary_dim, rest,
+                              HAS_POS, NEOX, COPY_REST, BLOCK_HK, HALF_PAD, REST_PAD)
 
 
 def _head_block(n_heads, half_pad):
