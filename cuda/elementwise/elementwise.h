@@ -18,7 +18,6 @@ struct VectorAddParams {
   const void* b = nullptr;
   void* out = nullptr;
   int64_t n = 0;
-  int sm_count = 0;  // multiprocessors of the stream's device: sizes the grid
 };
 
 // Enqueues the kernel on `stream` (the caller has made the stream's device current). Never
