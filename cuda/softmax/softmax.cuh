@@ -27,6 +27,14 @@ constexpr int kMaxCluster = 16;         // sm_90 limit
 constexpr int kStreamThreads = 512;     // block (= one row) of the streaming kernel
 constexpr int kStreamItems = 4;         // vectors in flight per thread, streaming kernel
 constexpr int64_t kMaxBlocksPerLaunch = int64_t{1} << 30;  // keeps grid.x < 2^31 - 1
+// Shared-memory kernel (wide vector rows; vectors are always 16 bytes there).
+constexpr int kSmemThreads = 256;                               // block size
+constexpr int kSmemUnroll = 4;                                  // 16-byte vectors per thread per chunk
+constexpr int kSmemChunkVecs = kSmemThreads * kSmemUnroll;      // 16 KB: one bulk copy, one mbarrier
+constexpr int kSmemMaxChunks = 14;                              // 224 KB slice (227 KB opt-in limit)
+constexpr int64_t kSmemMaxVecs = int64_t{kSmemMaxChunks} * kSmemChunkVecs;
+constexpr int64_t kSmemTargetVecs = 4096;                       // 64 KB slice: 3 blocks per SM
+constexpr int kSmemMinBlocks = 4;                               // 64 registers a thread
 constexpr double kLog2e = 1.4426950408889634;
 
 // Kernel arguments (passed by value in the param space). Strides in elements.
@@ -41,6 +49,7 @@ struct KernelArgs {
   int64_t nv;             // vectors per row = cols / VEC
   float scale;            // log2(e) / temperature: exp(z / T) = exp2(z * scale)
   float inv_temperature;  // 1 / temperature (statistics are of x / T)
+  int64_t slice;          // shared-memory kernels: vectors per block (the last block may hold fewer)
 };
 
 constexpr int max_items(int vec) { return vec > 1 ? kMaxElems / vec : kScalarMaxItems; }
@@ -340,19 +349,223 @@ __global__ void __launch_bounds__(kStreamThreads, 2) softmax_stream_kernel(const
 }
 
 // ---------------------------------------------------------------------------
+// Bulk async copies (TMA, cp.async.bulk) completing on mbarriers (sm_90).
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+// Makes the mbarrier.init above visible to the copy engine and to other threads.
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+// One arrival that also announces `bytes` of transactions (the barrier's count is 1).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+      "selp.u32 %0, 1, 0, p;\n\t}"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// Waits for the barrier's phase of the given parity to complete; the bytes its
+// copies wrote to shared memory are then visible to the waiting thread.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+
+// L2 policy for data read once: evict it first.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// global -> this block's shared memory, `bytes` (a multiple of 16; both
+// addresses 16-byte aligned), completing `bytes` transactions on `bar`.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
+      : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// Shared-memory kernel for wide vector rows: x is read from HBM once, into
+// shared memory, and y is written from there. Block r of a row (cluster of n
+// blocks, or n = 1) holds vectors [r * slice, (r + 1) * slice) of the row.
+//
+// Register rows stop at 512 threads x 32 values; beyond that the register
+// cluster path held half a 32768-wide bf16 row per 512-thread block, 2 blocks
+// per SM, and each block loaded, reduced, merged across the cluster and stored
+// in turn (2.82 TB/s at 4096x32768). Here one thread issues the whole slice as
+// 16 KB bulk copies, each completing on its own mbarrier, so the whole slice
+// (64 KB) is in flight at once and the (max, sum) pass starts on the first
+// chunk while the rest land; 64 KB slices leave room for 3 blocks per SM, so
+// one block's loads overlap the others' reductions and stores.
+//
+// Pass 1: online (max, sum) over the thread's vectors of each chunk, one
+// rescale per chunk (as the streaming kernel). The states meet in the block
+// (group_merge) and the cluster (cluster_merge). Pass 2 re-reads shared memory
+// (~8x HBM's bandwidth per SM) and stores y = exp2((x - max) * scale) / sum.
+//
+// Aliasing: y may alias x; a block reads all of its slice (every thread waits
+// on every chunk) before any of its stores, and writes only its slice.
+// ---------------------------------------------------------------------------
+template <typename TI, typename TO, bool CLUSTER>
+__global__ void __launch_bounds__(kSmemThreads, kSmemMinBlocks) softmax_smem_kernel(const KernelArgs a) {
+  constexpr int VEC = 16 / static_cast<int>(sizeof(TI));
+  constexpr int U = kSmemUnroll;
+  constexpr int T = kSmemThreads;
+  using VI = AlignedVec<TI, VEC>;
+  using VO = AlignedVec<TO, VEC>;
+  static_assert(sizeof(VI) == 16, "softmax_smem_kernel: 16-byte vectors only");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t bar[kSmemMaxChunks];
+  __shared__ float red_m[kWarpSize];
+  __shared__ float red_s[kWarpSize];
+  const VI* sx = reinterpret_cast<const VI*>(smem_raw);
+
+  int rank = 0;
+  int n = 1;
+  if constexpr (CLUSTER) {
+    const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    rank = static_cast<int>(cluster.block_rank());
+    n = static_cast<int>(cluster.num_blocks());
+  }
+  const int64_t row = blockIdx.x / n;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int slice = static_cast<int>(a.slice);
+  const int first = rank * slice;
+  const int count = max(0, min(slice, static_cast<int>(a.nv) - first));
+  const int chunks = (count + kSmemChunkVecs - 1) / kSmemChunkVecs;
+  const int64_t offset = static_cast<int64_t>(first) * VEC;
+
+  if (tid == 0) {
+    for (int k = 0; k < chunks; ++k) mbar_init(&bar[k], 1);
+    mbar_init_fence();
+    const uint64_t policy = evict_first_policy();
+    const TI* xs = static_cast<const TI*>(a.x) + row * a.x_stride + offset;
+    for (int k = 0; k < chunks; ++k) {
+      const uint32_t bytes = static_cast<uint32_t>(min(kSmemChunkVecs, count - k * kSmemChunkVecs)) * 16u;
+      mbar_arrive_expect_tx(&bar[k], bytes);
+      bulk_load(smem_raw + k * kSmemChunkVecs * 16, xs + k * kSmemChunkVecs * VEC, bytes, &bar[k], policy);
+    }
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+
+  // Pass 1: each barrier completes its first phase (parity 0) once.
+  float m = neg_inf();
+  float s = 0.0f;
+  for (int k = 0; k < chunks; ++k) {
+    mbar_wait(&bar[k], 0);
+    VI v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = k * kSmemChunkVecs + u * T + tid;
+      if (j < count) {
+        v[u] = sx[j];
+      } else {
+        fill_neg_inf(v[u]);
+      }
+    }
+    float f[U][VEC];
+    float cm = neg_inf();
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      vec_to_float(v[u], f[u]);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) cm = fmaxf(cm, f[u][e]);
+    }
+    const float nm = fmaxf(m, cm);
+    const float sh = shift_of(nm);
+    s *= fast_exp2((m - sh) * a.scale);  // m <= nm: factor <= 1; m = -inf: s was 0
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) s += fast_exp2((f[u][e] - sh) * a.scale);
+    }
+    m = nm;
+  }
+  group_merge(m, s, a.scale, T, red_m, red_s);
+  if constexpr (CLUSTER) {
+    __shared__ float2 slot;
+    cluster_merge(m, s, a.scale, &slot);
+  }
+
+  // Pass 2: all -inf row: m = -inf, exp2(x * scale) = 0 times NaN gives NaN (torch).
+  const float inv = m == neg_inf() ? quiet_nan() : 1.0f / s;
+  const float sh = shift_of(m);
+  TO* ys = static_cast<TO*>(a.y) + row * a.y_stride + offset;
+  for (int base = tid; base < count; base += kSmemChunkVecs) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = base + u * T;
+      if (j < count) {
+        float f[VEC];
+        vec_to_float(sx[j], f);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) f[e] = fast_exp2((f[e] - sh) * a.scale) * inv;
+        VO out;
+        vec_from_float(out, f);
+        store_vec_asm(ys + static_cast<int64_t>(j) * VEC, out);
+      }
+    }
+  }
+  if (a.row_max != nullptr && rank == 0 && tid == 0) write_stats(a, row, m, s);
+  if constexpr (CLUSTER) cluster_done();
+}
+
+// ---------------------------------------------------------------------------
 // Host side.
 // ---------------------------------------------------------------------------
 using KernelFn = void (*)(KernelArgs);
 
-// Slots: register kernel with 1, 2, 4, 8 items, cluster kernel, streaming kernel.
-constexpr int kNumSlots = 6;
+// Slots: register kernel with 1, 2, 4, 8 items, register cluster kernel (scalar
+// rows), streaming kernel, shared-memory kernel (vector rows) alone and in clusters.
+constexpr int kNumSlots = 8;
 constexpr int kClusterSlot = 4;
 constexpr int kStreamSlot = 5;
+constexpr int kSmemSlot = 6;
+constexpr int kSmemClusterSlot = 7;
 
 template <typename TI, typename TO, int VEC, int ITEMS>
 constexpr KernelFn reg_kernel() {
   if constexpr (ITEMS <= max_items(VEC)) {
     return &softmax_reg_kernel<TI, TO, VEC, ITEMS, false>;
+  } else {
+    return nullptr;
+  }
+}
+
+// Wide rows: vector rows take the shared-memory kernel, scalar rows (no bulk
+// copies: unaligned) the register cluster kernel.
+template <typename TI, typename TO, int VEC>
+constexpr KernelFn reg_cluster_kernel() {
+  if constexpr (VEC == 1) {
+    return &softmax_reg_kernel<TI, TO, VEC, max_items(VEC), true>;
+  } else {
+    return nullptr;
+  }
+}
+
+template <typename TI, typename TO, int VEC, bool CLUSTER>
+constexpr KernelFn smem_kernel() {
+  if constexpr (VEC > 1) {
+    return &softmax_smem_kernel<TI, TO, CLUSTER>;
   } else {
     return nullptr;
   }
@@ -368,8 +581,10 @@ struct KernelSet {
       reg_kernel<TI, TO, VEC, 2>(),
       reg_kernel<TI, TO, VEC, 4>(),
       reg_kernel<TI, TO, VEC, 8>(),
-      &softmax_reg_kernel<TI, TO, VEC, max_items(VEC), true>,
+      reg_cluster_kernel<TI, TO, VEC>(),
       &softmax_stream_kernel<TI, TO, VEC>,
+      smem_kernel<TI, TO, VEC, false>(),
+      smem_kernel<TI, TO, VEC, true>(),
   };
   static constexpr int count() {
     int n = 0;
@@ -378,17 +593,20 @@ struct KernelSet {
   }
 };
 
-// items == 0 selects the streaming kernel; cluster > 1 the cluster kernel
-// (items == max_items(vec) then).
+// slice > 0 selects the shared-memory kernel (items == 0, one row per block or
+// cluster); otherwise items == 0 selects the streaming kernel and cluster > 1
+// the register cluster kernel (items == max_items(vec) then).
 struct LaunchConfig {
-  int items;    // vectors per thread held in registers
-  int tpr;      // threads per row and block (blockDim.x)
-  int rpb;      // rows per block (blockDim.y)
-  int cluster;  // blocks per row (cluster size)
+  int items;      // vectors per thread held in registers
+  int tpr;        // threads per row and block (blockDim.x)
+  int rpb;        // rows per block (blockDim.y)
+  int cluster;    // blocks per row (cluster size)
+  int64_t slice;  // shared-memory kernel: 16-byte vectors per block
 };
 
 constexpr int kernel_slot(const LaunchConfig& c) {
-  return c.items == 0 ? kStreamSlot
+  return c.slice > 0 ? (c.cluster > 1 ? kSmemClusterSlot : kSmemSlot)
+         : c.items == 0 ? kStreamSlot
          : c.cluster > 1 ? kClusterSlot
          : c.items == 1 ? 0
          : c.items == 2 ? 1
@@ -411,28 +629,40 @@ constexpr int round_up_warp(int64_t n) { return static_cast<int>(ceil_div(n, kWa
 //   tiny rows:   sub-warp groups (width-limited shuffles, no smem), 256-thread blocks.
 //   medium rows: fewest items (from 2) that keep the group <= 256 threads.
 //   long rows:   max items, one block of up to 512 threads per row.
-//   wider rows:  a cluster of 2..16 blocks of up to 512 threads per row, the
-//                row split across their registers (read once).
+//   wider vector rows: the shared-memory kernel, the smallest cluster (1, 2, 4
+//                or 8 blocks) whose slices are <= 64 KB, else 8 blocks with
+//                slices up to 224 KB (fewer blocks per SM).
+//   wider scalar rows: a cluster of 2..16 blocks of up to 512 threads per row,
+//                the row split across their registers (read once).
 //   beyond:      the streaming kernel (two reads).
 constexpr LaunchConfig softmax_config(int64_t nv, int vec) {
   const int max_it = max_items(vec);
   if (nv <= static_cast<int64_t>(kWarpSize) * kMinItems) {
     const int items = nv >= kMinItems ? kMinItems : 1;
     const int tpr = next_pow2(ceil_div(nv, items));
-    return {items, tpr, kSmallBlockThreads / tpr, 1};
+    return {items, tpr, kSmallBlockThreads / tpr, 1, 0};
   }
   for (int items = kMinItems; items <= max_it; items *= 2) {
     const int64_t groups = ceil_div(nv, items);
     if (groups <= kSmallBlockThreads) {
       const int tpr = round_up_warp(groups);
-      return {items, tpr, tpr <= kSmallBlockThreads / 2 ? kSmallBlockThreads / tpr : 1, 1};
+      return {items, tpr, tpr <= kSmallBlockThreads / 2 ? kSmallBlockThreads / tpr : 1, 1, 0};
     }
   }
-  for (int c = 1; c <= kMaxCluster; c *= 2) {
-    const int64_t per_block = ceil_div(nv, static_cast<int64_t>(c) * max_it);
-    if (per_block <= kRowThreads) return {max_it, round_up_warp(per_block), 1, c};
+  if (nv <= static_cast<int64_t>(kRowThreads) * max_it) return {max_it, round_up_warp(ceil_div(nv, max_it)), 1, 1, 0};
+  if (vec > 1) {
+    for (int c = 1; c <= kPortableCluster; c *= 2) {
+      if (ceil_div(nv, c) <= kSmemTargetVecs) return {0, kSmemThreads, 1, c, ceil_div(nv, c)};
+    }
+    const int64_t slice = ceil_div(nv, kPortableCluster);
+    if (slice <= kSmemMaxVecs) return {0, kSmemThreads, 1, kPortableCluster, slice};
+  } else {
+    for (int c = 2; c <= kMaxCluster; c *= 2) {
+      const int64_t per_block = ceil_div(nv, static_cast<int64_t>(c) * max_it);
+      if (per_block <= kRowThreads) return {max_it, round_up_warp(per_block), 1, c, 0};
+    }
   }
-  return {0, kStreamThreads, 1, 1};
+  return {0, kStreamThreads, 1, 1, 0};
 }
 
 // Compile-time check of the table: every config fits its kernel's launch
@@ -444,6 +674,12 @@ constexpr bool softmax_config_table_ok() {
     for (int64_t nv = 1; nv <= 20 * 8 * 1024; nv += (nv < 4096 ? 1 : 97)) {
       const LaunchConfig c = softmax_config(nv, vec);
       const int threads = c.tpr * c.rpb;
+      if (c.slice > 0) {  // shared-memory kernel: 16-byte vectors, portable clusters
+        if (vec == 1 || c.items != 0 || c.tpr != kSmemThreads || c.rpb != 1) return false;
+        if (c.cluster > kPortableCluster || (c.cluster & (c.cluster - 1)) != 0) return false;
+        if (c.slice > kSmemMaxVecs || c.slice * c.cluster < nv) return false;
+        continue;
+      }
       if (c.items == 0) {
         if (c.tpr != kStreamThreads || c.rpb != 1 || c.cluster != 1) return false;
         continue;
@@ -452,7 +688,9 @@ constexpr bool softmax_config_table_ok() {
       if (threads > reg_max_threads(vec, c.items) || threads % kWarpSize != 0) return false;
       if (c.tpr < kWarpSize ? (c.tpr & (c.tpr - 1)) != 0 : c.tpr % kWarpSize != 0) return false;
       if (static_cast<int64_t>(c.items) * c.tpr * c.cluster < nv) return false;
-      if (c.cluster > 1 && (c.rpb != 1 || c.items != max_items(vec) || c.cluster > kMaxCluster)) return false;
+      if (c.cluster > 1 && (vec != 1 || c.rpb != 1 || c.items != max_items(vec) || c.cluster > kMaxCluster)) {
+        return false;
+      }
     }
   }
   return true;
@@ -462,8 +700,22 @@ static_assert(softmax_config_table_ok(), "softmax config table violates a kernel
 template <typename TI, typename TO, int VEC>
 cudaError_t launch_kernel(const KernelArgs& a, const LaunchConfig& c, cudaStream_t stream) {
   const KernelFn fn = KernelSet<TI, TO, VEC>::kKernels[kernel_slot(c)];
+  if (fn == nullptr) return cudaErrorInvalidDeviceFunction;  // excluded by softmax_config_table_ok
   if (c.cluster > kPortableCluster) {
     const cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return err;
+  }
+  // Shared-memory kernel: the slice is dynamic shared memory. The limit is set to
+  // the largest slice (not this launch's) so that concurrent launchers never
+  // lower it under each other; the carveout asks for all of L1 as shared memory
+  // so that 3 blocks of 64 KB fit an SM.
+  const size_t smem = static_cast<size_t>(c.slice) * 16;
+  if (c.slice > 0) {
+    cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(kSmemMaxVecs * 16));
+    if (err == cudaSuccess) {
+      err = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    }
     if (err != cudaSuccess) return err;
   }
   const dim3 block(static_cast<unsigned>(c.tpr), static_cast<unsigned>(c.rpb));
@@ -489,7 +741,7 @@ cudaError_t launch_kernel(const KernelArgs& a, const LaunchConfig& c, cudaStream
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(static_cast<unsigned>(part.rows * c.cluster));
       cfg.blockDim = block;
-      cfg.dynamicSmemBytes = 0;
+      cfg.dynamicSmemBytes = smem;
       cfg.stream = stream;
       cfg.attrs = attr;
       cfg.numAttrs = 1;
@@ -497,7 +749,7 @@ cudaError_t launch_kernel(const KernelArgs& a, const LaunchConfig& c, cudaStream
       const cudaError_t last = launch_error();  // never leave a stale error for the next caller
       if (err == cudaSuccess) err = last;
     } else {
-      fn<<<dim3(static_cast<unsigned>(ceil_div(part.rows, c.rpb))), block, 0, stream>>>(part);
+      fn<<<dim3(static_cast<unsigned>(ceil_div(part.rows, c.rpb))), block, smem, stream>>>(part);
       err = launch_error();
     }
     if (err != cudaSuccess) return err;
@@ -528,6 +780,7 @@ cudaError_t launch_typed(const SoftmaxParams& p, cudaStream_t stream) {
   a.scale = static_cast<float>(kLog2e / p.temperature);
   a.inv_temperature = static_cast<float>(1.0 / p.temperature);
   const LaunchConfig c = softmax_config(a.nv, vec);
+  a.slice = c.slice;
   return vec_ok ? launch_kernel<TI, TO, kVec>(a, c, stream) : launch_kernel<TI, TO, 1>(a, c, stream);
 }
 

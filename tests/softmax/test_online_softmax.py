@@ -102,7 +102,7 @@ def test_errors_name_the_argument():
 # ---------------------------------------------------------------------------------------------
 # GPU
 
-WIDTHS = [1, 3, 111, 4097, 16384, 65536, 262144]
+WIDTHS = [1, 3, 111, 4097, 16384, 32768, 65536, 131072, 262144]
 
 
 @pytest.mark.gpu
@@ -121,6 +121,24 @@ def test_gpu_vs_reference(cuda, backend, dtype, cols, rows):
     torch.cuda.synchronize()
     assert y is out and m.dtype == torch.float32 and lse.shape == (rows,)
     _check(y, m, lse, x, dtype, "%s %dx%d" % (backend, rows, cols))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [16388, 16392, 32776, 131080, 262152, 458756, 917504])
+def test_gpu_wide_row_thresholds(cuda, backend, dtype, cols):
+    # CUDA: the shared-memory kernel's boundaries (see test_softmax.THRESHOLD_WIDTHS); strided
+    # 16-byte-aligned rows; fp32 458756 and 917504 stream, 16-bit 917504 is 8 blocks of 224 KB.
+    g = torch.Generator(device=cuda).manual_seed(cols)
+    big = (torch.randn(2, 3, cols + 16, device=cuda, generator=g) * 3).to(dtype)
+    x = big[..., 8:8 + cols]
+    x[0, 1] = NEG_INF
+    x[1, 2, : cols // 2] = NEG_INF
+    out = torch.full(x.shape, float("nan"), dtype=dtype, device=cuda)
+    y, m, lse = fray.online_softmax(x, out=out, backend=backend)
+    assert m.shape == (2, 3)
+    _check(y, m, lse, x, dtype, "%s %s %d" % (backend, dtype, cols))
 
 
 @pytest.mark.gpu

@@ -205,8 +205,15 @@ def test_cuda_extension_imports():
 # ---------------------------------------------------------------------------------------------
 # GPU
 
-WIDTHS = [1, 3, 111, 4097, 16384, 65536, 262144]
+WIDTHS = [1, 3, 111, 4097, 16384, 32768, 65536, 131072, 262144]
 ROWS = [1, 7, 64]
+# Around the CUDA kernel boundaries (16-byte vectors: 8 bf16/fp16 or 4 fp32 elements):
+# 16384 last register row; then the shared-memory kernel with slices <= 64 KB per block:
+# bf16 16392 / 32768 one block, 32776 a cluster of 2, 131080 of 8 (32 KB); fp32 16388 a
+# cluster of 2; then 8 blocks of up to 224 KB: bf16 262152 (64 KB + 16 B each), 917504 (224 KB);
+# beyond: streaming (bf16 917512, fp32 458756). Odd widths are unaligned (scalar): 32767 a
+# register cluster of 16, 32769 and 65537 streaming.
+THRESHOLD_WIDTHS = [16388, 16392, 32767, 32769, 32776, 65537, 131080, 262152, 458752, 458756, 917504, 917512]
 
 
 def _randn(shape, device, seed, dtype, scale=3.0):
@@ -230,6 +237,25 @@ def test_gpu_vs_reference(cuda, backend, dtype, cols, rows):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", THRESHOLD_WIDTHS)
+def test_gpu_wide_row_thresholds(cuda, backend, dtype, cols):
+    x = _randn((3, cols), cuda, cols * 7 + 1, dtype)
+    x[1, : cols // 2] = float("-inf")  # -inf over whole blocks of a cluster
+    x[2] = float("-inf")               # all -inf: NaN
+    out = torch.full_like(x, float("nan"))
+    fray.softmax(x, out=out, backend=backend)
+    _assert_softmax(out, x, dtype, "%s %s %d" % (backend, dtype, cols))
+    assert torch.isnan(out[2]).all() and (out[1, : cols // 2] == 0).all()
+    # other output dtype (16-bit -> fp32, fp32 -> bf16) and a temperature
+    odt = torch.bfloat16 if dtype == torch.float32 else torch.float32
+    y = torch.full(x.shape, float("nan"), dtype=odt, device=cuda)
+    fray.softmax(x, temperature=0.7, out_dtype=odt, out=y, backend=backend)
+    _assert_softmax(y, x, odt, "%s %s -> %s T=0.7 %d" % (backend, dtype, odt, cols), temperature=0.7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
 @pytest.mark.parametrize("cols", [1000, 4096, 65536, 262144, 65537, 300000])
 def test_gpu_out_dtype_and_temperature(cuda, backend, cols):
     # 65537 (odd: scalar loads) and 300000 (> 16 x 16384) run the CUDA streaming kernel.
@@ -247,7 +273,7 @@ def test_gpu_out_dtype_and_temperature(cuda, backend, cols):
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("cols", [64, 4096, 5000, 131072])
+@pytest.mark.parametrize("cols", [64, 4096, 5000, 32768, 131072, 262144])
 @pytest.mark.parametrize("offset", [8, 3])
 def test_gpu_strided_rows_and_in_place(cuda, backend, dtype, cols, offset):
     big = _randn((3, 5, cols + 24), cuda, cols + offset, dtype)
@@ -263,7 +289,7 @@ def test_gpu_strided_rows_and_in_place(cuda, backend, dtype, cols, offset):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
-@pytest.mark.parametrize("cols", [5, 4096, 65536, 262144])
+@pytest.mark.parametrize("cols", [5, 4096, 32768, 65536, 262144])
 def test_gpu_neg_inf_rows(cuda, backend, cols):
     x = _randn((4, cols), cuda, cols, torch.bfloat16)
     x[1] = float("-inf")                 # all -inf: NaN (torch.softmax's result)
@@ -289,11 +315,14 @@ def test_gpu_dim_transposed_view(cuda, backend):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
-@pytest.mark.parametrize("rows,cols", [(64, 4096), (8, 131072), (4, 262144)])
-def test_gpu_cuda_graph_capture_and_replay(cuda, backend, rows, cols):
-    # CUDA backend, bf16: 131072 is a cluster of 8, 262144 one of 16 (non-portable size opt-in
-    # set by the launcher, also while capturing)
-    x = torch.randn(rows, cols, device=cuda, dtype=torch.bfloat16)
+@pytest.mark.parametrize("rows,cols,dtype", [(64, 4096, torch.bfloat16), (16, 32768, torch.bfloat16),
+                                             (8, 131072, torch.bfloat16), (4, 262144, torch.bfloat16),
+                                             (4, 262144, torch.float32), (4, 32767, torch.bfloat16)])
+def test_gpu_cuda_graph_capture_and_replay(cuda, backend, rows, cols, dtype):
+    # CUDA backend: 32768 (bf16) is one shared-memory block per row, 131072 a cluster of 4, 262144
+    # one of 8 (fp32: 128 KB slices); the launcher sets the dynamic shared-memory limit, also while
+    # capturing. 32767 (unaligned) is a register cluster of 16 (non-portable size opt-in).
+    x = torch.randn(rows, cols, device=cuda, dtype=dtype)
     out = torch.empty_like(x)
     fray.softmax(x, out=out, temperature=1.5, backend=backend)  # warm-up (Triton compiles here)
     torch.cuda.synchronize()
@@ -305,7 +334,7 @@ def test_gpu_cuda_graph_capture_and_replay(cuda, backend, rows, cols):
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert_close(out, _ref(x, 1.5), torch.bfloat16, "%s graph replay" % backend)
+        assert_close(out, _ref(x, 1.5), dtype, "%s graph replay" % backend)
 
 
 @pytest.mark.gpu

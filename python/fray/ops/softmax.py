@@ -275,7 +275,8 @@ def online_softmax(x, *, out=None, backend="auto"):
 
     y = softmax(x) in x's dtype (into `out` when given; out may be x); row_max = max(x) and
     row_lse = log(sum(exp(x))) (natural log) per row, fp32 tensors of shape x.shape[:-1]. The row
-    is read once (rows wider than the CUDA backend's on-chip capacity, 262144 elements, and the
+    is read once (rows wider than the CUDA backend's on-chip capacity, 1.75 MB of 16-byte-aligned
+    row (917504 fp16/bf16 or 458752 fp32 elements) or 32768 elements of an unaligned one, and the
     Triton backend's 32768, are read twice) with an online max/sum rescaling. An all -inf row gives
     y = NaN and row_max = row_lse = -inf. Layout rules as softmax(dim=-1).
     """
