@@ -20,6 +20,8 @@ cheaper closed-form Phi for 16-bit ones (see _activate).
 import triton
 import triton.language as tl
 
+from fray_triton._host import cdiv, next_power_of_2
+
 from fray_triton.norm import _round
 
 # Activation codes, shared with cuda/activation/activation.h (enum Activation).
@@ -79,7 +81,7 @@ def _act_mul_kernel(
 
 
 def _config(n_cols):
-    block_c = min(triton.next_power_of_2(n_cols), MAX_BLOCK_C)
+    block_c = min(next_power_of_2(n_cols), MAX_BLOCK_C)
     block_r = max(1, min(MAX_BLOCK_R, TILE_ELEMS // block_c))
     # 512 outputs per warp (16 per thread): see TILE_ELEMS.
     num_warps = max(1, min(8, block_r * block_c // 512))
@@ -94,8 +96,8 @@ def act_mul(gate, up, out, act, gate_row_stride, up_row_stride, out_row_stride, 
     if n_rows == 0 or n_cols == 0:
         return
     block_r, block_c, num_warps = _config(n_cols)
-    n_cblocks = triton.cdiv(n_cols, block_c)
-    grid = (triton.cdiv(n_rows, block_r) * n_cblocks,)
+    n_cblocks = cdiv(n_cols, block_c)
+    grid = (cdiv(n_rows, block_r) * n_cblocks,)
     _act_mul_kernel[grid](
         gate, up, out, gate_row_stride, up_row_stride, out_row_stride, n_rows, n_cols, n_cblocks,
         ACT=act, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=num_warps)

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fray_triton._host import cdiv, next_power_of_2
+
 from fray_triton.norm import _round
 
 LOG2E = 1.4426950408889634
@@ -157,8 +159,8 @@ def num_splits_for(capacity, pairs, num_sms):
     MIN_SPLIT_TOKENS, at most MAX_SPLITS (the combine's tile)."""
     if capacity <= 0:
         return 1
-    want = triton.cdiv(2 * num_sms, max(1, pairs))
-    return max(1, min(want, triton.cdiv(capacity, MIN_SPLIT_TOKENS), MAX_SPLITS))
+    want = cdiv(2 * num_sms, max(1, pairs))
+    return max(1, min(want, cdiv(capacity, MIN_SPLIT_TOKENS), MAX_SPLITS))
 
 
 def decode(q, k, v, lens, block_table, out, lse, scale, *, q_strides, k_strides, v_strides, bt_stride,
@@ -174,8 +176,8 @@ def decode(q, k, v, lens, block_table, out, lse, scale, *, q_strides, k_strides,
     if num_splits is None:
         num_splits = num_splits_for(capacity, batch * n_kv_heads, num_sms)
     # Splits are whole BLOCK_N tiles (full-width loads); rounding may leave fewer splits.
-    split_size = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
-    num_splits = triton.cdiv(capacity, split_size)
+    split_size = cdiv(cdiv(capacity, num_splits), block_n) * block_n
+    num_splits = cdiv(capacity, split_size)
     po = q.new_empty((batch, n_heads, num_splits, head_dim), dtype=torch.float32)
     pl = q.new_empty((batch, n_heads, num_splits), dtype=torch.float32)
     ieee = k.dtype == torch.float32 or (k.dtype == torch.bfloat16 and _INTERPRET)
@@ -185,7 +187,7 @@ def decode(q, k, v, lens, block_table, out, lse, scale, *, q_strides, k_strides,
         q_strides[0], q_strides[1], k_strides[0], k_strides[1], k_strides[2],
         v_strides[0], v_strides[1], v_strides[2], bt_stride if paged else 0,
         n_kv_heads, num_splits, capacity, split_size, float(scale) * LOG2E,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        GROUP=group, GROUP_PAD=max(16, next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_N=block_n, PAGED=paged, PAGE_SIZE=page_size if paged else 1, IEEE=ieee,
         ROUND_P=ieee and k.dtype != torch.float32,
         num_warps=4 if head_dim <= 128 else 8,
@@ -195,7 +197,7 @@ def decode(q, k, v, lens, block_table, out, lse, scale, *, q_strides, k_strides,
     _combine_kernel[(batch * n_heads,)](
         po, pl, lens, out, lse, out_strides[0], out_strides[1], lse_stride,
         n_heads, num_splits, capacity, split_size,
-        HEAD_DIM=head_dim, SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), num_warps=4)
+        HEAD_DIM=head_dim, SPLITS_PAD=max(2, next_power_of_2(num_splits)), num_warps=4)
     return num_splits
 
 
@@ -241,5 +243,5 @@ def append(k, v, k_new, v_new, lens, block_table, *, k_strides, v_strides, bt_st
         k_strides[0], k_strides[1], k_strides[2], v_strides[0], v_strides[1], v_strides[2],
         k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1), bt_stride if paged else 0,
         capacity, head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim), PAGED=paged, PAGE_SIZE=page_size if paged else 1,
+        BLOCK_D=next_power_of_2(head_dim), PAGED=paged, PAGE_SIZE=page_size if paged else 1,
         num_warps=1 if head_dim <= 128 else 2)

@@ -14,6 +14,8 @@ still work (masked), at some cost on the last program only.
 import triton
 import triton.language as tl
 
+from fray_triton._host import cdiv
+
 from fray_triton.norm import _round
 
 BLOCK = 4096
@@ -40,5 +42,5 @@ def _vector_add_kernel(A, B, OUT, n, BLOCK: tl.constexpr, WIDE: tl.constexpr):
 def vector_add(a, b, out, n):
     """Launch on the current stream. a, b, out: dense tensors of one layout and dtype holding n
     elements (their flat storage is what is added); out may be a or b."""
-    grid = (triton.cdiv(n, BLOCK),)
+    grid = (cdiv(n, BLOCK),)
     _vector_add_kernel[grid](a, b, out, n, BLOCK=BLOCK, WIDE=n + BLOCK > _INT32_LIMIT, num_warps=NUM_WARPS)

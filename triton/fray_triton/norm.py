@@ -15,6 +15,8 @@ leave most threads idle and make the launch grid needlessly large.
 import triton
 import triton.language as tl
 
+from fray_triton._host import cdiv, next_power_of_2
+
 # One tile per row up to this width: 16K fp32 accumulators over 16 warps is 32 registers a
 # thread, about what still runs without spilling.
 MAX_SINGLE_BLOCK = 16384
@@ -106,7 +108,7 @@ def _rmsnorm_loop_kernel(
 
 def _num_warps(elems):
     # About 16 elements per thread: enough independent loads in flight, few registers.
-    return max(4, min(16, triton.next_power_of_2(elems) // 512))
+    return max(4, min(16, next_power_of_2(elems) // 512))
 
 
 def _launch(x, r, w, y, s, sx, sr, sy, ss, n_rows, n_cols, eps, w_offset):
@@ -114,10 +116,10 @@ def _launch(x, r, w, y, s, sx, sr, sy, ss, n_rows, n_cols, eps, w_offset):
     if r is None:
         r, s, sr, ss = x, y, 0, 0
     if n_cols <= MAX_SINGLE_BLOCK:
-        block = triton.next_power_of_2(n_cols)
+        block = next_power_of_2(n_cols)
         rows = max(1, min(64, ROW_PACK_ELEMS // block))
-        rows = min(rows, triton.next_power_of_2(n_rows))
-        grid = (triton.cdiv(n_rows, rows),)
+        rows = min(rows, next_power_of_2(n_rows))
+        grid = (cdiv(n_rows, rows),)
         _rmsnorm_tile_kernel[grid](
             x, r, w, y, s, sx, sr, sy, ss, n_rows, n_cols, eps, w_offset,
             HAS_RESIDUAL=has_res, BLOCK_N=block, ROWS=rows, num_warps=_num_warps(block * rows))
@@ -239,10 +241,10 @@ def layernorm(x, weight, bias, out, eps, x_row_stride, out_row_stride, n_rows, n
     b = bias if has_bias else weight  # never read when HAS_BIAS is False
     eps = float(eps)
     if n_cols <= MAX_SINGLE_BLOCK:
-        block = triton.next_power_of_2(n_cols)
+        block = next_power_of_2(n_cols)
         rows = max(1, min(64, ROW_PACK_ELEMS // block))
-        rows = min(rows, triton.next_power_of_2(n_rows))
-        grid = (triton.cdiv(n_rows, rows),)
+        rows = min(rows, next_power_of_2(n_rows))
+        grid = (cdiv(n_rows, rows),)
         _layernorm_tile_kernel[grid](
             x, weight, b, out, x_row_stride, out_row_stride, n_rows, n_cols, eps,
             HAS_BIAS=has_bias, BLOCK_N=block, ROWS=rows, EVEN=block == n_cols and n_rows % rows == 0,

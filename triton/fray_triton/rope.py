@@ -16,6 +16,8 @@ q followed by those of k, so q and k are rotated by one launch. When a token's t
 import triton
 import triton.language as tl
 
+from fray_triton._host import cdiv, next_power_of_2
+
 from fray_triton.norm import _round
 
 # Rotated pairs per program and token: 2048 pairs = 4096 elements (8 KB of bf16 read and 8 KB
@@ -114,7 +116,7 @@ def _rope_kernel(
 
 
 def _head_block(n_heads, half_pad):
-    return max(1, min(triton.next_power_of_2(max(n_heads, 1)), TILE_PAIRS // half_pad))
+    return max(1, min(next_power_of_2(max(n_heads, 1)), TILE_PAIRS // half_pad))
 
 
 def rope(q, k, q_out, k_out, positions, position_offset, cos, sin, cs_row_stride, rotary_dim, neox):
@@ -133,13 +135,13 @@ def rope(q, k, q_out, k_out, positions, position_offset, cos, sin, cs_row_stride
     if k is None:
         k, k_out = q, q_out  # never touched: no k head blocks
     half = rotary_dim // 2
-    half_pad = triton.next_power_of_2(half)
+    half_pad = next_power_of_2(half)
     rest = head_dim - rotary_dim
     copy_rest = rest > 0 and (q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr())
     block_hq = _head_block(n_qh, half_pad)
     block_hk = _head_block(n_kh, half_pad)
-    n_qb = triton.cdiv(n_qh, block_hq)
-    n_kb = triton.cdiv(n_kh, block_hk)
+    n_qb = cdiv(n_qh, block_hq)
+    n_kb = cdiv(n_kh, block_hk)
     # Tokens per program: fill TILE_PAIRS with the larger of the two head blocks.
     per_token = max(block_hq, block_hk) * half_pad
     # (Not capped by the token count: that would compile one variant per small batch size.)
@@ -148,7 +150,7 @@ def rope(q, k, q_out, k_out, positions, position_offset, cos, sin, cs_row_stride
     # spilling the fp32 temporaries.
     num_warps = max(1, min(8, per_token // 512))
     has_pos = positions is not None
-    grid = (triton.cdiv(tokens, tpp), n_qb + n_kb)
+    grid = (cdiv(tokens, tpp), n_qb + n_kb)
     _rope_kernel[grid](
         q, k, q_out, k_out, positions if has_pos else q, cos, sin,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
@@ -157,4 +159,4 @@ def rope(q, k, q_out, k_out, positions, position_offset, cos, sin, cs_row_stride
         tokens, n_qh, n_kh, n_qb, half, rotary_dim, rest,
         HAS_POS=has_pos, NEOX=bool(neox), COPY_REST=copy_rest,
         BLOCK_HQ=block_hq, BLOCK_HK=block_hk, HALF_PAD=half_pad,
-        REST_PAD=triton.next_power_of_2(max(rest, 1)), TOKENS=tpp, num_warps=num_warps)
+        REST_PAD=next_power_of_2(max(rest, 1)), TOKENS=tpp, num_warps=num_warps)

@@ -19,6 +19,8 @@ wide rows has no counterpart here.
 import triton
 import triton.language as tl
 
+from fray_triton._host import cdiv, next_power_of_2
+
 from fray_triton.norm import _round
 
 LOG2E = 1.4426950408889634
@@ -105,7 +107,7 @@ def _softmax_loop_kernel(
 def _num_warps(elems):
     # About 16 elements a thread (32 for the widest single tiles): enough independent loads in
     # flight and few registers.
-    return max(4, min(32, triton.next_power_of_2(elems) // 512))
+    return max(4, min(32, next_power_of_2(elems) // 512))
 
 
 def softmax(x, out, temperature, x_row_stride, out_row_stride, n_rows, n_cols, row_max=None, row_lse=None):
@@ -117,10 +119,10 @@ def softmax(x, out, temperature, x_row_stride, out_row_stride, n_rows, n_cols, r
     if not stats:
         row_max = row_lse = out  # never written (STATS=False)
     if n_cols <= MAX_SINGLE_BLOCK:
-        block = triton.next_power_of_2(n_cols)
+        block = next_power_of_2(n_cols)
         rows = max(1, min(64, ROW_PACK_ELEMS // block))
-        rows = min(rows, triton.next_power_of_2(n_rows))
-        grid = (triton.cdiv(n_rows, rows),)
+        rows = min(rows, next_power_of_2(n_rows))
+        grid = (cdiv(n_rows, rows),)
         _softmax_tile_kernel[grid](
             x, out, row_max, row_lse, x_row_stride, out_row_stride, n_rows, n_cols, scale, inv_t,
             STATS=stats, BLOCK_N=block, ROWS=rows, num_warps=_num_warps(block * rows))
