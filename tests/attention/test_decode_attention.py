@@ -261,9 +261,133 @@ def test_check_indices_refused_during_capture(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
+# CPU: the CUDA extension builds, links and imports; its host-side split plan and argument checks
+# (no GPU needed: both run before any CUDA call)
+
+def _ext():
+    from fray import backend as B
+    ext = B.load_extension("attention")
+    assert not isinstance(ext, ImportError), ext
+    return ext
+
+
+def test_cuda_extension_imports():
+    ext = _ext()
+    assert "90a" in ext.archs().split(",")
+    assert ext.cuda_runtime_version() >= 13000
+    # decode: {f32, f16, bf16} x {D 64, 128, 256} x {contiguous, paged} + 3 combines each; append: 4 words x 2
+    assert ext.num_kernel_instances() == 35
+    for op in A.OPS:
+        assert hasattr(torch.ops.fray, op) and fray.OPS[op] == "attention"
+        assert A.B._PREFERENCE[op] == ("cuda", "triton")
+
+
+@pytest.mark.parametrize("batch,hkv,capacity,splits", [
+    (1, 8, 4096, 32),     # B = 1: split-KV fills the 132 SMs (2 CTAs each) with 128-token splits
+    (32, 8, 4096, 2),     # B * Hkv = 256 already fills them: splits of <= 2048 tokens
+    (64, 8, 8192, 4),
+    (1, 1, 32768, 256),   # capped at 256 splits
+    (2, 2, 37, 1),        # short caches: one split
+    (3, 4, 300, 2),       # >= 128 tokens per split
+])
+def test_cuda_split_plan(batch, hkv, capacity, splits):
+    ext = _ext()
+    split = ext.decode_split_size(2, 128, 4, batch, hkv, capacity, 0, 132)
+    assert split % 64 == 0 and -(-capacity // split) == splits
+    # never from lens, and an explicit count is honoured up to whole 64-token tiles
+    assert -(-3001 // ext.decode_split_size(2, 128, 4, 3, 4, 3001, 7, 132)) == 7
+    assert ext.decode_split_size(2, 64, 2, 2, 2, 37, 3, 132) == 64
+
+
+def test_cuda_adapter_rejects_what_the_kernels_cannot_take():
+    ext = _ext()
+    good = dict(q=16, q_sb=512, q_sh=128, k=4096, k_sb=8 * 37 * 128, k_sh=37 * 128, k_st=128, v=8192,
+                v_sb=8 * 37 * 128, v_sh=37 * 128, v_st=128, lens=64, block_table=0, bt_sb=0, page_size=1, out=32,
+                o_sb=512, o_sh=128, lse=48, lse_sb=4, part_out=0, part_lse=0, batch=2, n_heads=4, n_kv_heads=2,
+                head_dim=128, capacity=37, num_splits=1, split_size=64, scale=0.1, dtype=2, device_index=0,
+                stream=0)
+    for change, message in [(dict(k=4098), "k_cache: the CUDA decode kernels need a 16-byte aligned pointer"),
+                            (dict(v_st=129), "v_cache: the CUDA decode kernels need"),
+                            (dict(head_dim=96), "head_dim must be 64, 128 or 256"),
+                            (dict(n_heads=34), "integer group size in 1..16"),
+                            (dict(split_size=32), "the split plan"),
+                            (dict(num_splits=2), "the split plan"),
+                            (dict(num_splits=2, split_size=64, capacity=128), "need the partial buffers"),
+                            (dict(block_table=80, page_size=24), "block size must be a power of two"),
+                            (dict(dtype=7), "unsupported q dtype code 7")]:
+        with pytest.raises(ValueError, match=message):
+            ext.decode(**dict(good, **change))
+
+
+class _RecordingExtension:
+    """Stands in for fray._C._attention: binds each call's positional arguments to the real
+    binding's parameter names (parsed from its pybind11 signature) and records them."""
+
+    def __init__(self, real):
+        import re
+        self.real, self.calls = real, []
+        for fn in ("decode", "kv_append"):
+            names = re.findall(r"(\w+): ", getattr(real, fn).__doc__.splitlines()[0])
+            setattr(self, fn, lambda *args, fn=fn, names=names: self.calls.append(
+                (fn, dict(zip(names, args)), len(args) == len(names))))
+
+    def decode_split_size(self, *args):
+        return self.real.decode_split_size(*args)
+
+
+def test_ops_layer_cuda_wiring(monkeypatch):
+    """What the ops layer hands the CUDA binding for each layout (no kernel runs: the extension is
+    replaced by a recorder)."""
+    import contextlib
+    rec = _RecordingExtension(_ext())
+    monkeypatch.setattr(A.B, "resolve", lambda *a: "cuda")
+    monkeypatch.setattr(A.B, "load_extension", lambda family: rec)
+    monkeypatch.setattr(A.B, "current_stream", lambda device: 1234)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(A, "_num_sms", lambda i: 132)
+    q, k, v, kp, vp, bt, lens = A._random_case(torch.bfloat16, "cpu", lens=(37, 16))
+    out = torch.empty(2, 4, 1, 64, dtype=q.dtype)
+    lse = torch.empty(2, 4)
+    A._decode_impl("decode_attention", q[:, :, None], k, v, lens, None, out, lse, 0.125, False, 0, "auto")
+    A._decode_impl("decode_attention", q, k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(), lens,
+                   None, out[:, :, 0], lse, 0.125, True, 0, "auto")
+    A._decode_impl("paged_decode_attention", q, kp, vp, lens, bt, out[:, :, 0], lse, 0.125, False, 0, "auto")
+    kn = torch.empty(2, 2, 64, dtype=q.dtype)
+    A._append_impl("kv_append", k, v, kn, kn, lens, None, False, "auto")
+    A._append_impl("kv_append_paged", kp, vp, kn, kn, lens, bt, False, "auto")
+    assert [c[0] for c in rec.calls] == ["decode"] * 3 + ["kv_append"] * 2 and all(c[2] for c in rec.calls)
+    hnd, nhd, paged, app, app_p = (c[1] for c in rec.calls)
+    assert (hnd["k"], hnd["k_sb"], hnd["k_sh"], hnd["k_st"]) == (k.data_ptr(), 2 * 37 * 64, 37 * 64, 64)
+    assert (nhd["k_sb"], nhd["k_sh"], nhd["k_st"]) == (37 * 2 * 64, 64, 2 * 64)
+    assert (paged["k_sb"], paged["k_sh"], paged["k_st"], paged["page_size"]) == (16 * 2 * 64, 64, 2 * 64, 16)
+    assert (paged["block_table"], paged["bt_sb"], paged["capacity"]) == (bt.data_ptr(), 3, 48)
+    for call in (hnd, nhd, paged):
+        assert (call["batch"], call["n_heads"], call["n_kv_heads"], call["head_dim"]) == (2, 4, 2, 64)
+        assert (call["q_sb"], call["q_sh"], call["o_sb"], call["o_sh"], call["lse_sb"]) == (256, 64, 256, 64, 4)
+        assert (call["num_splits"], call["split_size"], call["part_out"]) == (1, 64, 0)
+        assert (call["scale"], call["dtype"], call["device_index"], call["stream"]) == (0.125, 2, 0, 1234)
+        assert call["lens"] == lens.data_ptr() and call["out"] == out.data_ptr() and call["lse"] == lse.data_ptr()
+    assert hnd["block_table"] == 0 and hnd["capacity"] == 37
+    assert (app["k_st"], app["kn_sb"], app["kn_sh"], app["capacity"], app["block_table"]) == (64, 128, 64, 37, 0)
+    assert (app_p["k_sb"], app_p["page_size"], app_p["capacity"], app_p["bt_sb"]) == (16 * 2 * 64, 16, 48, 3)
+    # several splits: the partial buffers come from the ops layer
+    rec.calls.clear()
+    A._decode_impl("decode_attention", q, k, v, lens, None, out[:, :, 0], lse, 0.125, False, 3, "auto")
+    call = rec.calls[0][1]
+    assert call["num_splits"] == 1 and call["split_size"] == 64  # 37 tokens: one 64-token tile
+    big_k, big_v = torch.zeros(2, 2, 300, 64, dtype=q.dtype), torch.zeros(2, 2, 300, 64, dtype=q.dtype)
+    A._decode_impl("decode_attention", q, big_k, big_v, lens, None, out[:, :, 0], lse, 0.125, False, 3, "auto")
+    call = rec.calls[1][1]
+    assert (call["num_splits"], call["split_size"]) == (3, 128)
+    assert call["part_out"] != 0 and call["part_lse"] != 0
+
+
+# ---------------------------------------------------------------------------------------------
 # GPU
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+BACKENDS = ["cuda", "triton"]
 
 
 def _gpu_case(cuda, dtype, batch, hq, hkv, capacity, d, seed):
@@ -279,49 +403,119 @@ def _gpu_case(cuda, dtype, batch, hq, hkv, capacity, d, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("hq,hkv", [(8, 8), (32, 4)])
-def test_gpu_vs_reference(cuda, dtype, d, hq, hkv):
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (32, 4), (12, 4)])
+def test_gpu_vs_reference(cuda, backend, dtype, d, hq, hkv):
     q, k, v, lens = _gpu_case(cuda, dtype, 6, hq, hkv, 517, d, d + hq)
     out = torch.full_like(q, float("nan"))
-    y, lse = fray.decode_attention(q, k, v, lens, out=out, return_lse=True, backend="triton")
+    y, lse = fray.decode_attention(q, k, v, lens, out=out, return_lse=True, backend=backend)
     torch.cuda.synchronize()
     assert y is out
-    _check(y, lse, _expected(q, k, v, lens), dtype, "triton D=%d group=%d" % (d, hq // hkv))
-    yn = fray.decode_attention(q, k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(), lens,
-                               kv_layout="NHD", backend="triton")
-    assert_close(yn, _expected(q, k, v, lens)[0], dtype, "NHD", scale=_expected(q, k, v, lens)[2])
+    e = _expected(q, k, v, lens)
+    _check(y, lse, e, dtype, "%s D=%d group=%d" % (backend, d, hq // hkv))
+    yn, lsen = fray.decode_attention(q, k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(), lens,
+                                     kv_layout="NHD", return_lse=True, backend=backend)
+    _check(yn, lsen, e, dtype, "%s NHD" % backend)
+    # one split (the split kernel writes out and lse itself) and many (the combine does)
+    for splits in (1, 9):
+        ys, lses = fray.decode_attention(q, k, v, lens, return_lse=True, num_splits=splits, backend=backend)
+        _check(ys, lses, e, dtype, "%s splits=%d" % (backend, splits))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("hq,hkv", [(64, 16), (16, 1)])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("hq,hkv", [(64, 16), (16, 1), (7, 7), (48, 3)])
 @pytest.mark.parametrize("num_splits", [None, 1, 7])
-def test_gpu_groups_and_splits(cuda, hq, hkv, num_splits):
+def test_gpu_groups_and_splits(cuda, backend, hq, hkv, num_splits):
     q, k, v, lens = _gpu_case(cuda, torch.bfloat16, 3, hq, hkv, 3001, 128, hq)
-    y, lse = fray.decode_attention(q, k, v, lens, return_lse=True, num_splits=num_splits)
-    _check(y, lse, _expected(q, k, v, lens), torch.bfloat16, "splits=%s" % num_splits)
+    y, lse = fray.decode_attention(q, k, v, lens, return_lse=True, num_splits=num_splits, backend=backend)
+    _check(y, lse, _expected(q, k, v, lens), torch.bfloat16, "%s splits=%s" % (backend, num_splits))
     # deterministic: the same inputs give the same bits
-    assert torch.equal(fray.decode_attention(q, k, v, lens, num_splits=num_splits), y)
+    assert torch.equal(fray.decode_attention(q, k, v, lens, num_splits=num_splits, backend=backend), y)
 
 
 @pytest.mark.gpu
-def test_gpu_long_single_sequence(cuda):
-    q, k, v, _ = _gpu_case(cuda, torch.bfloat16, 1, 8, 1, 32768, 128, 5)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_long_single_sequence(cuda, backend, dtype):
+    q, k, v, _ = _gpu_case(cuda, dtype, 1, 8, 1, 32768, 128, 5)
     lens = torch.tensor([32768 - 5], dtype=torch.int32, device=cuda)
-    y, lse = fray.decode_attention(q, k, v, lens, return_lse=True)
-    _check(y, lse, _expected(q, k, v, lens), torch.bfloat16, "long")
+    y, lse = fray.decode_attention(q, k, v, lens, return_lse=True, backend=backend)
+    _check(y, lse, _expected(q, k, v, lens), dtype, "%s long" % backend)
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graph_capture_with_new_lens(cuda):
+@pytest.mark.parametrize("dtype,batch,hq,hkv,cap,d", [
+    (torch.bfloat16, 32, 32, 8, 1111, 128), (torch.float16, 1, 32, 8, 4096, 128),
+    (torch.bfloat16, 5, 64, 8, 777, 64), (torch.float16, 3, 20, 2, 333, 256), (torch.float32, 4, 24, 2, 401, 128)])
+def test_gpu_cuda_matches_triton(cuda, dtype, batch, hq, hkv, cap, d):
+    """Shapes of the performance bars (T scaled down) and awkward ones: both backends are within the
+    dtype's tolerance of the reference and of each other."""
+    q, k, v, lens = _gpu_case(cuda, dtype, batch, hq, hkv, cap, d, batch + hq + d)
+    e = _expected(q, k, v, lens)
+    what = "%s B=%d Hq=%d Hkv=%d T=%d D=%d" % (dtype, batch, hq, hkv, cap, d)
+    yc, lc = fray.decode_attention(q, k, v, lens, return_lse=True, backend="cuda")
+    yt, lt = fray.decode_attention(q, k, v, lens, return_lse=True, backend="triton")
+    _check(yc, lc, e, dtype, "cuda " + what)
+    _check(yt, lt, e, dtype, "triton " + what)
+    assert_close(yc.double(), yt.double(), dtype, "cuda vs triton " + what, scale=e[2])
+    assert torch.equal(torch.isinf(lc), torch.isinf(lt))
+    finite = ~torch.isinf(lc)
+    assert_close(lc[finite], lt[finite].double(), torch.float32, "cuda vs triton lse " + what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_strided_cache_slice_and_scale(cuda, backend):
+    g = torch.Generator(device=cuda).manual_seed(3)
+    big_k = torch.randn(3, 2, 900, 128, device=cuda, generator=g).to(torch.bfloat16)
+    big_v = torch.randn(3, 2, 900, 128, device=cuda, generator=g).to(torch.bfloat16)
+    k, v = big_k[:, :, 40:840], big_v[:, :, 40:840]   # a slice of a larger cache: T = 800
+    q = torch.randn(3, 16, 200, device=cuda, generator=g).to(torch.bfloat16)[:, :, 36:164]  # strided q
+    lens = torch.tensor([800, 799, 65], dtype=torch.int32, device=cuda)
+    out = torch.full((3, 20, 128), float("nan"), device=cuda, dtype=torch.bfloat16)[:, 2:18]  # strided out
+    y, lse = fray.decode_attention(q, k, v, lens, out=out, return_lse=True, scale=0.3, backend=backend)
+    assert y is out
+    _check(y, lse, _expected(q, k, v, lens, 0.3), torch.bfloat16, "%s strided" % backend)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_unaligned_cache_falls_back_to_triton(cuda):
+    # k rows starting 2 elements (4 bytes) into an allocation: not 16-byte aligned for cp.async
+    q, k, v, lens = _gpu_case(cuda, torch.float16, 2, 4, 2, 50, 64, 4)
+    big = torch.randn(2 * 2 * 50 * 64 + 2, device=cuda).to(torch.float16)
+    ku = big[2:].view(2, 2, 50, 64)
+    ku.copy_(k)
+    with pytest.raises(ValueError, match="backend='cuda' copies K/V rows in 16-byte pieces"):
+        fray.decode_attention(q, ku, v, lens, backend="cuda")
+    y = fray.decode_attention(q, ku, v, lens)  # auto: Triton
+    e = _expected(q, k, v, lens)
+    assert_close(y, e[0], torch.float16, "unaligned auto", scale=e[2])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_clamps_bad_lens(cuda, backend):
+    # Outside the trust boundary: lens past T reads only T positions, negative lens a zero row.
+    q, k, v, _ = _gpu_case(cuda, torch.float16, 2, 8, 2, 300, 128, 6)
+    for splits in (None, 1):
+        y, lse = fray.decode_attention(q, k, v, torch.tensor([300 + 70, -3], dtype=torch.int32, device=cuda),
+                                       return_lse=True, num_splits=splits, backend=backend)
+        _check(y, lse, _expected(q, k, v, torch.tensor([300, 0])), torch.float16, "%s clamped" % backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_cuda_graph_capture_with_new_lens(cuda, backend):
     q, k, v, lens = _gpu_case(cuda, torch.bfloat16, 4, 16, 4, 700, 128, 9)
     out = torch.empty_like(q)
-    fray.decode_attention(q, k, v, lens, out=out)  # warm-up (Triton compiles here)
+    fray.decode_attention(q, k, v, lens, out=out, backend=backend)  # warm-up (Triton compiles here)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fray.decode_attention(q, k, v, lens, out=out)
+        fray.decode_attention(q, k, v, lens, out=out, backend=backend)
     for new in ([700, 1, 0, 300], [5, 699, 64, 65], [0, 0, 0, 1]):
         lens.copy_(torch.tensor(new, dtype=torch.int32))
         q.copy_(torch.randn_like(q))
@@ -329,42 +523,59 @@ def test_gpu_cuda_graph_capture_with_new_lens(cuda):
         graph.replay()
         torch.cuda.synchronize()
         e = _expected(q, k, v, lens)
-        assert_close(out, e[0], torch.bfloat16, "graph replay lens=%s" % new, scale=e[2])
+        assert_close(out, e[0], torch.bfloat16, "%s graph replay lens=%s" % (backend, new), scale=e[2])
 
 
 @pytest.mark.gpu
-def test_gpu_torch_compile_fullgraph(cuda):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_non_default_stream(cuda, backend):
+    q, k, v, lens = _gpu_case(cuda, torch.bfloat16, 3, 8, 2, 2000, 128, 12)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = fray.decode_attention(q, k, v, lens, backend=backend)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    e = _expected(q, k, v, lens)
+    assert_close(y, e[0], torch.bfloat16, "%s side stream" % backend, scale=e[2])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_torch_compile_fullgraph(cuda, backend):
     q, k, v, lens = _gpu_case(cuda, torch.float16, 3, 8, 2, 300, 64, 11)
 
     def f(q, k, v, lens):
-        y, lse = fray.decode_attention(q * 2.0, k, v, lens, return_lse=True)
+        y, lse = fray.decode_attention(q * 2.0, k, v, lens, return_lse=True, backend=backend)
         return y + 1.0, lse
 
     y, lse = torch.compile(f, fullgraph=True)(q, k, v, lens)
     e = _expected(q * 2.0, k, v, lens)
-    assert_close(y - 1.0, e[0], torch.float16, "compiled", scale=e[2] + 1.0)
+    assert_close(y - 1.0, e[0], torch.float16, "%s compiled" % backend, scale=e[2] + 1.0)
     ey, lse_eager = f(q, k, v, lens)
     assert torch.equal(y, ey) and torch.equal(lse, lse_eager)
 
 
 @pytest.mark.gpu
-def test_gpu_check_indices(cuda, monkeypatch):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_check_indices(cuda, monkeypatch, backend):
     q, k, v, lens = _gpu_case(cuda, torch.float32, 2, 4, 2, 37, 64, 1)
     monkeypatch.setenv("FRAY_CHECK_INDICES", "1")
     with pytest.raises(ValueError, match=r"lens: values must lie in \[0, T=37\]"):
-        fray.decode_attention(q, k, v, torch.tensor([38, 1], dtype=torch.int32, device=cuda))
-    fray.decode_attention(q, k, v, lens)
+        fray.decode_attention(q, k, v, torch.tensor([38, 1], dtype=torch.int32, device=cuda), backend=backend)
+    fray.decode_attention(q, k, v, lens, backend=backend)
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="FRAY_CHECK_INDICES=1"):
         with torch.cuda.graph(graph):
-            fray.decode_attention(q, k, v, lens)
+            fray.decode_attention(q, k, v, lens, backend=backend)
 
 
 @pytest.mark.gpu
-def test_gpu_seed_layout_and_empty(cuda):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_seed_layout_and_empty(cuda, backend):
     q, k, v, lens = _gpu_case(cuda, torch.bfloat16, 2, 4, 4, 100, 128, 2)
-    y = fray.decode_attention(q[:, :, None], k, v, lens)  # the seed's Q [B, H, 1, D]
+    y = fray.decode_attention(q[:, :, None], k, v, lens, backend=backend)  # the seed's Q [B, H, 1, D]
     assert y.shape == (2, 4, 1, 128)
     e = _expected(q, k, v, lens)
-    assert_close(y[:, :, 0], e[0], torch.bfloat16, "4-d q", scale=e[2])
-    assert fray.decode_attention(q[:0], k[:0], v[:0], lens[:0]).shape == (0, 4, 128)
+    assert_close(y[:, :, 0], e[0], torch.bfloat16, "%s 4-d q" % backend, scale=e[2])
+    assert fray.decode_attention(q[:0], k[:0], v[:0], lens[:0], backend=backend).shape == (0, 4, 128)

@@ -141,30 +141,73 @@ def test_errors_and_index_checks(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # GPU
 
+BACKENDS = ["cuda", "triton"]
+
+
+def _append_both(kv_layout, kc, vc, kn, vn, lens, bt, backend):
+    """The reference (on copies, skipping out-of-range positions as the kernels do) and the kernel."""
+    ek, ev = kc.clone(), vc.clone()
+    cap = bt.shape[1] * kc.shape[1] if kv_layout == "paged" else (kc.shape[2] if kv_layout == "HND" else kc.shape[1])
+    for b, p in enumerate(lens.tolist()):
+        if 0 <= p < cap:
+            if kv_layout == "paged":
+                ref.kv_append_paged(ek, ev, bt[b:b + 1], kn[b:b + 1], vn[b:b + 1], [p])
+            else:
+                ref.kv_append(ek[b:b + 1], ev[b:b + 1], kn[b:b + 1], vn[b:b + 1], [p], kv_layout)
+    if kv_layout == "paged":
+        fray.kv_append_paged(kc, vc, bt, kn, vn, lens, backend=backend)
+    else:
+        fray.kv_append(kc, vc, kn, vn, lens, kv_layout=kv_layout, backend=backend)
+    torch.cuda.synchronize()
+    return ek, ev
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("kv_layout", ["HND", "NHD", "paged"])
 @pytest.mark.parametrize("d", [64, 256])
-def test_gpu_vs_reference(cuda, dtype, kv_layout, d):
+def test_gpu_vs_reference(cuda, backend, dtype, kv_layout, d):
     _, k, v, kp, vp, bt, _ = A._random_case(dtype, cuda, batch=4, hq=8, hkv=8, capacity=200, d=d, page=32)
     kn, vn = _new(dtype, cuda, batch=4, hkv=8, d=d)
-    lens = torch.tensor([0, 31, 32, 199], dtype=torch.int32, device=cuda)
     if kv_layout == "paged":
-        ek, ev, ck, cv = kp.clone(), vp.clone(), kp.clone(), vp.clone()
-        ref.kv_append_paged(ek, ev, bt, kn, vn, lens.tolist())
-        fray.kv_append_paged(ck, cv, bt, kn, vn, lens, backend="triton")
+        kc, vc = kp.clone(), vp.clone()
     else:
-        base_k, base_v = (k, v) if kv_layout == "HND" else (k.transpose(1, 2).contiguous(),
-                                                           v.transpose(1, 2).contiguous())
-        ek, ev, ck, cv = base_k.clone(), base_v.clone(), base_k.clone(), base_v.clone()
-        ref.kv_append(ek, ev, kn, vn, lens.tolist(), kv_layout)
-        fray.kv_append(ck, cv, kn, vn, lens, kv_layout=kv_layout, backend="triton")
-    torch.cuda.synchronize()
-    assert torch.equal(ck, ek) and torch.equal(cv, ev)
+        kc, vc = (k.clone(), v.clone()) if kv_layout == "HND" else (k.transpose(1, 2).contiguous(),
+                                                                     v.transpose(1, 2).contiguous())
+    cap = bt.shape[1] * 32 if kv_layout == "paged" else 200
+    # the first slot, a block boundary, the last slot; then out of range (not written)
+    for lens in ([0, 31, 32, 199], [cap - 1, cap, -1, 2 ** 30]):
+        lens_t = torch.tensor(lens, dtype=torch.int32, device=cuda)
+        ek, ev = _append_both(kv_layout, kc, vc, kn, vn, lens_t, bt, backend)
+        assert torch.equal(kc, ek) and torch.equal(vc, ev), "%s %s lens=%s" % (backend, kv_layout, lens)
 
 
 @pytest.mark.gpu
-def test_gpu_decode_step_graph(cuda):
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("d,offset", [(40, 0), (64, 1), (128, 2), (96, 4)])
+def test_gpu_strided_new_odd_head_dim_and_alignment(cuda, backend, d, offset):
+    """k_new / v_new slices of wider rows, head dims that are not 16-byte multiples and caches that
+    start off a 16-byte boundary (the CUDA kernel picks narrower words for those)."""
+    g = torch.Generator(device=cuda).manual_seed(d + offset)
+    flat = torch.zeros(3 * 4 * 10 * d + offset, device=cuda, dtype=torch.float16)
+    kc = flat[offset:].view(3, 4, 10, d)
+    vc = torch.zeros(3, 10, 4, d, device=cuda, dtype=torch.float16)
+    big = torch.randn(3, 4, 2 * d + 10, device=cuda, generator=g).to(torch.float16)
+    kn, vn = big[..., :d], big[..., d + 10:]
+    lens = torch.tensor([9, 0, 4], dtype=torch.int32, device=cuda)
+    ek, ev = kc.clone(), vc.clone()
+    for b, p in enumerate(lens.tolist()):
+        ek[b, :, p], ev[b, p] = kn[b], vn[b]
+    fray.kv_append(kc, kc.clone(), kn, vn, lens, backend=backend)  # HND
+    fray.kv_append(vc.clone(), vc, kn, vn, lens, kv_layout="NHD", backend=backend)
+    torch.cuda.synchronize()
+    assert torch.equal(kc, ek) and torch.equal(vc, ev)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_decode_step_graph(cuda, backend):
     """One decode step as an engine captures it: append the new token, advance lens, attend;
     replayed with new data, with lens living on the device throughout."""
     q, k, v, kp, vp, bt, _ = A._random_case(torch.bfloat16, cuda, batch=3, hq=8, hkv=2, capacity=256,
@@ -174,11 +217,11 @@ def test_gpu_decode_step_graph(cuda):
     out, out_p = torch.empty_like(q), torch.empty_like(q)
 
     def step():
-        fray.kv_append(k, v, kn, vn, lens)
-        fray.kv_append_paged(kp, vp, bt, kn, vn, lens)
+        fray.kv_append(k, v, kn, vn, lens, backend=backend)
+        fray.kv_append_paged(kp, vp, bt, kn, vn, lens, backend=backend)
         lens.add_(1)
-        fray.decode_attention(q, k, v, lens, out=out)
-        fray.paged_decode_attention(q, kp, vp, bt, lens, out=out_p)
+        fray.decode_attention(q, k, v, lens, out=out, backend=backend)
+        fray.paged_decode_attention(q, kp, vp, bt, lens, out=out_p, backend=backend)
 
     step()  # warm-up: Triton compiles here
     torch.cuda.synchronize()
@@ -197,26 +240,29 @@ def test_gpu_decode_step_graph(cuda):
         for b in range(3):
             assert torch.equal(k[b, :, int(before[b])], kn[b]) and torch.equal(v[b, :, int(before[b])], vn[b])
         e = ref.decode_attention(q.double(), k.double(), v.double(), lens.tolist())
-        assert_close(out, e[0], torch.bfloat16, "graph step", scale=e[2])
-        assert_close(out_p, e[0], torch.bfloat16, "graph step paged", scale=e[2])
+        assert_close(out, e[0], torch.bfloat16, "%s graph step" % backend, scale=e[2])
+        assert_close(out_p, e[0], torch.bfloat16, "%s graph step paged" % backend, scale=e[2])
 
 
 @pytest.mark.gpu
-def test_gpu_torch_compile_and_check_indices(cuda, monkeypatch):
-    _, k, v, _, _, _, _ = A._random_case(torch.float16, cuda)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_torch_compile_and_check_indices(cuda, monkeypatch, backend):
+    _, k, v, kp, vp, bt, _ = A._random_case(torch.float16, cuda)
     kn, vn = _new(torch.float16, cuda)
     lens = torch.tensor([3, 36], dtype=torch.int32, device=cuda)
 
-    def f(k, v, kn, vn, lens):
-        fray.kv_append(k, v, kn * 2.0, vn, lens)
+    def f(k, v, kp, vp, kn, vn, lens):
+        fray.kv_append(k, v, kn * 2.0, vn, lens, backend=backend)
+        fray.kv_append_paged(kp, vp, bt, kn * 3.0, vn, lens, backend=backend)
         return k.sum()
 
-    torch.compile(f, fullgraph=True)(k, v, kn, vn, lens)
+    torch.compile(f, fullgraph=True)(k, v, kp, vp, kn, vn, lens)
     assert torch.equal(k[0, :, 3], kn[0] * 2.0) and torch.equal(k[1, :, 36], kn[1] * 2.0)
+    assert torch.equal(kp[bt[1, 2], 4], kn[1] * 3.0)
     monkeypatch.setenv("FRAY_CHECK_INDICES", "1")
     with pytest.raises(ValueError, match="lens: kv_append writes position"):
-        fray.kv_append(k, v, kn, vn, lens + 1)
+        fray.kv_append(k, v, kn, vn, lens + 1, backend=backend)
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="FRAY_CHECK_INDICES=1"):
         with torch.cuda.graph(graph):
-            fray.kv_append(k, v, kn, vn, lens)
+            fray.kv_append(k, v, kn, vn, lens, backend=backend)

@@ -107,60 +107,87 @@ def test_errors_and_block_table_checks(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # GPU
 
+BACKENDS = ["cuda", "triton"]
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page", [1, 16, 32, 64, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_paged_equals_contiguous(cuda, page, dtype):
+def test_gpu_paged_equals_contiguous(cuda, backend, page, dtype):
     q, k, v, kp, vp, bt, _ = A._random_case(dtype, cuda, batch=5, hq=16, hkv=4, capacity=1000, d=128,
                                             page=page, seed=page)
     lens = torch.tensor([0, 1, page, 1000, 777], dtype=torch.int32, device=cuda)
-    out = torch.full_like(q, float("nan"))
-    y, lse = fray.paged_decode_attention(q, kp, vp, bt, lens, out=out, return_lse=True, backend="triton")
-    assert y is out
-    _check(y, lse, _expected(q, k, v, lens), dtype, "paged %d" % page)
-    c, clse = fray.decode_attention(q, k, v, lens, return_lse=True, backend="triton")
-    assert_close(y.double(), c.double(), dtype, "paged vs contiguous", scale=_expected(q, k, v, lens)[2])
+    e = _expected(q, k, v, lens)
+    for splits in (None, 1, 5):
+        out = torch.full_like(q, float("nan"))
+        y, lse = fray.paged_decode_attention(q, kp, vp, bt, lens, out=out, return_lse=True, num_splits=splits,
+                                             backend=backend)
+        assert y is out
+        _check(y, lse, e, dtype, "%s paged %d splits=%s" % (backend, page, splits))
+        c, clse = fray.decode_attention(q, k, v, lens, return_lse=True, num_splits=splits, backend=backend)
+        assert_close(y.double(), c.double(), dtype, "%s paged vs contiguous" % backend, scale=e[2])
+        assert torch.equal(torch.isinf(lse), torch.isinf(clse))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [64, 256])
-def test_gpu_fp32_head_dims(cuda, d):
-    q, k, v, kp, vp, bt, lens = A._random_case(torch.float32, cuda, batch=2, hq=8, hkv=1, capacity=300, d=d,
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("hq,hkv", [(8, 1), (6, 2)])
+def test_gpu_fp32_head_dims(cuda, backend, d, hq, hkv):
+    q, k, v, kp, vp, bt, lens = A._random_case(torch.float32, cuda, batch=2, hq=hq, hkv=hkv, capacity=300, d=d,
                                                page=16, lens=(300, 45))
-    y, lse = fray.paged_decode_attention(q, kp, vp, bt, lens, return_lse=True)
-    _check(y, lse, _expected(q, k, v, lens), torch.float32, "fp32 D=%d" % d)
+    y, lse = fray.paged_decode_attention(q, kp, vp, bt, lens, return_lse=True, backend=backend)
+    _check(y, lse, _expected(q, k, v, lens), torch.float32, "%s fp32 D=%d" % (backend, d))
 
 
 @pytest.mark.gpu
-def test_gpu_graph_capture_and_compile(cuda):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_ignores_unused_block_table_entries(cuda, backend):
+    q, k, v, kp, vp, bt, lens = A._random_case(torch.bfloat16, cuda, batch=2, hq=8, hkv=2, capacity=300, d=128,
+                                               page=16, lens=(5, 200))
+    bt = bt.clone()
+    bt[0, 1:] = 10 ** 6   # past lens[0]: never read
+    bt[1, 13:] = -7
+    for splits in (None, 1):
+        y, lse = fray.paged_decode_attention(q, kp, vp, bt, lens, return_lse=True, num_splits=splits,
+                                             backend=backend)
+        _check(y, lse, _expected(q, k, v, lens), torch.bfloat16, "%s garbage past lens" % backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_graph_capture_and_compile(cuda, backend):
     q, k, v, kp, vp, bt, lens = A._random_case(torch.bfloat16, cuda, batch=3, hq=8, hkv=2, capacity=400,
                                                d=128, page=16, lens=(400, 3, 0))
     out = torch.empty_like(q)
-    fray.paged_decode_attention(q, kp, vp, bt, lens, out=out)
+    fray.paged_decode_attention(q, kp, vp, bt, lens, out=out, backend=backend)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fray.paged_decode_attention(q, kp, vp, bt, lens, out=out)
+        fray.paged_decode_attention(q, kp, vp, bt, lens, out=out, backend=backend)
     for new in ([17, 400, 16], [0, 1, 399]):
         lens.copy_(torch.tensor(new, dtype=torch.int32))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         e = _expected(q, k, v, lens)
-        assert_close(out, e[0], torch.bfloat16, "paged graph replay %s" % new, scale=e[2])
-    compiled = torch.compile(lambda *a: fray.paged_decode_attention(*a) * 1.0, fullgraph=True)
-    assert torch.equal(compiled(q, kp, vp, bt, lens), fray.paged_decode_attention(q, kp, vp, bt, lens))
+        assert_close(out, e[0], torch.bfloat16, "%s paged graph replay %s" % (backend, new), scale=e[2])
+    compiled = torch.compile(lambda *a: fray.paged_decode_attention(*a, backend=backend) * 1.0, fullgraph=True)
+    assert torch.equal(compiled(q, kp, vp, bt, lens), fray.paged_decode_attention(q, kp, vp, bt, lens,
+                                                                                  backend=backend))
 
 
 @pytest.mark.gpu
-def test_gpu_check_indices(cuda, monkeypatch):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_check_indices(cuda, monkeypatch, backend):
     q, k, v, kp, vp, bt, lens = A._random_case(torch.float16, cuda)
     monkeypatch.setenv("FRAY_CHECK_INDICES", "1")
     bad = bt.clone()
     bad[0, 0] = -5
     with pytest.raises(ValueError, match=r"block_table: entry \[0, 0\] = -5"):
-        fray.paged_decode_attention(q, kp, vp, bad, lens)
+        fray.paged_decode_attention(q, kp, vp, bad, lens, backend=backend)
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="FRAY_CHECK_INDICES=1"):
         with torch.cuda.graph(graph):
-            fray.paged_decode_attention(q, kp, vp, bt, lens)
+            fray.paged_decode_attention(q, kp, vp, bt, lens, backend=backend)

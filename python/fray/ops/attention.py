@@ -1,11 +1,18 @@
 """The attention family: single-token (decode) attention over contiguous and paged KV caches, and
 the KV-cache appends that precede it.
 
-Validation happens here, once; the kernels (fray_triton.attention) trust their inputs. GPU entry
-points are torch custom ops (fray::decode_attention, fray::paged_decode_attention, fray::kv_append,
-fray::kv_append_paged) with fake implementations, so torch.compile(fullgraph=True) traces through
-them; in eager mode the same implementation is called directly. CPU tensors and numpy arrays run
-the float64 reference and come back in the input's dtype.
+Backends: the CUDA C++ kernels (cuda/attention, fray._C._attention: tensor-core split-KV decode
+for 16-bit caches, CUDA-core for fp32, one kv_append kernel) and the Triton kernels
+(fray_triton.attention); "auto" tries CUDA first. Both implement the same contract (split count
+from T, B * Hkv and the SM count; deterministic combine; the same clamping of lens). The CUDA
+decode kernels copy K/V rows with 16-byte cp.async: caches whose pointer or strides are not
+16-byte multiples run on Triton under "auto" (backend="cuda" raises ValueError for them).
+
+Validation happens here, once; the kernels trust their inputs. GPU entry points are torch custom
+ops (fray::decode_attention, fray::paged_decode_attention, fray::kv_append, fray::kv_append_paged)
+with fake implementations, so torch.compile(fullgraph=True) traces through them; in eager mode the
+same implementation is called directly. CPU tensors and numpy arrays run the float64 reference and
+come back in the input's dtype.
 
 Trust boundary: lens and block_table live on the device and are never read on the host (a read
 would synchronise and break CUDA-graph replay with new lengths). The kernels clamp lens[b] to
@@ -35,7 +42,7 @@ FAMILY = "attention"
 OPS = ("decode_attention", "paged_decode_attention", "kv_append", "kv_append_paged")
 __all__ = list(OPS)
 for _op_name in OPS:
-    B.register_preference(_op_name, ("triton",))  # no CUDA kernels yet
+    B.register_preference(_op_name, ("cuda", "triton"))
 
 LAYOUTS = ("HND", "NHD")
 HEAD_DIMS = (64, 128, 256)
@@ -275,29 +282,76 @@ def _three(t):
     return t if t.dim() == 3 else t.select(2, 0)
 
 
+def _cache_dims(paged, nhd):
+    """The cache dims holding (batch or page, kv head, token or token-in-page)."""
+    return (0, 2, 1) if paged or nhd else (0, 1, 2)
+
+
+def _strides(t, dims):
+    """t's strides along dims; 0 along extent-1 dims (never stepped, so their stride is free)."""
+    return tuple(0 if t.shape[d] == 1 else t.stride(d) for d in dims)
+
+
+def _aligned16(t, dims):
+    return t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in _strides(t, dims))
+
+
+@functools.lru_cache(maxsize=1024)
+def _cuda_split_size(dtype_code, head_dim, group, batch, hkv, capacity, num_splits, num_sms):
+    return B.load_extension(FAMILY).decode_split_size(dtype_code, head_dim, group, batch, hkv, capacity,
+                                                      num_splits, num_sms)
+
+
+def _decode_cuda(q3, k, v, lens, block_table, o3, lse, scale, dims, hkv, capacity, page, num_splits, dev):
+    batch, hq, d = q3.shape
+    code = V.DTYPE_CODES[q3.dtype]
+    split = _cuda_split_size(code, d, hq // hkv, batch, hkv, capacity, num_splits, _num_sms(dev))
+    splits = -(-capacity // split)
+    po = pl = None
+    if splits > 1:  # the combine's inputs; from the caching allocator (a graph's pool while capturing)
+        po = torch.empty((batch, hq, splits, d), dtype=torch.float32, device=q3.device)
+        pl = torch.empty((batch, hq, splits), dtype=torch.float32, device=q3.device)
+    B.load_extension(FAMILY).decode(
+        q3.data_ptr(), q3.stride(0), q3.stride(1), k.data_ptr(), *_strides(k, dims), v.data_ptr(), *_strides(v, dims),
+        lens.data_ptr(), block_table.data_ptr() if block_table is not None else 0,
+        block_table.stride(0) if block_table is not None else 0, page, o3.data_ptr(), o3.stride(0), o3.stride(1),
+        lse.data_ptr(), lse.stride(0), po.data_ptr() if po is not None else 0, pl.data_ptr() if pl is not None else 0,
+        batch, hq, hkv, d, capacity, splits, split, scale, code, dev, B.current_stream(q3.device))
+
+
 def _decode_impl(op, q, k, v, lens, block_table, out, lse, scale, nhd, num_splits, backend):
     q3, o3 = _three(q), _three(out)
     if q3.shape[0] == 0:
         return
-    B.resolve(op, FAMILY, backend, q.device)  # only Triton exists; a forced "cuda" raises here
+    be = B.resolve(op, FAMILY, backend, q.device)
+    dims = _cache_dims(block_table is not None, nhd)
     if block_table is not None:
         page, hkv = k.shape[1], k.shape[2]
         capacity = block_table.shape[1] * page
-        ks, vs = (k.stride(0), k.stride(2), k.stride(1)), (v.stride(0), v.stride(2), v.stride(1))
     elif nhd:
         page, capacity, hkv = 1, k.shape[1], k.shape[2]
-        ks, vs = (k.stride(0), k.stride(2), k.stride(1)), (v.stride(0), v.stride(2), v.stride(1))
     else:
         page, hkv, capacity = 1, k.shape[1], k.shape[2]
-        ks, vs = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
     if env.check_indices():  # here rather than in the wrapper: compiled graphs check too
         _device_check_indices(lens, capacity, block_table, page, k.shape[0])
     if capacity == 0:
         o3.zero_()
         lse.fill_(float("-inf"))
         return
-    from fray_triton import attention as tattn
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if be == "cuda" and not (_aligned16(k, dims) and _aligned16(v, dims)):
+        if backend == "cuda":
+            names = "k_pages, v_pages" if block_table is not None else "k_cache, v_cache"
+            raise ValueError("%s: backend='cuda' copies K/V rows in 16-byte pieces: the caches need 16-byte aligned "
+                             "pointers and strides (got data_ptr %% 16 = %d / %d, strides %s / %s); use "
+                             "backend='triton' or 'auto'" % (names, k.data_ptr() % 16, v.data_ptr() % 16,
+                                                             tuple(k.stride()), tuple(v.stride())))
+        be = "triton"
+    if be == "cuda":
+        _decode_cuda(q3, k, v, lens, block_table, o3, lse, scale, dims, hkv, capacity, page, num_splits, dev)
+        return
+    from fray_triton import attention as tattn
+    ks, vs = tuple(k.stride(i) for i in dims), tuple(v.stride(i) for i in dims)
     with torch.cuda.device(q.device):
         tattn.decode(q3, k, v, lens, block_table, o3, lse, scale,
                      q_strides=(q3.stride(0), q3.stride(1)), k_strides=ks, v_strides=vs,
@@ -310,21 +364,30 @@ def _decode_impl(op, q, k, v, lens, block_table, out, lse, scale, nhd, num_split
 def _append_impl(op, k, v, k_new, v_new, lens, block_table, nhd, backend):
     if k_new.shape[0] == 0 or k_new.shape[1] == 0:
         return
-    B.resolve(op, FAMILY, backend, k.device)
+    be = B.resolve(op, FAMILY, backend, k.device)
+    dims = _cache_dims(block_table is not None, nhd)
     if block_table is not None:
         page, capacity = k.shape[1], block_table.shape[1] * k.shape[1]
-        ks, vs = (k.stride(0), k.stride(2), k.stride(1)), (v.stride(0), v.stride(2), v.stride(1))
     elif nhd:
         page, capacity = 1, k.shape[1]
-        ks, vs = (k.stride(0), k.stride(2), k.stride(1)), (v.stride(0), v.stride(2), v.stride(1))
     else:
         page, capacity = 1, k.shape[2]
-        ks, vs = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
     if env.check_indices():
         _device_check_indices(lens, capacity, block_table, page, k.shape[0], append=True)
     if capacity == 0:
         return
+    if be == "cuda":
+        batch, hkv, d = k_new.shape
+        dev = k.device.index if k.device.index is not None else torch.cuda.current_device()
+        B.load_extension(FAMILY).kv_append(
+            k.data_ptr(), *_strides(k, dims), v.data_ptr(), *_strides(v, dims), k_new.data_ptr(),
+            *_strides(k_new, (0, 1)), v_new.data_ptr(), *_strides(v_new, (0, 1)), lens.data_ptr(),
+            block_table.data_ptr() if block_table is not None else 0,
+            block_table.stride(0) if block_table is not None else 0, page, batch, hkv, d, capacity,
+            V.DTYPE_CODES[k.dtype], dev, B.current_stream(k.device))
+        return
     from fray_triton import attention as tattn
+    ks, vs = tuple(k.stride(i) for i in dims), tuple(v.stride(i) for i in dims)
     with torch.cuda.device(k.device):
         tattn.append(k, v, k_new, v_new, lens, block_table, k_strides=ks, v_strides=vs,
                      bt_stride=block_table.stride(0) if block_table is not None else 0,
@@ -578,11 +641,12 @@ def _random_case(dtype, dev, batch=2, hq=4, hkv=2, capacity=37, d=64, page=16, l
 
 
 def check_cases(device):
-    """On a GPU: Triton x dtype x layout (contiguous HND/NHD, paged) against the reference. On the
-    CPU: the reference against hand-computed values and the Triton kernels under the interpreter."""
+    """On a GPU: CUDA and Triton x dtype x layout (contiguous HND/NHD, paged) against the
+    reference, and kv_append(_paged) of both backends. On the CPU: the reference against
+    hand-computed values and the Triton kernels under the interpreter."""
     from fray.testing import assert_close
 
-    def run(dtype, paged, nhd, dev, interpreter):
+    def run(dtype, paged, nhd, dev, interpreter, backend="triton"):
         q, k, v, kp, vp, bt, lens = _random_case(dtype, dev)
         e, el, mag = ref.decode_attention(q.double(), k.double(), v.double(), lens.tolist(), None, "HND")
         if interpreter:
@@ -599,12 +663,12 @@ def check_cases(device):
                          capacity=bt.shape[1] * 16 if paged else 37, page_size=16, num_splits=3,
                          num_sms=1, block_n=16)
         elif paged:
-            out, lse = paged_decode_attention(q, kp, vp, bt, lens, return_lse=True, backend="triton")
+            out, lse = paged_decode_attention(q, kp, vp, bt, lens, return_lse=True, backend=backend)
         elif nhd:
             out, lse = decode_attention(q, k.transpose(1, 2), v.transpose(1, 2), lens, kv_layout="NHD",
-                                        return_lse=True, backend="triton")
+                                        return_lse=True, backend=backend)
         else:
-            out, lse = decode_attention(q, k, v, lens, return_lse=True, backend="triton")
+            out, lse = decode_attention(q, k, v, lens, return_lse=True, backend=backend)
         assert_close(out, e, dtype, "decode", scale=mag)
         assert_close(lse, el, torch.float32, "lse")
 
@@ -630,13 +694,37 @@ def check_cases(device):
                               V.DTYPE_NAMES[dtype], "2x4x37x64",
                               lambda d=dtype, p=paged: run(d, p, False, "cpu", True)))
         return cases
-    for op in ("decode_attention", "paged_decode_attention"):
-        reason = B.available(op, FAMILY, device)["triton"]
-        if reason is not None:
-            cases.append((op, "triton", "-", "-", RuntimeError("unavailable: " + reason)))
-            continue
-        for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            for nhd in ((False, True) if op == "decode_attention" else (False,)):
-                cases.append((op, "triton", V.DTYPE_NAMES[dtype], "2x4x37x64" + (" NHD" if nhd else ""),
-                              lambda d=dtype, p=op != "decode_attention", n=nhd: run(d, p, n, device, False)))
+    def append(dtype, paged, backend):
+        _, k, v, kp, vp, bt, _ = _random_case(dtype, device)
+        g = torch.Generator(device=device).manual_seed(1)
+        kn = torch.randn(2, 2, 64, device=device, generator=g).to(dtype)
+        vn = torch.randn(2, 2, 64, device=device, generator=g).to(dtype)
+        lens = torch.tensor([0, 36], dtype=torch.int32, device=device)
+        if paged:
+            ek, ev, ck, cv = kp.clone(), vp.clone(), kp.clone(), vp.clone()
+            ref.kv_append_paged(ek, ev, bt, kn, vn, lens.tolist())
+            kv_append_paged(ck, cv, bt, kn, vn, lens, backend=backend)
+        else:
+            ek, ev, ck, cv = k.clone(), v.clone(), k.clone(), v.clone()
+            ref.kv_append(ek, ev, kn, vn, lens.tolist())
+            kv_append(ck, cv, kn, vn, lens, backend=backend)
+        if not (torch.equal(ck, ek) and torch.equal(cv, ev)):
+            raise AssertionError("kv_append%s (%s): the cache differs from the reference"
+                                 % ("_paged" if paged else "", backend))
+
+    for op in OPS:
+        for backend, reason in B.available(op, FAMILY, device).items():
+            if reason is not None:
+                cases.append((op, backend, "-", "-", RuntimeError("unavailable: " + reason)))
+                continue
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                name = V.DTYPE_NAMES[dtype]
+                if op.startswith("kv_append"):
+                    cases.append((op, backend, name, "2x2x37x64",
+                                  lambda d=dtype, p=op == "kv_append_paged", b=backend: append(d, p, b)))
+                    continue
+                for nhd in ((False, True) if op == "decode_attention" else (False,)):
+                    cases.append((op, backend, name, "2x4x37x64" + (" NHD" if nhd else ""),
+                                  lambda d=dtype, p=op != "decode_attention", n=nhd, b=backend:
+                                  run(d, p, n, device, False, b)))
     return cases

@@ -1,0 +1,68 @@
+// Fray attention family: non-template entry points (dtype dispatch, the split plan) and the
+// kv_append kernels. The decode kernels are compiled by the per-dtype units
+// decode_attention_{f32,f16,bf16}.cu (declared extern here) so nvcc builds them in parallel.
+#include "cuda/attention/attention.h"
+
+#include <algorithm>
+
+#include "cuda/attention/decode_attention.cuh"
+#include "cuda/attention/kv_append.cuh"
+#include "cuda/common/dtype.h"
+
+namespace fray {
+namespace attn_detail {
+extern template cudaError_t launch_decode<float>(const DecodeParams&, cudaStream_t);
+extern template cudaError_t launch_decode<__half>(const DecodeParams&, cudaStream_t);
+extern template cudaError_t launch_decode<__nv_bfloat16>(const DecodeParams&, cudaStream_t);
+}  // namespace attn_detail
+
+cudaError_t decode_attention(const DecodeParams& p, cudaStream_t stream) {
+  return dispatch_dtype(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return attn_detail::launch_decode<T>(p, stream);
+  });
+}
+
+int decode_tile_tokens(DType dtype, int head_dim) {
+  int tile = 0;
+  dispatch_dtype(dtype, [&](auto tag) {
+    tile = attn_detail::decode_tile_tokens_t<typename decltype(tag)::type>(head_dim);
+    return cudaSuccess;
+  });
+  return tile;
+}
+
+int decode_split_size(DType dtype, int head_dim, int group, int batch, int n_kv_heads, int capacity,
+                      int num_splits, int num_sms) {
+  using namespace attn_detail;
+  const int tile = decode_tile_tokens(dtype, head_dim);
+  if (tile <= 0 || capacity <= 0) return tile;
+  int64_t splits = num_splits;
+  if (splits <= 0) {
+    int ctas_per_sm = 1;
+    dispatch_dtype(dtype, [&](auto tag) {
+      ctas_per_sm = decode_ctas_per_sm_t<typename decltype(tag)::type>(head_dim);
+      return cudaSuccess;
+    });
+    const int64_t chunks = dtype == DType::kFloat32 ? (group + F32Config<64>::kHeads - 1) / F32Config<64>::kHeads : 1;
+    const int64_t units = static_cast<int64_t>(batch) * n_kv_heads * chunks;
+    const int64_t slots = static_cast<int64_t>(num_sms > 0 ? num_sms : 1) * ctas_per_sm;
+    // Enough CTAs to fill every slot once (small batches: split-KV fills the SMs) and splits no
+    // longer than kTargetSplitTokens (uneven lens: no lone long CTA at the end).
+    splits = std::max((slots + units - 1) / units, (static_cast<int64_t>(capacity) + kTargetSplitTokens - 1) /
+                                                       kTargetSplitTokens);
+    splits = std::min({splits, std::max<int64_t>(1, capacity / kMinSplitTokens), int64_t{kMaxSplits}});
+  }
+  const int64_t per = (capacity + splits - 1) / splits;
+  return static_cast<int>((per + tile - 1) / tile * tile);
+}
+
+cudaError_t kv_append(const AppendParams& p, cudaStream_t stream) { return attn_detail::launch_append(p, stream); }
+
+int attention_num_kernel_instances() {
+  using namespace attn_detail;
+  return decode_num_kernels<float>() + decode_num_kernels<__half>() + decode_num_kernels<__nv_bfloat16>() +
+         append_num_kernels();
+}
+
+}  // namespace fray
