@@ -56,12 +56,30 @@ def _cmd_check(device_flag):
     return 1 if failed else 0
 
 
-def _cmd_bench(args):
+def _bench_ops():
+    """{benchmark name: family}: every op, plus the names a family's benchmark module lists in
+    BENCH_OPS (benchmarks of one op under several settings, e.g. sample_topp)."""
+    import importlib
+
     import fray
+    names = dict(fray.OPS)
+    for family in fray.FAMILIES:
+        try:
+            module = importlib.import_module("fray.bench." + family)
+        except ModuleNotFoundError as exc:
+            if exc.name != "fray.bench." + family:
+                raise
+            continue  # a family without benchmarks
+        names.update((name, family) for name in getattr(module, "BENCH_OPS", ()))
+    return names
+
+
+def _cmd_bench(args):
     from fray.bench.main import run_op
-    if len(args) != 1 or args[0] not in fray.OPS:
-        raise app.UsageError("bench: expected one op name (%s), got %s" % (", ".join(fray.OPS), args))
-    run_op(fray.OPS[args[0]], args[0])
+    names = _bench_ops()
+    if len(args) != 1 or args[0] not in names:
+        raise app.UsageError("bench: expected one op name (%s), got %s" % (", ".join(sorted(names)), args))
+    run_op(names[args[0]], args[0])
     return 0
 
 

@@ -6,7 +6,8 @@ from absl import app, flags
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "append JSON-lines records to this file")
 flags.DEFINE_bool("graph", True, "also time CUDA-graph replay for shapes under 50 us")
-flags.DEFINE_string("shapes", None, "comma list of ROWSxCOLS[:dtype] overriding the default shapes")
+flags.DEFINE_string("shapes", None, "comma list of ROWSxCOLS[:dtype] overriding the default shapes "
+                    "(attention and sampling: shape names as recorded, see their parse_shapes)")
 
 
 def run_op(family, op):
@@ -18,7 +19,9 @@ def run_op(family, op):
         raise SystemExit("benchmarks need a CUDA GPU; none is visible")
     module = importlib.import_module("fray.bench." + family)
     shapes = None
-    if FLAGS.shapes:
+    if FLAGS.shapes and hasattr(module, "parse_shapes"):  # families whose shapes are not ROWSxCOLS
+        shapes = module.parse_shapes(op, FLAGS.shapes)
+    elif FLAGS.shapes:
         dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
         shapes = []
         for item in FLAGS.shapes.split(","):

@@ -1,0 +1,5 @@
+"""`bazel run //bench/attention:decode_attention -- --out=results.jsonl`: fray.cuda, fray.triton and the peers."""
+from fray.bench.main import main_for
+
+if __name__ == "__main__":
+    main_for("attention", "decode_attention")

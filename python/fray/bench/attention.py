@@ -1,0 +1,273 @@
+"""Attention-family benchmarks: Fray's backends and the peers a user would pick, in one process.
+
+Decode shapes "B<batch>Hq<q heads>Hkv<kv heads>T<capacity>D<head dim>", bf16, one query token per
+sequence: B32Hq32Hkv8T4096D128, B1Hq32Hkv8T4096D128, B64Hq64Hkv8T8192D128 (every lens[b] = T) and
+B64Hq32Hkv8Tvar8192D128 (lens uniform in [1, 8192] from a fixed-seed CPU generator, moved to the
+device). paged_decode_attention takes the same shapes with "P16" / "P64" appended (block size):
+NHD pages [B·T/P, P, Hkv, D], the block table a fixed-seed random permutation of all pages.
+kv_append / kv_append_paged: "B64Hkv8D128" (one new token per sequence into a T=4096 cache; HND
+[B, Hkv, T, D] for kv_append, P16 pages for kv_append_paged; lens uniform in [0, 4096)).
+
+decode bytes: the K and V rows read = 2 · sum(lens) · Hkv · D · s (q, out and lse not counted;
+              sum(lens) = B·T for the fixed shapes). Varlen rows also carry padded_bytes, the
+              2 · B · T · Hkv · D · s that SDPA's padded cache holds, and kv_tokens = sum(lens).
+append bytes: read k_new and v_new + write them into the cache = 4 · B · Hkv · D · s (lens and
+              block-table reads not counted).
+Impls: fray.cuda / fray.triton (public API, HND caches, preallocated out); on B32 also
+fray.cuda:NHD / fray.triton:NHD (kv_layout="NHD", same data transposed). Peers: torch.builtin =
+F.scaled_dot_product_attention(q[:, :, None, :], k, v, enable_gqa=True) on the HND cache; varlen
+shapes give it the padded cache with a boolean mask [B, 1, 1, T] (torch.builtin) and with an
+additive 0 / -inf mask in bf16 (torch.builtin:additive), built from lens outside the timing.
+paged_decode_attention: torch.builtin is SDPA on the same tokens in a contiguous HND cache (what
+the paged kernel would be without pages), torch.eager gathers the pages by the block table into
+[B, Hkv, T, D] and then calls SDPA (varlen: boolean mask). Appends: torch.eager is the indexing
+composite, k_cache[arange(B), :, lens] = k_new (paged: k_pages[block_table[arange(B), lens // P],
+lens % P] = k_new), the same for v.
+"""
+import collections
+import re
+
+import torch
+import torch.nn.functional as F
+
+import fray
+
+SEED = 0
+DTYPE = torch.bfloat16
+
+Decode = collections.namedtuple("Decode", "batch hq hkv capacity head_dim varlen page")
+Append = collections.namedtuple("Append", "batch hkv capacity head_dim page")
+
+_DECODE = [
+    Decode(32, 32, 8, 4096, 128, False, None),
+    Decode(1, 32, 8, 4096, 128, False, None),
+    Decode(64, 64, 8, 8192, 128, False, None),
+    Decode(64, 32, 8, 8192, 128, True, None),
+]
+SHAPES = {
+    "decode_attention": [(s, DTYPE) for s in _DECODE],
+    "paged_decode_attention": [(s._replace(page=p), DTYPE) for s in _DECODE for p in (16, 64)],
+    "kv_append": [(Append(64, 8, 4096, 128, None), DTYPE)],
+    "kv_append_paged": [(Append(64, 8, 4096, 128, 16), DTYPE)],
+}
+OPS = tuple(SHAPES)
+NHD_BATCH = 32  # the decode shape that also gets the NHD-layout rows
+
+
+def shape_name(spec):
+    page = "P%d" % spec.page if spec.page else ""
+    if isinstance(spec, Append):
+        return "B%dHkv%dD%d%s" % (spec.batch, spec.hkv, spec.head_dim, page)
+    return "B%dHq%dHkv%dT%s%dD%d%s" % (spec.batch, spec.hq, spec.hkv, "var" if spec.varlen else "",
+                                        spec.capacity, spec.head_dim, page)
+
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_DECODE_RE = re.compile(r"B(\d+)Hq(\d+)Hkv(\d+)T(var)?(\d+)D(\d+)(?:P(\d+))?$")
+_APPEND_RE = re.compile(r"B(\d+)Hkv(\d+)(?:T(\d+))?D(\d+)(?:P(\d+))?$")
+
+
+def parse_shapes(op, text):
+    """--shapes for this family: a comma list of shape names as recorded, each optionally
+    ":bf16" / ":fp16" / ":fp32"; appends also take "T<capacity>" (default 4096)."""
+    out = []
+    for item in text.split(","):
+        name, _, dt = item.strip().partition(":")
+        if dt and dt not in _DTYPES:
+            raise ValueError("shapes: unknown dtype %r in %r (expected bf16, fp16 or fp32)" % (dt, item))
+        if op in ("kv_append", "kv_append_paged"):
+            m = _APPEND_RE.match(name)
+            if not m:
+                raise ValueError("shapes: expected B<b>Hkv<h>[T<t>]D<d>[P<page>] for %s, got %r" % (op, item))
+            b, h, t, d, p = m.groups()
+            spec = Append(int(b), int(h), int(t or 4096), int(d), int(p) if p else None)
+        else:
+            m = _DECODE_RE.match(name)
+            if not m:
+                raise ValueError("shapes: expected B<b>Hq<hq>Hkv<hkv>T[var]<t>D<d>[P<page>] for %s, got %r"
+                                 % (op, item))
+            b, hq, hkv, var, t, d, p = m.groups()
+            spec = Decode(int(b), int(hq), int(hkv), int(t), int(d), bool(var), int(p) if p else None)
+        paged = op in ("paged_decode_attention", "kv_append_paged")
+        if paged != (spec.page is not None):
+            raise ValueError("shapes: %s %s a P<page> suffix, got %r" % (op, "needs" if paged else "takes no", item))
+        out.append((spec, _DTYPES[dt or "bf16"]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# peers
+
+def _sdpa(q4, k, v, mask=None):
+    return F.scaled_dot_product_attention(q4, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def _pages_to_hnd(pages, block_table):
+    """[num_blocks, P, Hkv, D] pages -> the [B, Hkv, T, D] view of each sequence's tokens."""
+    b, nb = block_table.shape
+    _, page, hkv, d = pages.shape
+    return pages[block_table].view(b, nb * page, hkv, d).transpose(1, 2)
+
+
+def _eager_paged_sdpa(q4, k_pages, v_pages, block_table, mask=None):
+    return _sdpa(q4, _pages_to_hnd(k_pages, block_table), _pages_to_hnd(v_pages, block_table), mask)
+
+
+def _eager_append(k_cache, v_cache, k_new, v_new, bidx, lens):
+    k_cache[bidx, :, lens] = k_new
+    v_cache[bidx, :, lens] = v_new
+
+
+def _eager_append_paged(k_pages, v_pages, block_table, k_new, v_new, bidx, lens):
+    page = k_pages.shape[1]
+    blocks = block_table[bidx, torch.div(lens, page, rounding_mode="floor")]
+    slots = lens % page
+    k_pages[blocks, slots] = k_new
+    v_pages[blocks, slots] = v_new
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+def _lens(spec, append=False):
+    """int32 [B] on the CPU (moved to the device by the caller): fixed seed, device-independent."""
+    g = torch.Generator().manual_seed(SEED + 1)
+    if append:
+        return torch.randint(0, spec.capacity, (spec.batch,), generator=g, dtype=torch.int32)
+    if spec.varlen:
+        return torch.randint(1, spec.capacity + 1, (spec.batch,), generator=g, dtype=torch.int32)
+    return torch.full((spec.batch,), spec.capacity, dtype=torch.int32)
+
+
+def _block_table(spec):
+    g = torch.Generator().manual_seed(SEED + 2)
+    blocks = spec.capacity // spec.page
+    return torch.randperm(spec.batch * blocks, generator=g).view(spec.batch, blocks).to(torch.int32)
+
+
+def _randn(shape, dtype, device, g):
+    return torch.randn(shape, dtype=dtype, device=device, generator=g)
+
+
+def decode_inputs(spec, dtype, device):
+    """q, caches, lens (and block table, masks) for one decode shape on `device`."""
+    if spec.page is not None and spec.capacity % spec.page:
+        raise ValueError("shapes: T=%d is not a multiple of the block size %d" % (spec.capacity, spec.page))
+    g = torch.Generator(device=device).manual_seed(SEED)
+    lens_cpu = _lens(spec)
+    inp = {"q": _randn((spec.batch, spec.hq, spec.head_dim), dtype, device, g),
+           "lens": lens_cpu.to(device), "kv_tokens": int(lens_cpu.sum())}
+    if spec.page is None:
+        shape = (spec.batch, spec.hkv, spec.capacity, spec.head_dim)
+        inp["k"], inp["v"] = _randn(shape, dtype, device, g), _randn(shape, dtype, device, g)
+    else:
+        shape = (spec.batch * spec.capacity // spec.page, spec.page, spec.hkv, spec.head_dim)
+        inp["k_pages"], inp["v_pages"] = _randn(shape, dtype, device, g), _randn(shape, dtype, device, g)
+        inp["block_table"] = _block_table(spec).to(device)
+        # The same tokens in a contiguous HND cache, for the SDPA peer.
+        inp["k"] = _pages_to_hnd(inp["k_pages"], inp["block_table"]).contiguous()
+        inp["v"] = _pages_to_hnd(inp["v_pages"], inp["block_table"]).contiguous()
+    if spec.varlen:
+        keep = torch.arange(spec.capacity, device=device)[None, :] < inp["lens"][:, None]
+        inp["mask"] = keep[:, None, None, :]
+        inp["additive_mask"] = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(
+            ~keep, float("-inf"))[:, None, None, :]
+    return inp
+
+
+def append_inputs(spec, dtype, device):
+    g = torch.Generator(device=device).manual_seed(SEED)
+    inp = {"lens": _lens(spec, append=True).to(device), "bidx": torch.arange(spec.batch, device=device)}
+    if spec.page is None:
+        shape = (spec.batch, spec.hkv, spec.capacity, spec.head_dim)
+    else:
+        if spec.capacity % spec.page:
+            raise ValueError("shapes: T=%d is not a multiple of the block size %d" % (spec.capacity, spec.page))
+        shape = (spec.batch * spec.capacity // spec.page, spec.page, spec.hkv, spec.head_dim)
+        inp["block_table"] = _block_table(spec).to(device)
+    inp["k_cache"], inp["v_cache"] = _randn(shape, dtype, device, g), _randn(shape, dtype, device, g)
+    new = (spec.batch, spec.hkv, spec.head_dim)
+    inp["k_new"], inp["v_new"] = _randn(new, dtype, device, g), _randn(new, dtype, device, g)
+    return inp
+
+
+# ---------------------------------------------------------------------------------------------
+# impls
+
+def impls(op, spec, inp):
+    """{impl name: zero-argument callable} for one shape."""
+    out = {}
+    if op in ("decode_attention", "paged_decode_attention"):
+        q, lens = inp["q"], inp["lens"]
+        q4 = q[:, :, None, :]
+        o = torch.empty_like(q)
+        mask = inp.get("mask")
+        for backend in ("cuda", "triton"):
+            if op == "decode_attention":
+                out["fray." + backend] = lambda b=backend: fray.decode_attention(
+                    q, inp["k"], inp["v"], lens, kv_layout="HND", out=o, backend=b)
+            else:
+                out["fray." + backend] = lambda b=backend: fray.paged_decode_attention(
+                    q, inp["k_pages"], inp["v_pages"], inp["block_table"], lens, out=o, backend=b)
+        if op == "decode_attention" and spec.batch == NHD_BATCH and not spec.varlen:
+            k_nhd, v_nhd = inp["k"].transpose(1, 2).contiguous(), inp["v"].transpose(1, 2).contiguous()
+            for backend in ("cuda", "triton"):
+                out["fray.%s:NHD" % backend] = lambda b=backend: fray.decode_attention(
+                    q, k_nhd, v_nhd, lens, kv_layout="NHD", out=o, backend=b)
+        out["torch.builtin"] = lambda: _sdpa(q4, inp["k"], inp["v"], mask)
+        if op == "decode_attention" and spec.varlen:
+            out["torch.builtin:additive"] = lambda: _sdpa(q4, inp["k"], inp["v"], inp["additive_mask"])
+        if op == "paged_decode_attention":
+            out["torch.eager"] = lambda: _eager_paged_sdpa(q4, inp["k_pages"], inp["v_pages"],
+                                                           inp["block_table"], mask)
+        return out
+    kc, vc, kn, vn, lens = (inp[n] for n in ("k_cache", "v_cache", "k_new", "v_new", "lens"))
+    for backend in ("cuda", "triton"):
+        if op == "kv_append":
+            out["fray." + backend] = lambda b=backend: fray.kv_append(kc, vc, kn, vn, lens, kv_layout="HND",
+                                                                      backend=b)
+        else:
+            out["fray." + backend] = lambda b=backend: fray.kv_append_paged(kc, vc, inp["block_table"], kn, vn,
+                                                                            lens, backend=b)
+    if op == "kv_append":
+        out["torch.eager"] = lambda: _eager_append(kc, vc, kn, vn, inp["bidx"], lens)
+    else:
+        out["torch.eager"] = lambda: _eager_append_paged(kc, vc, inp["block_table"], kn, vn, inp["bidx"], lens)
+    return out
+
+
+def nbytes(op, spec, dtype, inp):
+    """(bytes for gbps, extra record fields)."""
+    s = torch.tensor([], dtype=dtype).element_size()
+    if op in ("kv_append", "kv_append_paged"):
+        return 4 * spec.batch * spec.hkv * spec.head_dim * s, {}
+    row = spec.hkv * spec.head_dim * s
+    extra = {}
+    if spec.varlen:
+        extra = {"kv_tokens": inp["kv_tokens"], "padded_bytes": 2 * spec.batch * spec.capacity * row}
+    return 2 * inp["kv_tokens"] * row, extra
+
+
+def _notes(op, spec):
+    if op in ("kv_append", "kv_append_paged"):
+        return "cache T=%d %s; lens uniform in [0, T) seed %d" % (
+            spec.capacity, "P%d pages" % spec.page if spec.page else "HND", SEED + 1)
+    lens = "lens uniform in [1, T] seed %d" % (SEED + 1) if spec.varlen else "lens = T"
+    pages = "; block table a random page permutation seed %d" % (SEED + 2) if spec.page else ""
+    return "%s%s; default scale; fray out preallocated" % (lens, pages)
+
+
+def run(op, recorder, shapes=None, graph=True, device="cuda"):
+    if op not in SHAPES:
+        raise ValueError("op: expected one of %s, got %r" % (", ".join(OPS), op))
+    from fray import bench
+    for spec, dtype in shapes or SHAPES[op]:
+        maker = append_inputs if isinstance(spec, Append) else decode_inputs
+        inp = maker(spec, dtype, device)
+        n, extra = nbytes(op, spec, dtype, inp)
+        fns = impls(op, spec, inp)
+        bench.bench_impls(recorder, op, shape_name(spec), dtype, fns, n, graph=graph, notes=_notes(op, spec),
+                          **extra)
+        del fns, inp
+        if device == "cuda":
+            torch.cuda.empty_cache()

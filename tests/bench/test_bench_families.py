@@ -1,0 +1,185 @@
+"""The attention and sampling benchmarks without a GPU: shape tables, the peers' composites
+against Fray's reference on small CPU tensors, and run() end to end under fake timers."""
+import numpy as np
+import pytest
+import torch
+
+import fray
+import fray.bench as fb
+from fray.bench import attention as ba
+from fray.bench import sampling as bs
+from fray.bench.main import run_op  # noqa: F401  (the module defines the flags run_op reads)
+
+
+def test_shape_names_and_parse_round_trip():
+    names = {op: [ba.shape_name(s) for s, _ in ba.SHAPES[op]] for op in ba.OPS}
+    assert names["decode_attention"] == ["B32Hq32Hkv8T4096D128", "B1Hq32Hkv8T4096D128", "B64Hq64Hkv8T8192D128",
+                                         "B64Hq32Hkv8Tvar8192D128"]
+    assert "B64Hq32Hkv8Tvar8192D128P64" in names["paged_decode_attention"]
+    assert len(names["paged_decode_attention"]) == 8
+    assert names["kv_append_paged"] == ["B64Hkv8D128P16"]
+    for op in ba.OPS:
+        assert ba.parse_shapes(op, ",".join(names[op])) == ba.SHAPES[op]
+    topk = [bs.shape_name(s) for s, _ in bs.SHAPES["topk"]]
+    assert topk[-1] == "64x131072k50:unsorted" and topk.count("64x131072k50") == 2
+    assert [bs.shape_name(s) for s, _ in bs.SHAPES["sample_topp"]] == [
+        "64x131072", "64x131072:peaked", "64x131072:flat", "256x152064", "256x152064:peaked", "256x152064:flat"]
+    assert bs.parse_shapes("topk", "64x131072k50:bf16,64x131072k50:unsorted") == [
+        (bs.TopK(64, 131072, 50, True), torch.bfloat16), (bs.TopK(64, 131072, 50, False), torch.float32)]
+    for bad_op, bad in (("kv_append", "B64Hkv8D128P16"), ("paged_decode_attention", "B1Hq32Hkv8T4096D128"),
+                        ("decode_attention", "64x128")):
+        with pytest.raises(ValueError, match="shapes"):
+            ba.parse_shapes(bad_op, bad)
+    with pytest.raises(ValueError, match="shapes"):
+        bs.parse_shapes("topk", "64x131072")
+
+
+@pytest.mark.parametrize("name", ["B2Hq4Hkv2T48D64", "B3Hq8Hkv2Tvar64D64"])
+def test_decode_peers_match_reference(name):
+    (spec, _), = ba.parse_shapes("decode_attention", name)
+    inp = ba.decode_inputs(spec, torch.float32, "cpu")
+    fns = ba.impls("decode_attention", spec, inp)
+    want = fray.decode_attention(inp["q"], inp["k"], inp["v"], inp["lens"], backend="reference")
+    peers = [n for n in fns if not n.startswith("fray.")]
+    assert peers == (["torch.builtin", "torch.builtin:additive"] if spec.varlen else ["torch.builtin"])
+    for n in peers:
+        torch.testing.assert_close(fns[n]()[:, :, 0], want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="CUDA"):  # on the GPU: the timed call; here an error row
+        fns["fray.cuda"]()
+    n, extra = ba.nbytes("decode_attention", spec, torch.bfloat16, inp)
+    assert n == 2 * int(inp["lens"].sum()) * spec.hkv * spec.head_dim * 2
+    assert bool(extra) == spec.varlen
+
+
+def test_nhd_rows_on_the_b32_shape_only():
+    spec = ba.Decode(32, 4, 2, 16, 64, False, None)
+    fns = ba.impls("decode_attention", spec, ba.decode_inputs(spec, torch.float32, "cpu"))
+    assert {"fray.cuda:NHD", "fray.triton:NHD"} <= set(fns)
+
+
+@pytest.mark.parametrize("name", ["B2Hq4Hkv2T64D64P16", "B3Hq4Hkv1Tvar64D64P16"])
+def test_paged_peers_match_reference(name):
+    (spec, _), = ba.parse_shapes("paged_decode_attention", name)
+    inp = ba.decode_inputs(spec, torch.float32, "cpu")
+    fns = ba.impls("paged_decode_attention", spec, inp)
+    want = fray.paged_decode_attention(inp["q"], inp["k_pages"], inp["v_pages"], inp["block_table"], inp["lens"],
+                                       backend="reference")
+    assert sorted(inp["block_table"].flatten().tolist()) == list(range(spec.batch * spec.capacity // spec.page))
+    for n in ("torch.builtin", "torch.eager"):
+        torch.testing.assert_close(fns[n]()[:, :, 0], want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("op,name", [("kv_append", "B3Hkv2T32D64"), ("kv_append_paged", "B3Hkv2T32D64P16")])
+def test_append_peers_match_reference(op, name):
+    (spec, _), = ba.parse_shapes(op, name)
+    inp = ba.append_inputs(spec, torch.float32, "cpu")
+    k0, v0 = inp["k_cache"].clone(), inp["v_cache"].clone()
+    ba.impls(op, spec, inp)["torch.eager"]()
+    args = (k0, v0, inp["k_new"], inp["v_new"], inp["lens"])
+    if op == "kv_append":
+        fray.kv_append(*args, backend="reference")
+    else:
+        fray.kv_append_paged(k0, v0, inp["block_table"], *args[2:], backend="reference")
+    assert torch.equal(inp["k_cache"], k0) and torch.equal(inp["v_cache"], v0)
+    assert not torch.equal(k0, ba.append_inputs(spec, torch.float32, "cpu")["k_cache"])  # something was written
+
+
+def test_topk_and_argmax_peers():
+    for spec, dtype in bs.parse_shapes("topk", "3x300k7,3x300k7:unsorted:bf16"):
+        fns = bs.impls("topk", spec, bs.inputs("topk", spec, dtype, "cpu"))
+        vals, _ = fray.topk(bs.inputs("topk", spec, dtype, "cpu")["x"], spec.k, backend="reference")
+        assert torch.equal(fns["torch.builtin"]()[0], vals)
+        assert ("torch.builtin:unsorted" in fns) == (not spec.sorted)
+    (spec, dtype), = bs.parse_shapes("argmax", "3x300")
+    x = bs.inputs("argmax", spec, dtype, "cpu")["x"]
+    assert torch.equal(bs.impls("argmax", spec, {"x": x})["torch.builtin"](), fray.argmax(x, backend="reference"))
+
+
+def _allowed(x, temperature, top_k, top_p):
+    """Per row, the token ids a top-k then top-p filter keeps (float64)."""
+    keep = []
+    for row in x.double().numpy() / temperature:
+        order = np.argsort(-row, kind="stable")[:top_k or None]
+        p = np.exp(row[order] - row[order[0]])
+        p /= p.sum()
+        before = np.cumsum(p) - p
+        keep.append(set(order[before <= top_p + 1e-6].tolist()))
+    return keep
+
+
+def _no_compile(fn, fullgraph):
+    assert fullgraph
+    return fn
+
+
+@pytest.mark.parametrize("op,name", [("sample_topp", "4x500"), ("sample_topp", "4x500:peaked"),
+                                     ("sample_topp", "4x500:flat"), ("sample_topk", "4x500")])
+def test_sample_peers_draw_from_the_filtered_set(op, name):
+    (spec, dtype), = bs.parse_shapes(op, name)
+    inp = bs.inputs(op, spec, dtype, "cpu")
+    fns = bs.impls(op, spec, inp, compile_fn=_no_compile)
+    top_k = bs.TOP_K if op == "sample_topk" else 0
+    allowed = _allowed(inp["x"], bs.TEMPERATURE, top_k, bs.TOP_P)
+    if spec.dist == "peaked":
+        assert max(len(a) for a in allowed) < 10
+    if spec.dist == "flat":
+        assert min(len(a) for a in allowed) > 300
+    peers = [n for n in fns if not n.startswith("fray.")]
+    assert peers == (["torch.eager", "torch.eager:hf", "torch.compile"] if op == "sample_topk"
+                     else ["torch.eager", "torch.compile"])
+    torch.manual_seed(0)
+    for n in peers:
+        for _ in range(5):
+            tokens = fns[n]().tolist()
+            assert all(t in a for t, a in zip(tokens, allowed)), n
+
+
+def test_penalty_peer_matches_reference():
+    for op in ("apply_penalties", "decode_step"):
+        (spec, dtype), = bs.parse_shapes(op, "3x400")
+        inp = bs.inputs(op, spec, dtype, "cpu")
+        assert inp["token_offsets"].tolist() == [0, 256, 512, 768]
+        want = fray.apply_penalties(inp["x"].clone(), inp["token_ids"], inp["token_offsets"],
+                                    repetition=bs.REPETITION, presence=bs.PRESENCE, frequency=bs.FREQUENCY,
+                                    backend="reference")
+        got = bs._eager_penalties(inp["x"], inp["history"], bs.REPETITION, bs.PRESENCE, bs.FREQUENCY)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        fns = bs.impls(op, spec, inp)
+        assert set(fns) == {"fray.cuda", "fray.triton", "torch.eager"}
+        fns["torch.eager"]()
+
+
+def _fake_timers(monkeypatch):
+    monkeypatch.setattr(fb, "time_us", lambda fn: (fn(), 10.0)[1])
+    monkeypatch.setattr(fb, "graph_us", lambda fn: (fn(), 2.0)[1])
+    monkeypatch.setattr(fb, "environment", lambda: {"device": "fake"})
+
+
+def test_run_end_to_end_leaves_error_rows_for_fray_on_cpu(monkeypatch):
+    _fake_timers(monkeypatch)
+    rec = fb.Recorder()
+    for op, shapes in (("decode_attention", "B2Hq4Hkv2Tvar32D64"), ("paged_decode_attention", "B2Hq4Hkv2T32D64P16"),
+                       ("kv_append", "B2Hkv2T32D64"), ("kv_append_paged", "B2Hkv2T32D64P16")):
+        ba.run(op, rec, shapes=ba.parse_shapes(op, shapes), device="cpu")
+    for op, shapes in (("topk", "2x300k5"), ("argmax", "2x300"), ("sample", "2x300"), ("decode_step", "2x300"),
+                       ("apply_penalties", "2x300")):
+        bs.run(op, rec, shapes=bs.parse_shapes(op, shapes), device="cpu", compile_fn=_no_compile)
+    ops = {r["op"] for r in rec.records}
+    assert ops == set(ba.OPS) | {"topk", "argmax", "sample_topp", "sample_topk", "decode_step", "apply_penalties"}
+    for r in rec.records:
+        if r["impl"].startswith("fray."):
+            assert r["us"] is None and "CUDA" in r["note"], r
+        else:
+            assert r["us"] in (10.0, 2.0) and r["rounds"], r
+    varlen = [r for r in rec.records if r["shape"] == "B2Hq4Hkv2Tvar32D64"]
+    assert all("padded_bytes" in r and "kv_tokens" in r for r in varlen)
+    assert any(r["shape"].endswith(":graph") for r in rec.records)
+    with pytest.raises(ValueError, match="op"):
+        bs.run("sample_minp", rec)
+
+
+def test_cli_knows_the_bench_only_names():
+    from fray import cli
+    names = cli._bench_ops()
+    assert names["sample_topp"] == names["sample_topk"] == names["topk"] == "sampling"
+    assert names["kv_append_paged"] == "attention" and names["softmax"] == "softmax"
