@@ -1,5 +1,8 @@
 """fray.apply_penalties and fray.decode_step: a 5-token hand example, Triton (interpreter) vs
-reference with ragged histories, the composition, errors; GPU: agreement, graph replay, compile."""
+reference with ragged histories, the composition, errors; GPU, for the cuda and triton backends:
+agreement over dtypes, index dtypes and history lengths (both CUDA counting paths), strided rows,
+decode_step vs the reference at the benchmark's shape, graph replay with bumped offsets,
+torch.compile, and decode_step as exactly two kernel launches."""
 import os
 
 import numpy as np
@@ -107,36 +110,92 @@ def test_errors_name_the_argument():
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU (next session, H200)
+# GPU (H200): every backend against the reference
+
+BACKENDS = ["cuda", "triton"]
+
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_penalties_vs_reference(cuda, dtype):
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_gpu_penalties_vs_reference(cuda, backend, dtype, index_dtype):
+    # Histories: empty, 1, hash-table sizes (500, 64, 65, 2000, 2048) and past it (2049, 6000: the
+    # CUDA kernel's id-range passes), ids concentrated on 300 values (many repeats) or spread.
     g = torch.Generator().manual_seed(1)
-    rows, vocab = 6, 32000
+    rows, vocab = 9, 32000
     x = (torch.randn(rows, vocab, generator=g) * 3).to(dtype)
-    lens = torch.tensor([0, 1, 500, 64, 65, 2000])
+    lens = torch.tensor([0, 1, 500, 64, 65, 2000, 2048, 2049, 6000])
     offs = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
     ids = torch.randint(0, 300, (int(lens.sum()),), generator=g)
-    expect = ref.apply_penalties(x.double().numpy(), ids.numpy(), offs.numpy(), np.full(rows, 1.3),
-                                 np.full(rows, 0.4), np.full(rows, 0.05))
+    ids[offs[8]:] = torch.randint(0, vocab, (6000,), generator=g)
+    rep, pres, freq = np.linspace(0.8, 1.6, rows), np.linspace(-0.5, 0.5, rows), np.full(rows, 0.05)
+    expect = ref.apply_penalties(x.double().numpy(), ids.numpy(), offs.numpy(), rep, pres, freq)
     xc = x.to(cuda)
-    fray.apply_penalties(xc, ids.to(cuda), offs.to(cuda), repetition=1.3, presence=0.4, frequency=0.05)
-    assert_close(xc, expect, dtype, "penalties")
+    out = fray.apply_penalties(xc, ids.to(index_dtype).to(cuda), offs.to(index_dtype).to(cuda),
+                               repetition=torch.tensor(rep, device=cuda), presence=torch.tensor(pres, device=cuda),
+                               frequency=0.05, backend=backend)
+    assert out is xc
+    assert_close(xc, expect, dtype, "%s penalties" % backend)
 
 
 @pytest.mark.gpu
-def test_gpu_decode_step_graph_replay_and_compile(cuda):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_penalties_strided_rows_and_scalars(cuda, backend):
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(4, 5003, generator=g)
+    ids = torch.randint(0, 5000, (40,), generator=g)
+    offs = torch.tensor([0, 10, 10, 25, 40])
+    expect = ref.apply_penalties(base[:, 1:5001].double().numpy(), ids.numpy(), offs.numpy(), np.full(4, 1.3),
+                                 np.full(4, 0.4), np.full(4, 0.1))
+    xc = base.to(cuda)
+    fray.apply_penalties(xc[:, 1:5001], ids.to(cuda), offs.to(cuda), repetition=1.3, presence=0.4, frequency=0.1,
+                         backend=backend)
+    assert_close(xc[:, 1:5001], expect, torch.float32, "%s strided" % backend)
+    assert torch.equal(xc[:, 0].cpu(), base[:, 0]) and torch.equal(xc[:, 5001:].cpu(), base[:, 5001:])
+
+
+def _decode_case(rows, vocab, hist, g, cuda):
+    base = torch.randn(rows, vocab, generator=g).to(cuda)
+    ids = torch.randint(0, vocab, (rows * hist,), generator=g).to(cuda)
+    offs = (torch.arange(rows + 1) * hist).to(cuda)
+    return base, ids, offs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_decode_step_vs_reference(cuda, backend, dtype):
+    # The benchmark's configuration: 256-token histories, top-k 50, top-p 0.9 (plus a greedy row).
+    g = torch.Generator().manual_seed(7)
+    rows, vocab = 8, 152064
+    base, ids, offs = _decode_case(rows, vocab, 256, g, cuda)
+    base = (base * 3).to(dtype)
+    temp = torch.tensor([0.8] * (rows - 1) + [0.0], device=cuda)
+    seeds = torch.arange(rows, device=cuda) * 101
+    kw = dict(repetition=1.1, presence=0.5, frequency=0.3, temperature=temp, top_k=50, top_p=0.9, min_p=0.0,
+              seeds=seeds, offsets=5)
+    x = base.clone()
+    tok, lp = fray.decode_step(x, ids, offs, return_logprobs=True, backend=backend, **kw)
+    xr = base.cpu().clone()
+    etok, elp = fray.decode_step(xr, ids.cpu(), offs.cpu(), return_logprobs=True,
+                                 **dict(kw, temperature=temp.cpu(), seeds=seeds.cpu()))
+    assert_close(x, xr.double(), dtype, "%s decode_step penalties" % backend)
+    assert torch.equal(tok.cpu(), etok)
+    np.testing.assert_allclose(lp.cpu().numpy(), elp.numpy(), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_decode_step_graph_replay_and_compile(cuda, backend):
     g = torch.Generator().manual_seed(2)
     rows, vocab = 4, 32000
-    base = torch.randn(rows, vocab, generator=g).to(cuda)
+    base, ids, offs = _decode_case(rows, vocab, 10, g, cuda)
     x = base.clone()
-    ids = torch.randint(0, vocab, (40,), generator=g).to(cuda)
-    offs = torch.tensor([0, 10, 20, 30, 40], device=cuda)
     seeds = torch.arange(rows, device=cuda)
     counter = torch.zeros(rows, dtype=torch.int64, device=cuda)
     kw = dict(repetition=1.1, presence=0.2, frequency=0.1, temperature=0.9, top_k=40, top_p=0.9, min_p=0.0,
-              seeds=seeds, offsets=counter)
+              seeds=seeds, offsets=counter, backend=backend)
     fray.decode_step(x, ids, offs, **kw)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -145,10 +204,32 @@ def test_gpu_decode_step_graph_replay_and_compile(cuda):
         x.copy_(base)
         counter += 1
         graph.replay()
-        expect = fray.decode_step(base.cpu().clone(), ids.cpu(), offs.cpu(),
-                                  **dict(kw, seeds=seeds.cpu(), offsets=counter.cpu()))
+        cpu_kw = dict(kw, seeds=seeds.cpu(), offsets=counter.cpu(), backend="auto")
+        expect = fray.decode_step(base.cpu().clone(), ids.cpu(), offs.cpu(), **cpu_kw)
         assert torch.equal(tok.cpu(), expect), step
     f = torch.compile(lambda t: fray.decode_step(t, ids, offs, **kw), fullgraph=True)
     a, b = base.clone(), base.clone()
     assert torch.equal(f(a), fray.decode_step(b, ids, offs, **kw))
     assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_step_is_two_kernel_launches(cuda):
+    # Python-scalar parameters go to the CUDA kernels by value: penalties + sampling, nothing else.
+    from torch.profiler import ProfilerActivity, profile
+    g = torch.Generator().manual_seed(9)
+    x, ids, offs = _decode_case(64, 152064, 256, g, cuda)
+    kw = dict(repetition=1.1, presence=0.5, frequency=0.3, temperature=0.8, top_k=50, top_p=0.9,
+              seeds=torch.arange(64, device=cuda), offsets=torch.zeros(64, dtype=torch.int64, device=cuda),
+              backend="cuda")
+    fray.decode_step(x, ids, offs, **kw)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fray.decode_step(x, ids, offs, **kw)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    if not kernels:
+        pytest.skip("the profiler recorded no CUDA kernels (CUPTI unavailable)")
+    assert len(kernels) == 2, kernels
+    assert any("penalty" in k for k in kernels) and any("sample" in k for k in kernels), kernels

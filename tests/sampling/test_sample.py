@@ -1,6 +1,9 @@
 """fray.sample: Philox known answer, each filter's kept set by hand, the inverse-CDF pick,
 determinism, a chi-square test of the reference sampler, Triton (interpreter) vs reference,
-errors; GPU: vocab-size agreement, CUDA-graph replay with bumped offsets, torch.compile."""
+errors, the CUDA extension's Philox (host); GPU, for the cuda and triton backends: agreement with the
+reference over vocab sizes, exact kept sets after each filter, determinism and batch independence, a
+chi-square test over seeds, greedy/sampled rows mixed, CUDA-graph replay with bumped offsets,
+streams, torch.compile."""
 import math
 import os
 
@@ -197,50 +200,301 @@ def test_errors_name_the_argument():
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU (next session, H200)
+# CUDA extension, host side (no GPU needed): its Philox is the kernels' code
+
+def _extension():
+    from fray import backend as B
+    ext = B.load_extension("sampling")
+    if isinstance(ext, ImportError):
+        pytest.skip("fray._C._sampling is not built here: %s" % ext)
+    return ext
+
+
+def test_philox_known_answer_cuda_code():
+    ext = _extension()
+    assert ext.philox([0, 0, 0, 0], [0, 0]) == RANDOM123_KAT
+    assert ext.philox([0xFFFFFFFF] * 4, [0xFFFFFFFF] * 2) == [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+    ctr, key = [0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344], [0xA4093822, 0x299F31D0]
+    assert ext.philox(ctr, key) == [int(v) for v in ref.philox4x32_10(ctr, key)]
+
+
+def test_cuda_max_width_is_the_extensions():
+    from fray.ops import sampling as ops
+    ext = _extension()
+    assert ext.sample_max_width(0) == ops.CUDA_SAMPLE_MAX_WIDTH[torch.float32]
+    assert ext.sample_max_width(2) == ops.CUDA_SAMPLE_MAX_WIDTH[torch.bfloat16]
+
+
+def test_scalar_parameters_round_trip_through_the_custom_op_form():
+    from fray.ops import sampling as ops
+    t = torch.zeros(3)
+    params = (0.5, t, 0.9, 0.0, -2 ** 62, 7)
+    tensors, fvals, ivals = ops._split_params(params, ops._SAMPLE_KINDS)
+    assert tensors[1] is t and tensors.count(None) == 5
+    assert fvals == [0.5, 0.9, 0.0] and ivals == [0, -2 ** 62, 7]
+    back = ops._join_params(tensors, fvals, ivals, ops._SAMPLE_KINDS)
+    assert back[1] is t and back[:1] + back[2:] == (0.5, 0.9, 0.0, -2 ** 62, 7)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU (H200): every backend against the reference
+
+BACKENDS = ["cuda", "triton"]
+
 
 def _ref_tokens(x, params):
     return ref.sample(x.double().cpu().numpy(), *((p.double() if p.dtype.is_floating_point else p).cpu().numpy()
                                                   for p in params))
 
 
+def _kw(params):
+    return dict(zip(("temperature", "top_k", "top_p", "min_p", "seeds", "offsets"), params))
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("vocab", [32000, 131072, 152064])
-def test_gpu_vs_reference(cuda, dtype, vocab):
+@pytest.mark.parametrize("vocab", [1, 3, 37, 1000, 4097, 32000, 50021, 131072, 152064, 262144])
+def test_gpu_vs_reference(cuda, backend, dtype, vocab):
     g = torch.Generator().manual_seed(vocab)
-    x = (torch.randn(8, vocab, generator=g) * 4).to(dtype).to(cuda)
+    x = (torch.randn(8, vocab, generator=g) * 4).to(dtype)
+    if vocab > 10:
+        x[5, 2] = x[5, 9] = x[5].max()  # tied maxima
+        x[6, :4] = float("-inf")
+    x = x.to(cuda)
     params = [p.to(cuda) for p in _params(8, g)]
-    tok, lp = fray.sample(x, temperature=params[0], top_k=params[1], top_p=params[2], min_p=params[3],
-                          seeds=params[4], offsets=params[5], return_logprobs=True)
+    tok, lp = fray.sample(x, **_kw(params), return_logprobs=True, backend=backend)
     etok, elp = _ref_tokens(x, params)
-    np.testing.assert_array_equal(tok.cpu().numpy(), etok)
+    np.testing.assert_array_equal(tok.cpu().numpy(), etok, err_msg="%s %s %d" % (backend, dtype, vocab))
     np.testing.assert_allclose(lp.cpu().numpy(), elp, rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graph_replay_with_bumped_offsets(cuda):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_many_rows_and_strided_unaligned_rows(cuda, backend):
+    # 300 contiguous rows (more than one wave of clusters), and rows that start 4 or 12 bytes past
+    # a 16-byte boundary with an odd row stride (the CUDA kernel's scalar-load path).
+    g = torch.Generator().manual_seed(11)
+    for rows, vocab, cut in ((300, 32000, 0), (8, 32000, 1), (5, 152064, 3)):
+        base = (torch.randn(rows, vocab + (3 if cut else 0), generator=g) * 3).to(cuda)
+        x = base[:, cut:cut + vocab]
+        params = [p.to(cuda) for p in _params(8, g)]
+        params = [p.repeat((rows + 7) // 8)[:rows] for p in params]
+        params[4] = torch.arange(rows, device=cuda) * 7919  # distinct seeds
+        tok = fray.sample(x, **_kw(params), backend=backend)
+        etok, _ = _ref_tokens(x, params)
+        np.testing.assert_array_equal(tok.cpu().numpy(), etok, err_msg="%s %dx%d+%d" % (backend, rows, vocab, cut))
+
+
+def _ranked(l):
+    return np.lexsort((np.arange(l.size), -l))
+
+
+def _kept_cases(vocab, rng):
+    """(name, logits row, temperature, top_k, top_p, min_p): every threshold sits >= 1e-3 (in mass
+    fraction, or relative weight for min-p) away from the nearest token, ties included."""
+    base = -0.05 * rng.permutation(vocab).astype(np.float64)  # distinct, 0.05 apart
+    cases = []
+    for name, T, k, j in (("top-p", 1.0, 0, 45), ("top-k+top-p", 0.7, 50, 10), ("top-p ties", 1.0, 0, 20)):
+        l = base.copy()
+        order = _ranked(l)
+        if name == "top-p ties":  # tokens of ranks 21..24 tie with rank 20, the threshold token
+            l[order[21:25]] = l[order[20]]
+            order = _ranked(l)
+        keep = ref.kept_sets(l, T, k)["top_k"]
+        w = np.exp((l - l.max()) / T)
+        o = order[keep[order]]
+        c = np.cumsum(w[o])
+        p = ((c[j - 1] if j else 0.0) + c[j]) / 2 / c[-1]
+        assert w[o[j]] / c[-1] > 2e-3
+        cases.append((name, l, T, k, float(p), 0.0))
+    l = base.copy()
+    order = _ranked(l)
+    l[order[21:26]] = l[order[19]]  # 5 more tokens tie with the 20th largest
+    cases.append(("top-k ties", l, 1.0, 20, 1.0, 0.0))
+    T = 1.3
+    w = np.exp((base - base.max()) / T)
+    o = _ranked(base)
+    cases.append(("min-p", base, T, 200, 1.0, float((w[o[30]] + w[o[31]]) / 2)))
+    cases.append(("all", base, 0.9, 100, 0.95, float(np.exp(-0.05 * 40.5 / 0.9))))
+    return cases
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("vocab", [4097, 32000, 131072])
+def test_gpu_kept_sets_match_the_reference(cuda, backend, vocab):
+    # 256 draws per case: every token drawn must be in the reference's kept set, and its logprob
+    # log(w / sum of the kept w) pins the kept mass, so a single token kept or dropped wrongly
+    # (mass >= 1e-3 of the total here) moves it by far more than the tolerance.
+    rng = np.random.default_rng(vocab)
+    n = 256
+    for name, l, T, k, p, m in _kept_cases(vocab, rng):
+        s = ref.kept_sets(l, T, k, p, m)
+        kept, w = s["min_p"], s["w"]
+        x = torch.tensor(l, dtype=torch.float32, device=cuda).expand(n, vocab)  # stride-0 rows
+        seeds = torch.arange(n, device=cuda) + 1000
+        tok, lp = fray.sample(x, temperature=T, top_k=k, top_p=p, min_p=m, seeds=seeds, offsets=3,
+                              return_logprobs=True, backend=backend)
+        tok = tok.cpu().numpy()
+        assert kept[tok].all(), (name, sorted(set(tok[~kept[tok]].tolist())))
+        expect = np.log(w[tok] / w[kept].sum())
+        np.testing.assert_allclose(lp.cpu().numpy(), expect, rtol=1e-4, atol=1e-4, err_msg=name)
+        if kept.sum() <= 8:  # small kept sets are drawn completely in 256 tries
+            assert set(tok.tolist()) == set(np.nonzero(kept)[0].tolist()), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_same_seed_and_offset_same_token(cuda, backend):
+    # Determinism, and independence of the batch a row sits in (the CUDA kernel spreads a lone
+    # row over a larger cluster than a batch of 64: its fixed-point sums must not care).
+    g = torch.Generator().manual_seed(21)
+    x = (torch.randn(64, 131072, generator=g) * 2).to(cuda)
+    seeds = torch.randint(0, 2 ** 40, (64,), generator=g).to(cuda)
+    offs = torch.randint(0, 2 ** 20, (64,), generator=g).to(cuda)
+    kw = dict(temperature=0.9, top_k=0, top_p=0.9, min_p=0.0)
+    a = fray.sample(x, seeds=seeds, offsets=offs, backend=backend, **kw)
+    assert torch.equal(a, fray.sample(x, seeds=seeds, offsets=offs, backend=backend, **kw))
+    for i in (0, 17, 63):
+        one = fray.sample(x[i:i + 1], seeds=seeds[i:i + 1], offsets=offs[i:i + 1], backend=backend, **kw)
+        assert int(one[0]) == int(a[i]), i
+    bumped = fray.sample(x, seeds=seeds, offsets=offs + 1, backend=backend, **kw)
+    assert (bumped != a).sum() > 32  # fresh draws
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_chi_square_over_seeds(cuda, backend):
+    # One row repeated (stride 0) n times with seeds 0..n-1: the draws must follow the filtered,
+    # renormalised distribution. Critical values at alpha = 0.001: df 5 -> 20.515, df 2 -> 13.816.
+    n = 12000
+    vocab = 131072 if backend == "cuda" else 1000  # the Triton kernel's ~70 passes per row: keep it small
+    g = torch.Generator().manual_seed(8)
+    row = torch.randn(vocab, generator=g) - 20.0
+    p = np.array([0.05, 0.1, 0.15, 0.2, 0.2, 0.3])
+    pos = np.array([7, 100, vocab // 3, vocab // 2, vocab - 1, 2 * vocab // 3])
+    row[torch.from_numpy(pos)] = torch.from_numpy(np.log(p)).float()
+    x = row.to(cuda).expand(n, vocab)
+    seeds = torch.arange(n, device=cuda)
+    tok = fray.sample(x, temperature=1.0, top_k=6, seeds=seeds, offsets=9, backend=backend).cpu().numpy()
+    assert np.isin(tok, pos).all()
+    counts = np.array([(tok == q).sum() for q in pos])
+    chi2 = float(((counts - n * p) ** 2 / (n * p)).sum())
+    assert chi2 < 20.515, (counts, chi2)
+    # top-p 0.6: masses 0.3, then the tied 0.2s (both kept), renormalised 3/7, 2/7, 2/7
+    tok = fray.sample(x, temperature=1.0, top_p=0.6, seeds=seeds, offsets=10, backend=backend).cpu().numpy()
+    assert np.isin(tok, pos[3:]).all()
+    q = np.array([2, 2, 3]) / 7.0
+    counts = np.array([(tok == t).sum() for t in pos[3:]])
+    chi2 = float(((counts - n * q) ** 2 / (n * q)).sum())
+    assert chi2 < 13.816, (counts, chi2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_greedy_and_sampled_rows_mix(cuda, backend, dtype):
+    g = torch.Generator().manual_seed(4)
+    rows, vocab = 12, 50021
+    x = (torch.randn(rows, vocab, generator=g) * 3).to(dtype)
+    x[0, 10] = x[0, 20000] = 50.0            # tied maxima: the lower index
+    x[2, 333] = float("nan")                 # NaN is the maximum (greedy rows only)
+    x[4] = float("-inf")                     # all -inf: index 0
+    x[6, -1] = 40.0                          # the last index
+    temp = torch.tensor([0.0, 0.8] * (rows // 2))
+    params = [temp, torch.full((rows,), 30), torch.full((rows,), 0.95), torch.zeros(rows),
+              torch.arange(rows) * 31 + 5, torch.arange(rows)]
+    params = [p.to(cuda) for p in params]
+    tok, lp = fray.sample(x.to(cuda), **_kw(params), return_logprobs=True, backend=backend)
+    tok, lp = tok.cpu(), lp.cpu()
+    greedy = temp == 0
+    assert torch.equal(tok[greedy], torch.argmax(x.float(), dim=-1)[greedy])
+    assert tok[0] == 10 and tok[2] == 333 and tok[4] == 0 and tok[6] == vocab - 1
+    assert (lp[greedy] == 0).all()
+    etok, elp = _ref_tokens(x, params)
+    np.testing.assert_array_equal(tok.numpy(), etok)
+    np.testing.assert_allclose(lp.numpy(), elp, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_width_limit(cuda):
+    from fray.ops import sampling as ops
+    vocab = ops.CUDA_SAMPLE_MAX_WIDTH[torch.float32] + 1
+    x = torch.randn(2, vocab, device=cuda)
+    kw = dict(temperature=1.0, top_p=0.9, seeds=torch.arange(2, device=cuda), offsets=0)
+    with pytest.raises(ValueError, match="logits:"):
+        fray.sample(x, backend="cuda", **kw)
+    tok = fray.sample(x, **kw)  # auto: Triton takes the wide rows
+    assert torch.equal(tok, fray.sample(x, backend="triton", **kw))
+    at = torch.randn(2, vocab - 1, device=cuda)
+    assert torch.equal(fray.sample(at, backend="cuda", **kw), fray.sample(at, backend="triton", **kw))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_scalars_equal_per_row_tensors(cuda, backend):
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(6, 32000, generator=g).to(cuda)
+    a = fray.sample(x, temperature=0.7, top_k=40, top_p=0.8, min_p=0.01, seeds=11, offsets=4, backend=backend)
+    f = lambda v, dt=torch.float64: torch.full((6,), v, dtype=dt, device=cuda)  # noqa: E731
+    b = fray.sample(x, temperature=f(0.7), top_k=f(40, torch.int32), top_p=f(0.8, torch.float32),
+                    min_p=f(0.01), seeds=f(11, torch.int64), offsets=f(4, torch.int64), backend=backend)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_cuda_graph_replay_with_bumped_offsets(cuda, backend):
     g = torch.Generator().manual_seed(5)
     x = torch.randn(4, 32000, generator=g).to(cuda)
     temp, tk, tp, mp, seeds, offs = (p.to(cuda) for p in _params(4, g))
-    kw = dict(temperature=temp, top_k=tk, top_p=tp, min_p=mp, seeds=seeds, offsets=offs)
+    kw = dict(temperature=temp, top_k=tk, top_p=tp, min_p=mp, seeds=seeds, offsets=offs, backend=backend)
     fray.sample(x, **kw)  # compile outside the capture
+    scalar_kw = dict(temperature=0.8, top_k=50, top_p=0.9, min_p=0.0, seeds=seeds, offsets=offs, backend=backend)
+    fray.sample(x, **scalar_kw)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         tok = fray.sample(x, **kw)
+        tok2 = fray.sample(x, **scalar_kw)
+    n = len(seeds)
     for _ in range(3):
         offs += 1
         graph.replay()
         torch.cuda.synchronize()
         etok, _ = _ref_tokens(x, (temp, tk, tp, mp, seeds, offs))
         np.testing.assert_array_equal(tok.cpu().numpy(), etok)
+        etok2, _ = ref.sample(x.double().cpu().numpy(), np.full(n, 0.8), np.full(n, 50), np.full(n, 0.9),
+                              np.zeros(n), seeds.cpu().numpy(), offs.cpu().numpy())
+        np.testing.assert_array_equal(tok2.cpu().numpy(), etok2)
 
 
 @pytest.mark.gpu
-def test_gpu_torch_compile(cuda):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_non_default_stream(cuda, backend):
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(16, 131072, generator=g).to(cuda)
+    kw = dict(temperature=0.8, top_p=0.9, seeds=torch.arange(16, device=cuda), offsets=1, backend=backend)
+    expect = fray.sample(x, **kw)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        tok = fray.sample(x, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(tok, expect)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_torch_compile(cuda, backend):
     x = torch.randn(4, 5000, device=cuda)
     seeds, offs = torch.arange(4, device=cuda), torch.zeros(4, dtype=torch.int64, device=cuda)
-    f = torch.compile(lambda t, s, o: fray.sample(t, temperature=0.8, top_k=50, top_p=0.9, seeds=s, offsets=o),
-                      fullgraph=True)
-    eager = fray.sample(x, temperature=0.8, top_k=50, top_p=0.9, seeds=seeds, offsets=offs)
+    kw = dict(temperature=0.8, top_k=50, top_p=0.9, backend=backend)
+    f = torch.compile(lambda t, s, o: fray.sample(t, seeds=s, offsets=o, **kw), fullgraph=True)
+    eager = fray.sample(x, seeds=seeds, offsets=offs, **kw)
     assert torch.equal(f(x, seeds, offs), eager)
+    g = torch.compile(lambda t, s, o: fray.sample(t, temperature=torch.full((4,), 0.5, device=cuda), seeds=s,
+                                                  offsets=o, return_logprobs=True, backend=backend), fullgraph=True)
+    tok, lp = g(x, seeds, offs)
+    etok, elp = fray.sample(x, temperature=0.5, seeds=seeds, offsets=offs, return_logprobs=True, backend=backend)
+    assert torch.equal(tok, etok) and torch.equal(lp, elp)

@@ -1,4 +1,5 @@
-"""fray.topk: reference rules by hand, Triton (interpreter on CPU) vs reference, errors, GPU."""
+"""fray.topk: reference rules by hand, Triton (interpreter on CPU) vs reference, the CUDA extension's
+argument checks and the planner (CPU), errors; on a GPU every backend x dtype x awkward shape."""
 import os
 
 import numpy as np
@@ -6,6 +7,8 @@ import pytest
 import torch
 
 import fray
+from fray import backend as B
+from fray.ops import sampling as S
 from fray.reference import sampling as ref
 
 INTERP = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -112,23 +115,230 @@ def test_errors_name_the_argument():
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU (next session, H200)
+# CPU: the CUDA extension's adapter (argument checks run before any CUDA call) and the planner
+
+def _ext():
+    ext = B.load_extension("topk")
+    if isinstance(ext, ImportError):
+        pytest.skip("fray._C._topk is not built here (%s)" % ext)
+    return ext
+
+
+def test_extension_metadata():
+    ext = _ext()
+    assert ext.max_width() == S.TOPK_MAX_WIDTH == 262144
+    assert ext.max_sort_k() == S.CUDA_SORT_MAX_K == 4096
+    assert ext.num_kernel_instances() == 36  # 3 dtypes x (8 topk + 4 argmax)
+    assert ext.archs()
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(k=0), "k must be"), (dict(k=9), "k must be"), (dict(width=262145, k=1), "width must be"),
+    (dict(width=0, k=1), "width must be"), (dict(rows=-1), "rows must be"), (dict(dtype=3), "dtype code"),
+    (dict(width=8192, k=4097), "sorted output needs k"), (dict(rank_keys=64), "index order only"),
+])
+def test_extension_rejects_bad_arguments(kwargs, match):
+    args = dict(x=0, x_row_stride=8, dtype=0, rows=2, width=8, k=2, largest=True, sorted=True, values=0,
+                indices=0, rank_keys=0, device_index=-1, stream=0)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        _ext().topk(**args)
+    with pytest.raises(ValueError, match="width must be"):
+        _ext().argmax(x=0, x_row_stride=0, dtype=0, rows=1, width=0, out=0, device_index=-1, stream=0)
+
+
+def test_static_algorithm_checks():
+    S._check_topk_algorithm(300000, 5, "auto", "cuda")  # auto takes torch beyond 262144
+    S._check_topk_algorithm(300000, 5, "torch", "triton")
+    with pytest.raises(ValueError, match="x:"):
+        S._check_topk_algorithm(262145, 5, "partial", "auto")
+    with pytest.raises(ValueError, match="algorithm:"):
+        S._check_topk_algorithm(1000, 5, "partial", "triton")
+    with pytest.raises(ValueError, match="algorithm:"):
+        S._check_topk_algorithm(1000, 5, "sort", "cuda")
+    with pytest.raises(ValueError, match="x:"):
+        S._check_topk_algorithm(5000, 5, "sort", "auto")
+    with pytest.raises(ValueError, match="k:"):
+        S._check_topk_algorithm(5000, 65, "reduce", "triton")
+
+
+def test_workspace_size_formulas_cpu():
+    x = torch.zeros(3, 10000, dtype=torch.bfloat16)  # planned as on a GPU with the CUDA backend
+    assert fray.topk_workspace_size(x, 100) == 0
+    assert fray.topk_workspace_size(x, 5000) == 3 * 5000 * 16
+    assert fray.topk_workspace_size(x, 5000, sorted=False) == 0
+    assert fray.topk_workspace_size(x, 5000, algorithm="torch") == 3 * 10000 * (8 + 2)
+    assert fray.topk_workspace_size(x, 50, algorithm="reduce") == 0
+    assert fray.topk_workspace_size(x, 5000, backend="triton") == 3 * 10000 * 10  # Triton auto: torch
+    assert fray.topk_workspace_size(torch.zeros(2, 300000), 3) == 2 * 300000 * 12
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU (H200): every backend x dtype x awkward shapes, exact agreement with the reference
+
+BACKENDS = ["cuda", "triton"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+_BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+# (rows, width, k): widths 1, 7, 256, 4097, 131072, 262144 and odd ones; k in {1, 8, 50, 1024,
+# 4096, width}; several row counts so the CUDA kernel runs as one CTA per row, as a cluster of
+# 2..16 CTAs per row, with 11- and 8-bit digits, and k > 4096 (the integer rank-key sort).
+SHAPES = [
+    (1, 1, 1), (5, 7, 1), (3, 7, 7), (64, 256, 8), (4096, 256, 8), (7, 256, 256), (3, 1000, 50),
+    (3, 4097, 1), (3, 4097, 50), (3, 4097, 1024), (2, 4097, 4096), (2, 4097, 4097), (2, 33333, 1024),
+    (3, 131071, 50), (3, 131072, 1), (3, 131072, 8), (2, 131072, 4096), (64, 131072, 50),
+    (1, 131072, 131072), (2, 262144, 50), (2, 262144, 4096), (1, 262144, 262144), (40, 262144, 1),
+]
+
+
+def _logits(rows, width, dtype, dev, seed):
+    """Rounded normals (many ties, -0.0 next to +0.0) with NaN, +-inf and signed zeros sprinkled
+    in; NaN rows, inf rows and constant rows among them."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    x = (torch.randn(rows, width, generator=g, device=dev) * 4).round()
+    n = max(1, width // 64)
+    for value in (float("nan"), float("inf"), float("-inf"), -0.0, 0.0):
+        cols = torch.randint(0, width, (rows, n), generator=g, device=dev)
+        x.scatter_(1, cols, value)
+    if rows >= 4:
+        x[1] = float("nan")
+        x[2] = 5.0
+        x[3, width // 2:] = float("-inf")
+    return x.to(dtype)
+
+
+def _expect(x, k, largest):
+    return ref.topk_indices(x.double().cpu().numpy(), k, largest)
+
+
+def _assert_topk(x, v, i, k, largest, what, sorted=True, index_order=False, exp=None):
+    assert v.shape == i.shape == x.shape[:-1] + (k,) and i.dtype == torch.int64 and v.dtype == x.dtype
+    exp = _expect(x, k, largest) if exp is None else exp
+    got = i.cpu().numpy()
+    if sorted:
+        np.testing.assert_array_equal(got, exp, err_msg=what)
+    else:
+        np.testing.assert_array_equal(np.sort(got, -1), np.sort(exp, -1), err_msg=what)
+        if index_order:
+            assert (np.diff(got, axis=-1) > 0).all(), what + ": CUDA sorted=False is index order"
+    bits = _BITS[x.dtype]
+    assert torch.equal(v.view(bits), torch.gather(x.view(bits), -1, i)), what + ": values are x's bits"
+
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("width,k,algorithm", [(1, 1, "auto"), (111, 111, "sort"), (4096, 50, "sort"),
-                                               (32000, 1, "reduce"), (131072, 64, "reduce"),
-                                               (262144, 8, "reduce"), (152064, 1000, "torch"),
-                                               (300000, 3, "auto")])
-def test_gpu_vs_reference(cuda, dtype, width, k, algorithm):
-    g = torch.Generator(device=cuda).manual_seed(width + k)
-    x = (torch.randn(3, width, device=cuda, generator=g) * 4).round().to(dtype)
-    x[0, 7 % width] = NAN
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rows,width,k", SHAPES)
+def test_gpu_vs_reference(cuda, backend, dtype, rows, width, k):
+    x = _logits(rows, width, dtype, cuda, rows * 7919 + width + k)
+    x64 = x.double().cpu().numpy()
     for largest in (True, False):
-        v, i = fray.topk(x, k, algorithm=algorithm, largest=largest)
-        assert v.device == x.device and i.dtype == torch.int64
-        np.testing.assert_array_equal(i.cpu().numpy(), ref.topk_indices(x.double().cpu().numpy(), k, largest))
-        assert torch.equal(v.cpu().double().nan_to_num(1e9), torch.gather(x, 1, i).cpu().double().nan_to_num(1e9))
+        what = "%s %s %dx%d k=%d largest=%s" % (backend, dtype, rows, width, k, largest)
+        exp = ref.topk_indices(x64, k, largest)
+        v, i = fray.topk(x, k, largest=largest, backend=backend)
+        _assert_topk(x, v, i, k, largest, what, exp=exp)
+        v, i = fray.topk(x, k, largest=largest, sorted=False, backend=backend)
+        _assert_topk(x, v, i, k, largest, what + " unsorted", sorted=False, index_order=backend == "cuda", exp=exp)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width,k", [(7, 7), (5000, 50), (131072, 50), (131072, 5000)])
+def test_gpu_cuda_nan_payloads_and_signed_zero(cuda, dtype, width, k):
+    # Sign-bit NaNs and payload NaNs are NaNs (above +inf), -0.0 == +0.0 (ties by index), and the
+    # values come back bit for bit.
+    bits = _BITS[dtype]
+    nbits = 32 if dtype == torch.float32 else 16
+    nans = [0xFFC00001, 0x7F800001, 0xFFFFFFFF] if nbits == 32 else (
+        [0xFC01, 0x7E01, 0xFFFF] if dtype == torch.float16 else [0xFF81, 0x7FC1, 0xFFFF])
+    x = torch.zeros(2, width, device=cuda).to(dtype)
+    x[:, ::3] = -0.0
+    x[:, 1] = 1.0
+    xb = x.view(bits)
+    for j, pattern in enumerate(nans):
+        signed = pattern - (1 << nbits) if pattern >= 1 << (nbits - 1) else pattern
+        xb[0, (j * 997 + 5) % width] = signed
+    for largest in (True, False):
+        v, i = fray.topk(x, k, largest=largest, backend="cuda")
+        _assert_topk(x, v, i, k, largest, "nan payloads %s largest=%s" % (dtype, largest))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_all_equal_and_masked_rows(cuda, backend):
+    # Every key equal (the radix passes never narrow the candidates) and -inf-masked vocabularies.
+    for width, k in ((4097, 4096), (131072, 50), (262144, 1024)):
+        x = torch.full((3, width), 2.5, device=cuda)
+        x[1] = float("-inf")
+        x[1, width - 3:] = 1.0
+        x[2] = float("nan")
+        for largest in (True, False):
+            v, i = fray.topk(x, k, largest=largest, backend=backend)
+            _assert_topk(x, v, i, k, largest, "%s constant %d k=%d" % (backend, width, k))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_strided_unaligned_and_batched_layouts(cuda, backend, dtype):
+    g = torch.Generator(device=cuda).manual_seed(11)
+    big = (torch.randn(6, 140000, generator=g, device=cuda) * 3).round().to(dtype)
+    cases = [
+        big[:, 1:131073],                              # rows start off 16-byte alignment: scalar loads
+        big[:, :4097],                                 # row stride 140000 > width
+        big[:4, 3:3 + 999],                            # odd width, odd offset
+        big[:, :6000].reshape(2, 3, 6000),             # leading dims collapse to rows
+        big[0, :5000].expand(3, 5000),                 # row stride 0
+    ]
+    for j, x in enumerate(cases):
+        for k in (1, 50, min(x.shape[-1], 1500)):
+            v, i = fray.topk(x, k, backend=backend)
+            _assert_topk(x, v, i, k, True, "%s layout %d k=%d" % (backend, j, k))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_graph_capture_and_side_stream(cuda, backend):
+    shapes = [(64, 131072, 50), (4096, 256, 8), (2, 20000, 5000)]
+    for rows, width, k in shapes:
+        x = torch.randn(rows, width, device=cuda)
+        fray.topk(x, k, backend=backend)  # warm-up (Triton compiles, extension loads)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            v, i = fray.topk(x, k, backend=backend)
+        x.copy_(torch.randn(rows, width, device=cuda))
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_topk(x, v, i, k, True, "%s graph %dx%d k=%d" % (backend, rows, width, k))
+    s = torch.cuda.Stream()
+    x = torch.randn(8, 50000, device=cuda)
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        v, i = fray.topk(x, 64, largest=False, backend=backend)
+    torch.cuda.current_stream().wait_stream(s)
+    _assert_topk(x, v, i, 64, False, "%s side stream" % backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto"] + BACKENDS)
+def test_gpu_torch_compile_fullgraph(cuda, backend):
+    x = torch.randn(4, 70000, device=cuda).to(torch.bfloat16)
+    f = torch.compile(lambda t: fray.topk(t, 60, backend=backend), fullgraph=True)
+    v, i = f(x)
+    _assert_topk(x, v, i, 60, True, "compiled %s" % backend)
+    g = torch.compile(lambda t: fray.topk(t, 5000, sorted=True, largest=False, backend=backend), fullgraph=True)
+    v, i = g(x)
+    _assert_topk(x, v, i, 5000, False, "compiled %s k=5000" % backend)
+
+
+@pytest.mark.gpu
+def test_gpu_auto_takes_cuda_and_aliases(cuda):
+    x = torch.randn(4, 1000, device=cuda)
+    assert B.resolve("topk", S.TOPK_FAMILY, "auto", x.device) == "cuda"
+    assert B.resolve("argmax", S.TOPK_FAMILY, "auto", x.device) == "cuda"
+    v, i = fray.topk(x, 10)
+    np.testing.assert_array_equal(i.cpu().numpy(), _expect(x, 10, True))
+    assert torch.equal(fray.triton.topk(x, 10)[1], i)
+    assert torch.equal(fray.topk(x, 10, algorithm="partial")[1], i)
 
 
 @pytest.mark.gpu
@@ -139,21 +349,35 @@ def test_gpu_forced_algorithms_raise_and_workspace(cuda):
     with pytest.raises(ValueError, match="k:"):
         fray.topk(x, 65, algorithm="reduce")
     with pytest.raises(ValueError, match="algorithm:"):
-        fray.topk(x, 3, algorithm="partial")
+        fray.topk(x, 3, algorithm="partial", backend="triton")
+    with pytest.raises(ValueError, match="algorithm:"):
+        fray.topk(x, 3, algorithm="reduce", backend="cuda")
+    with pytest.raises(ValueError, match="backend:"):
+        fray.topk(x, 3, backend="reference")
+    # "torch": whole-row sort buffers
     need = fray.topk_workspace_size(x, 100, algorithm="torch")
     assert need == 2 * 5000 * 12
     with pytest.raises(ValueError, match="workspace:"):
         fray.topk(x, 100, algorithm="torch", workspace=torch.empty(need - 1, dtype=torch.uint8, device=cuda))
     v, i = fray.topk(x, 100, algorithm="torch", workspace=torch.empty(need, dtype=torch.uint8, device=cuda))
-    np.testing.assert_array_equal(i.cpu().numpy(), ref.topk_indices(x.double().cpu().numpy(), 100))
+    _assert_topk(x, v, i, 100, True, "torch with workspace")
+    # "partial": nothing up to k = 4096, the rank keys above
+    assert fray.topk_workspace_size(x, 4096, algorithm="partial") == 0
     assert fray.topk_workspace_size(x, 3, algorithm="reduce") == 0
-
-
-@pytest.mark.gpu
-def test_gpu_torch_compile_and_alias(cuda):
-    x = torch.randn(4, 1000, device=cuda)
-    f = torch.compile(lambda t: fray.topk(t, 10), fullgraph=True)
-    v, i = f(x)
-    np.testing.assert_array_equal(i.cpu().numpy(), ref.topk_indices(x.double().cpu().numpy(), 10))
-    if hasattr(fray.triton, "topk"):
-        assert torch.equal(fray.triton.topk(x, 10)[1], i)
+    need = fray.topk_workspace_size(x, 4500, algorithm="partial")
+    assert need == 2 * 4500 * 16 == fray.topk_workspace_size(x, 4500)
+    assert fray.topk_workspace_size(x, 4500, sorted=False) == 0
+    with pytest.raises(ValueError, match="workspace:"):
+        fray.topk(x, 4500, workspace=torch.empty(need - 8, dtype=torch.uint8, device=cuda))
+    with pytest.raises(TypeError, match="workspace:"):
+        fray.topk(x, 4500, workspace=torch.empty(need // 8, dtype=torch.int64, device=cuda))
+    ws = torch.empty(need, dtype=torch.uint8, device=cuda)
+    v, i = fray.topk(x, 4500, largest=False, workspace=ws)
+    _assert_topk(x, v, i, 4500, False, "partial with workspace")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        v, i = fray.topk(x, 4500, workspace=ws)
+    x.copy_(torch.randn(2, 5000, device=cuda))
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_topk(x, v, i, 4500, True, "partial k > 4096 in a graph")

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fray_triton._host import next_power_of_2
+
 from fray_triton.norm import _round  # the shared RTNE helper
 
 LOOP_BLOCK = 1024          # chunk of a row per pass: 4 KB of fp32, 8 elements a thread at 4 warps
@@ -133,7 +135,7 @@ def topk(x, values, indices, k, largest, algorithm, x_row_stride, n_rows, n_cols
     dt = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[x.dtype]
     xb, values = x.view(bits), values.view(bits)
     if algorithm == "sort":
-        block = max(16, triton.next_power_of_2(n_cols))
+        block = max(16, next_power_of_2(n_cols))
         _topk_sort_kernel[(n_rows,)](xb, values, indices, x_row_stride, n_cols, k, LARGEST=bool(largest),
                                      BLOCK=block, DT=dt, num_warps=4 if block <= 1024 else 8)
     else:

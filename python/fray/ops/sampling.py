@@ -4,9 +4,10 @@ The exact semantics (value order with NaNs and signed zeros, index tie-breaks, t
 temperature -> top-k -> top-p -> min-p, the Philox-4x32-10 draw and the inverse-CDF pick) are
 written down once, in fray.reference.sampling; the Triton kernels (fray_triton.sampling) make the
 same choices. Validation happens here, once. GPU entry points are torch custom ops
-(fray::topk, fray::argmax, fray::sample, fray::apply_penalties) with fakes, called directly in
-eager mode. CPU tensors and numpy arrays run the reference. There is no CUDA C++ kernel yet:
-backend "cuda" reports itself unavailable and "auto" takes Triton.
+(fray::topk, fray::argmax, fray::sample, fray::apply_penalties, fray::decode_step) with fakes,
+called directly in eager mode. CPU tensors and numpy arrays run the reference. CUDA C++ kernels:
+cuda/topk (topk, argmax) and cuda/sampling (sample, apply_penalties, decode_step); "auto" tries
+CUDA first, then Triton.
 
 Per-row parameters (sample, apply_penalties, decode_step) are a Python scalar or a [B] tensor on
 the logits' device; the "off" values are top_k 0, top_p 1.0, min_p 0.0, repetition 1.0,
@@ -16,6 +17,7 @@ unspecified (but memory-safe) results. Graph replay: (seeds[b], offsets[b]) alon
 draw, so a captured graph replays with fresh randomness when the caller bumps `offsets` in place.
 """
 import math
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -29,6 +31,13 @@ OPS = ("topk", "argmax", "sample", "apply_penalties", "decode_step")
 __all__ = ["topk", "argmax", "sample", "apply_penalties", "decode_step", "topk_workspace_size"]
 for _name in OPS:
     B.register_preference(_name, ("triton",))
+for _name in ("topk", "argmax"):  # cuda/topk first; Triton where the extension is missing
+    B.register_preference(_name, ("cuda", "triton"))
+for _name in ("sample", "apply_penalties", "decode_step"):
+    B.register_preference(_name, ("cuda", "triton"))
+# Widest rows cuda/sampling's kernel takes (8 blocks x 192 KB of shared memory; its
+# sample_max_width()): "auto" takes Triton beyond, backend="cuda" raises ValueError.
+CUDA_SAMPLE_MAX_WIDTH = {torch.float32: 393216, torch.bfloat16: 786432}
 
 TOPK_ALGORITHMS = ("auto", "reduce", "partial", "sort", "torch")
 TOPK_MAX_WIDTH = 262144
@@ -72,59 +81,148 @@ def _f64(a):
 # ---------------------------------------------------------------------------------------------
 # topk
 
-def topk_workspace_size(x, k, algorithm="auto"):
-    """Bytes of uint8 workspace topk(x, k, algorithm=...) uses: 0 for the Triton algorithms;
-    rows * width * (8 + itemsize) for "torch" (int64 indices then values of the full sort)."""
-    alg = _topk_algorithm(x, k, algorithm)
-    if alg != "torch":
-        return 0
-    rows = x.numel() // x.shape[-1]
-    return rows * x.shape[-1] * (8 + x.element_size())
+TOPK_FAMILY = "topk"    # the CUDA extension of topk and argmax: fray._C._topk (cuda/topk)
+CUDA_SORT_MAX_K = 4096  # cuda/topk kTopkMaxSortK: the kernel ranks up to this many winners itself
+RANK_KEY_INDEX_MASK = (1 << 24) - 1  # cuda/topk rank keys: key << 24 | (2^24 - 1 - index)
+_BITS = {2: torch.int16, 4: torch.int32}
 
 
-def _topk_algorithm(x, k, algorithm):
-    width = x.shape[-1]
-    if algorithm == "auto":
-        if width > TOPK_MAX_WIDTH:
-            return "torch"
-        if width <= SORT_MAX_WIDTH:
-            return "sort"
-        return "reduce" if k <= REDUCE_MAX_K else "torch"
-    if algorithm == "torch":
-        return "torch"
+def _check_topk_algorithm(width, k, algorithm, backend):
+    """The limits of a forced algorithm; shapes and argument strings only (traceable)."""
+    if algorithm in ("auto", "torch"):
+        return
     if width > TOPK_MAX_WIDTH:
         raise ValueError("x: algorithm=%r supports widths up to %d, got %d (use algorithm='auto')"
                          % (algorithm, TOPK_MAX_WIDTH, width))
     if algorithm == "partial":
-        raise ValueError("algorithm: 'partial' is not implemented yet; use 'auto', 'sort', 'reduce' or 'torch'")
+        if backend == "triton":
+            raise ValueError("algorithm: 'partial' is the CUDA radix select; backend='triton' runs 'sort' or "
+                             "'reduce' (or use algorithm='auto')")
+        return
+    if backend == "cuda":
+        raise ValueError("algorithm: %r is a Triton algorithm; backend='cuda' runs 'partial' (or use "
+                         "algorithm='auto')" % algorithm)
     if algorithm == "sort" and width > SORT_MAX_WIDTH:
         raise ValueError("x: algorithm='sort' supports widths up to %d, got %d" % (SORT_MAX_WIDTH, width))
     if algorithm == "reduce" and k > REDUCE_MAX_K:
         raise ValueError("k: algorithm='reduce' supports k up to %d, got %d" % (REDUCE_MAX_K, k))
-    return algorithm
 
 
-def _topk_impl(x, values, indices, k, largest, algorithm, backend):
+def _topk_plan(x, k, algorithm, backend):
+    """(method, backend) of one call: ("partial", "cuda"), ("sort" | "reduce", "triton") or
+    ("torch", None). backend="auto" is resolved on x's device, so this runs in eager code only
+    (inside the custom op); an x that is not on a GPU is planned as if "auto" chose CUDA."""
+    width = x.shape[-1]
+    if algorithm == "torch" or (algorithm == "auto" and width > TOPK_MAX_WIDTH):
+        return "torch", None
+    on_gpu = isinstance(x, torch.Tensor) and x.device.type == "cuda"
+    if algorithm == "auto":
+        if on_gpu:
+            be = B.resolve("topk", TOPK_FAMILY, backend, x.device)
+        else:
+            be = "triton" if backend == "triton" else "cuda"
+        if be == "cuda":
+            return "partial", "cuda"
+        if width <= SORT_MAX_WIDTH:
+            return "sort", "triton"
+        return ("reduce", "triton") if k <= REDUCE_MAX_K else ("torch", None)
+    be = backend if backend != "auto" else ("cuda" if algorithm == "partial" else "triton")
+    if on_gpu:
+        be = B.resolve("topk", TOPK_FAMILY, be, x.device)
+    return algorithm, be
+
+
+def _topk_workspace_bytes(method, rows, width, k, itemsize, sorted):
+    if method == "torch":
+        return rows * width * (8 + itemsize)
+    if method == "partial" and sorted and k > CUDA_SORT_MAX_K:
+        return rows * k * 16
+    return 0
+
+
+def topk_workspace_size(x, k, algorithm="auto", *, sorted=True, backend="auto"):
+    """Bytes of uint8 workspace that topk(x, k, algorithm=, sorted=, backend=) uses instead of
+    allocating buffers of its own (torch.sort's internal scratch aside):
+
+    - "torch" (and "auto" for widths > 262144): rows * width * (8 + itemsize), the int64 indices
+      and values of torch.sort over whole rows;
+    - "partial" (CUDA) with sorted=True and k > 4096: rows * k * 16, the int64 rank keys the
+      kernel writes and their sorted copy (the kernel ranks k <= 4096 itself: 0);
+    - everything else (the Triton algorithms, "partial" otherwise): 0.
+
+    backend="auto" is resolved on x's device as topk resolves it; for an x that is not on a GPU
+    the size is the one a GPU with the CUDA backend would need."""
+    width = x.shape[-1]
+    if width == 0:
+        return 0
+    numel, itemsize = (x.numel(), x.element_size()) if isinstance(x, torch.Tensor) else (x.size, x.itemsize)
+    method, _ = _topk_plan(x, k, algorithm, backend)
+    return _topk_workspace_bytes(method, numel // width, width, k, itemsize, sorted)
+
+
+def _check_workspace(workspace, need, method):
+    if workspace.numel() < need:
+        formula = "rows * width * (8 + itemsize)" if method == "torch" else "rows * k * 16"
+        raise ValueError("workspace: expected at least %d bytes (%s for algorithm %r; see "
+                         "topk_workspace_size), got %d" % (need, formula, method, workspace.numel()))
+
+
+def _topk_cuda(x, values, indices, workspace, k, largest, sorted, rows, width):
+    ext = B.load_extension(TOPK_FAMILY)
+    common = (x.data_ptr(), V.row_stride("x", x), V.DTYPE_CODES[x.dtype], rows, width, k, largest)
+    dev, stream = x.device.index, B.current_stream(x.device)
+    if not sorted or k <= CUDA_SORT_MAX_K:
+        ext.topk(*common, sorted, values.data_ptr(), indices.data_ptr(), 0, dev, stream)
+        return
+    # Rank order for k > 4096: the kernel writes the winners' distinct, non-negative int64 rank
+    # keys in index order and a plain integer sort ranks them, so the NaN / signed-zero / tie
+    # rules stay the kernel's (no float comparison in torch.sort).
+    n = rows * k
+    if workspace is None:
+        keys = torch.empty((rows, k), dtype=torch.int64, device=x.device)
+        ranked = torch.empty_like(keys)
+    else:
+        keys = workspace[:n * 8].view(torch.int64).view(rows, k)
+        ranked = workspace[n * 8:n * 16].view(torch.int64).view(rows, k)
+    ext.topk(*common, False, values.data_ptr(), indices.data_ptr(), keys.data_ptr(), dev, stream)
+    idx = indices.view(rows, k)
+    torch.sort(keys, dim=-1, descending=True, out=(ranked, idx))  # idx: scratch for the permutation
+    torch.bitwise_and(ranked, RANK_KEY_INDEX_MASK, out=idx)
+    idx.neg_().add_(RANK_KEY_INDEX_MASK)
+    bits = _BITS[x.element_size()]
+    torch.gather(x.reshape(rows, width).view(bits), -1, idx, out=values.view(rows, k).view(bits))
+
+
+def _topk_impl(x, values, indices, workspace, k, largest, sorted, algorithm, backend):
     width = x.shape[-1]
     rows = x.numel() // width
     if rows == 0:
         return
-    B.resolve("topk", FAMILY, backend, x.device)
-    from fray_triton import sampling as ts
-    with torch.cuda.device(x.device):
-        ts.topk(x, values, indices, k, largest, algorithm, V.row_stride("x", x), rows, width)
+    method, be = _topk_plan(x, k, algorithm, backend)
+    if workspace is not None:
+        _check_workspace(workspace, _topk_workspace_bytes(method, rows, width, k, x.element_size(), sorted), method)
+    if method == "torch":  # "auto" on Triton with width > 4096 and k > 64
+        v, i = _topk_torch(x, k, largest, workspace)
+        values.copy_(v)
+        indices.copy_(i)
+    elif be == "cuda":
+        _topk_cuda(x, values, indices, workspace, k, largest, sorted, rows, width)
+    else:
+        from fray_triton import sampling as ts
+        with torch.cuda.device(x.device):
+            ts.topk(x, values, indices, k, largest, method, V.row_stride("x", x), rows, width)
 
 
-@torch.library.custom_op("fray::topk", mutates_args=("values", "indices"))
-def _topk_op(x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, k: int, largest: bool,
-             algorithm: str, backend: str) -> None:
-    _topk_impl(x, values, indices, k, largest, algorithm, backend)
+@torch.library.custom_op("fray::topk", mutates_args=("values", "indices", "workspace"))
+def _topk_op(x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, workspace: Optional[torch.Tensor],
+             k: int, largest: bool, sorted: bool, algorithm: str, backend: str) -> None:
+    _topk_impl(x, values, indices, workspace, k, largest, sorted, algorithm, backend)
 
 
 def _gather_bits(x, idx):
     """torch.gather through an integer view: values bit for bit (torch's CPU bf16 gather
     rewrites NaN payloads)."""
-    bits = {2: torch.int16, 4: torch.int32}[x.element_size()]
+    bits = _BITS[x.element_size()]
     return torch.gather(x.view(bits), -1, idx).view(x.dtype)
 
 
@@ -146,15 +244,25 @@ def _topk_torch(x, k, largest, workspace):
 def topk(x, k, *, algorithm="auto", largest=True, sorted=True, workspace=None, backend="auto"):
     """The k largest (or smallest) entries along the last axis: (values, int64 indices).
 
-    x: [..., width] fp32/fp16/bf16, last dim contiguous, width <= 262144 for the Triton
-    algorithms. 1 <= k <= width. Order (also with sorted=False, which returns the same sorted
-    result): NaN above every number (first for largest, last for smallest), -0.0 == +0.0, equal
-    values by lower index first. Values are read from x (bits preserved).
-    algorithm: "sort" (Triton, width <= 4096), "reduce" (Triton, k <= 64, any width),
-    "partial" (not implemented yet: raises), "torch" (torch.sort(stable=True)), or "auto" (sort,
-    else reduce, else torch). A forced algorithm raises ValueError for inputs it cannot take.
-    workspace: a contiguous uint8 tensor on x's device of at least topk_workspace_size(x, k,
-    algorithm) bytes (0 for the Triton algorithms) so the "torch" path allocates nothing.
+    x: [..., width] fp32/fp16/bf16, last dim contiguous; 1 <= k <= width. Order: NaN above every
+    number (first for largest, last for smallest), -0.0 == +0.0, equal values by lower index
+    first. Values are read from x (bits preserved). sorted=False returns the same k entries in
+    an unspecified order: increasing index on the CUDA backend (no ranking pass), rank order on
+    the others.
+    algorithm:
+      "partial"  CUDA radix select (cuda/topk), widths <= 262144, any k: one CTA or one
+                 thread-block cluster per row keeps the row on chip; the winners are ranked in
+                 the kernel for k <= 4096 and by an integer torch.sort of their rank keys above.
+      "sort"     Triton, width <= 4096: one sort of the row.
+      "reduce"   Triton, k <= 64, any width up to 262144: k max-passes over the row.
+      "torch"    torch.sort(stable=True) of the whole row (any width).
+      "auto"     "partial" when the CUDA backend resolves, else sort / reduce / torch by shape;
+                 "torch" for widths > 262144.
+    A forced algorithm raises ValueError for inputs (or a forced backend) it cannot take.
+    workspace: a contiguous uint8 tensor on x's device of at least
+    topk_workspace_size(x, k, algorithm, sorted=, backend=) bytes, used instead of buffers this
+    call would allocate (a too-small one raises ValueError). No workspace is needed for CUDA
+    graph capture: every path is capturable.
     CPU tensors and numpy arrays run the reference (algorithm is then only validated).
     """
     V.require_backend(backend, B.BACKENDS)
@@ -177,7 +285,7 @@ def topk(x, k, *, algorithm="auto", largest=True, sorted=True, workspace=None, b
             return vals, idx
         i = torch.from_numpy(idx)
         return _gather_bits(x, i), i
-    alg = _topk_algorithm(x, k, algorithm)
+    _check_topk_algorithm(width, k, algorithm, backend)
     V.row_stride("x", x)
     if workspace is not None:
         V.require_tensor("workspace", workspace)
@@ -185,22 +293,22 @@ def topk(x, k, *, algorithm="auto", largest=True, sorted=True, workspace=None, b
         if workspace.dtype != torch.uint8 or not workspace.is_contiguous():
             raise TypeError("workspace: expected a contiguous uint8 tensor, got %s (contiguous=%s)"
                             % (_dt(workspace.dtype), workspace.is_contiguous()))
-        need = topk_workspace_size(x, k, algorithm)
-        if workspace.numel() < need:
-            raise ValueError("workspace: expected at least %d bytes (rows * width * (8 + itemsize) for "
-                             "algorithm 'torch'), got %d" % (need, workspace.numel()))
-    if alg == "torch":
+    if algorithm == "torch" or (algorithm == "auto" and width > TOPK_MAX_WIDTH):
+        if workspace is not None:
+            rows = x.numel() // width
+            _check_workspace(workspace, _topk_workspace_bytes("torch", rows, width, k, x.element_size(), sorted),
+                             "torch")
         if backend == "reference":
-            B.resolve("topk", FAMILY, backend, x.device)
+            B.resolve("topk", TOPK_FAMILY, backend, x.device)
         if x.dim() > 1 and not x.is_contiguous():
             x = x.contiguous()
         return _topk_torch(x, k, largest, workspace)
     values = torch.empty(x.shape[:-1] + (k,), dtype=x.dtype, device=x.device)
     indices = torch.empty(x.shape[:-1] + (k,), dtype=torch.int64, device=x.device)
     if _compiling():
-        torch.ops.fray.topk(x, values, indices, k, largest, alg, backend)
+        torch.ops.fray.topk(x, values, indices, workspace, k, largest, sorted, algorithm, backend)
     else:
-        _topk_impl(x, values, indices, k, largest, alg, backend)
+        _topk_impl(x, values, indices, workspace, k, largest, sorted, algorithm, backend)
     return values, indices
 
 
@@ -212,7 +320,10 @@ def _argmax_impl(x, out, backend):
     rows = x.numel() // width
     if rows == 0:
         return
-    B.resolve("argmax", FAMILY, backend, x.device)
+    if B.resolve("argmax", TOPK_FAMILY, backend, x.device) == "cuda":
+        B.load_extension(TOPK_FAMILY).argmax(x.data_ptr(), V.row_stride("x", x), V.DTYPE_CODES[x.dtype], rows, width,
+                                             out.data_ptr(), x.device.index, B.current_stream(x.device))
+        return
     from fray_triton import sampling as ts
     with torch.cuda.device(x.device):
         ts.argmax(x, out, V.row_stride("x", x), rows, width)
@@ -227,7 +338,9 @@ def argmax(x, *, backend="auto"):
     """int64 index of the maximum along the last axis, shape x.shape[:-1], on x's device.
 
     Matches torch.argmax: a NaN is the maximum (the first NaN wins), ties go to the earliest
-    index, -0.0 == +0.0. x: [..., width] fp32/fp16/bf16, last dim contiguous."""
+    index, -0.0 == +0.0. x: [..., width] fp32/fp16/bf16, last dim contiguous. No host
+    synchronisation (CUDA-graph capturable); the CUDA backend splits few wide rows over a
+    thread-block cluster."""
     V.require_backend(backend, B.BACKENDS)
     _check_logits("x", x, V.FLOAT_DTYPES)
     if V.is_array(x):
@@ -248,7 +361,10 @@ def argmax(x, *, backend="auto"):
 # per-row parameters
 
 def _row_param(name, value, rows, device, kind, check):
-    """A [rows] tensor (fp32 for kind "float", int64 for "int") from a scalar or a [rows] tensor."""
+    """A validated per-row parameter: a contiguous [rows] tensor (fp32 for kind "float", int64 for
+    "int") from a [rows] tensor, or the Python scalar itself. Scalars stay scalars so that the CUDA
+    kernels take them by value (no [rows] fill launched per call); _materialize builds the tensor
+    the reference and Triton take."""
     tdtype = torch.float32 if kind == "float" else torch.int64
     if isinstance(value, torch.Tensor):
         if value.device != device:
@@ -263,7 +379,7 @@ def _row_param(name, value, rows, device, kind, check):
         if device.type == "cpu":
             for v in value.tolist():
                 check(v)
-        return value.to(tdtype)
+        return value.to(tdtype).contiguous()  # the kernels index value[row]
     if isinstance(value, np.ndarray) and device.type == "cpu":
         if value.shape != (rows,):
             raise ValueError("%s: expected shape (%d,) (one value per row), got %s" % (name, rows, value.shape))
@@ -272,7 +388,44 @@ def _row_param(name, value, rows, device, kind, check):
         raise TypeError("%s: expected a %s or a [batch] tensor, got %s" % (
             name, "float" if kind == "float" else "int", type(value).__name__))
     check(value)
-    return torch.full((rows,), value, dtype=tdtype, device=device)
+    return float(value) if kind == "float" else int(value)
+
+
+def _materialize(value, rows, device, kind):
+    """The [rows] tensor of a _row_param result (a tensor already, or a scalar to fill)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.full((rows,), value, dtype=torch.float32 if kind == "float" else torch.int64, device=device)
+
+
+def _materialize_all(params, kinds, rows, device):
+    return tuple(_materialize(v, rows, device, k) for v, k in zip(params, kinds))
+
+
+def _ptr_value(value):
+    """(device pointer, 0) of a tensor parameter or (0, scalar) of a scalar one: the CUDA ABI."""
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr(), 0
+    return 0, value
+
+
+def _split_params(params, kinds):
+    """Custom-op form: the tensors (None for scalars), the float scalars and the int scalars (the
+    values of tensor parameters are placeholders)."""
+    tensors = [p if isinstance(p, torch.Tensor) else None for p in params]
+    fvals = [0.0 if isinstance(p, torch.Tensor) else float(p) for p, k in zip(params, kinds) if k == "float"]
+    ivals = [0 if isinstance(p, torch.Tensor) else int(p) for p, k in zip(params, kinds) if k == "int"]
+    return tensors, fvals, ivals
+
+
+def _join_params(tensors, fvals, ivals, kinds):
+    """Inverse of _split_params."""
+    fi, ii = iter(fvals), iter(ivals)
+    out = []
+    for t, k in zip(tensors, kinds):
+        v = next(fi) if k == "float" else next(ii)  # consume the placeholder of tensor parameters too
+        out.append(t if t is not None else v)
+    return tuple(out)
 
 
 def _range_check(name, lo, hi, lo_open=False, finite=True):
@@ -305,6 +458,10 @@ def _sampling_params(logits, temperature, top_k, top_p, min_p, seeds, offsets):
     )
 
 
+_SAMPLE_KINDS = ("float", "int", "float", "float", "int", "int")  # temperature, top_k, top_p, min_p, seeds, offsets
+_PENALTY_KINDS = ("float", "float", "float")                      # repetition, presence, frequency
+
+
 def _penalty_params(logits, repetition, presence, frequency):
     rows, dev = logits.shape[0], logits.device
     return (
@@ -314,40 +471,74 @@ def _penalty_params(logits, repetition, presence, frequency):
     )
 
 
+def _cuda_args(params):
+    """The CUDA ABI of a parameter list: (pointer, scalar) per parameter, pointer 0 for scalars."""
+    out = []
+    for v in params:
+        out.extend(_ptr_value(v))
+    return out
+
+
+def _cuda_history_args(token_ids, token_offsets):
+    return (token_ids.data_ptr(), token_ids.dtype == torch.int64, token_ids.numel(),
+            token_offsets.data_ptr(), token_offsets.dtype == torch.int64)
+
+
 # ---------------------------------------------------------------------------------------------
 # sample
 
-def _sample_impl(logits, temperature, top_k, top_p, min_p, seeds, offsets, tokens, logprobs, backend):
+def _cuda_sample_fits(logits):
+    return logits.shape[1] <= CUDA_SAMPLE_MAX_WIDTH[logits.dtype]
+
+
+def _check_cuda_width(logits, backend):
+    if backend == "cuda" and not _cuda_sample_fits(logits):
+        raise ValueError("logits: backend='cuda' samples rows of up to %d %s logits, got %d (use backend='auto' "
+                         "or 'triton')" % (CUDA_SAMPLE_MAX_WIDTH[logits.dtype], _dt(logits.dtype), logits.shape[1]))
+
+
+def _sample_impl(logits, params, tokens, logprobs, backend):
     rows, width = logits.shape
     if rows == 0:
         return
-    B.resolve("sample", FAMILY, backend, logits.device)
+    be = B.resolve("sample", FAMILY, backend, logits.device)
+    if be == "cuda" and not _cuda_sample_fits(logits):
+        be = "triton"  # only under "auto": a forced "cuda" was refused by _check_cuda_width
+    if be == "cuda":
+        B.load_extension(FAMILY).sample(
+            logits.data_ptr(), V.row_stride("logits", logits), V.DTYPE_CODES[logits.dtype], rows, width,
+            *_cuda_args(params), tokens.data_ptr(), logprobs.data_ptr(), logits.device.index,
+            B.current_stream(logits.device))
+        return
     from fray_triton import sampling as ts
     with torch.cuda.device(logits.device):
-        ts.sample(logits, tokens, logprobs, temperature, top_k, top_p, min_p, seeds, offsets,
+        ts.sample(logits, tokens, logprobs, *_materialize_all(params, _SAMPLE_KINDS, rows, logits.device),
                   V.row_stride("logits", logits), rows, width)
 
 
 @torch.library.custom_op("fray::sample", mutates_args=("tokens", "logprobs"))
-def _sample_op(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-               min_p: torch.Tensor, seeds: torch.Tensor, offsets: torch.Tensor, tokens: torch.Tensor,
+def _sample_op(logits: torch.Tensor, temperature: Optional[torch.Tensor], top_k: Optional[torch.Tensor],
+               top_p: Optional[torch.Tensor], min_p: Optional[torch.Tensor], seeds: Optional[torch.Tensor],
+               offsets: Optional[torch.Tensor], fvals: List[float], ivals: List[int], tokens: torch.Tensor,
                logprobs: torch.Tensor, backend: str) -> None:
-    _sample_impl(logits, temperature, top_k, top_p, min_p, seeds, offsets, tokens, logprobs, backend)
+    params = _join_params((temperature, top_k, top_p, min_p, seeds, offsets), fvals, ivals, _SAMPLE_KINDS)
+    _sample_impl(logits, params, tokens, logprobs, backend)
 
 
 def _sample_validated(logits, params, return_logprobs, backend):
+    rows = logits.shape[0]
     if logits.device.type == "cpu":
-        t, k, p, m, s, o = (v.numpy() for v in params)
+        t, k, p, m, s, o = (v.numpy() for v in _materialize_all(params, _SAMPLE_KINDS, rows, logits.device))
         tok, lp = ref.sample(_f64(logits), t.astype(np.float64), k, p.astype(np.float64), m.astype(np.float64), s, o)
         tok, lp = torch.from_numpy(tok), torch.from_numpy(lp).to(torch.float32)
         return (tok, lp) if return_logprobs else tok
-    rows = logits.shape[0]
     tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
     logprobs = torch.empty(rows, dtype=torch.float32, device=logits.device)
     if _compiling():
-        torch.ops.fray.sample(logits, *params, tokens, logprobs, backend)
+        tensors, fvals, ivals = _split_params(params, _SAMPLE_KINDS)
+        torch.ops.fray.sample(logits, *tensors, fvals, ivals, tokens, logprobs, backend)
     else:
-        _sample_impl(logits, *params, tokens, logprobs, backend)
+        _sample_impl(logits, params, tokens, logprobs, backend)
     return (tokens, logprobs) if return_logprobs else tokens
 
 
@@ -361,6 +552,7 @@ def _check_sample_common(logits, return_logprobs, backend):
         _cpu_backend_ok(backend, "logits")
     else:
         V.row_stride("logits", logits)
+        _check_cuda_width(logits, backend)
 
 
 def sample(logits, *, temperature, top_k=None, top_p=None, min_p=None, seeds, offsets,
@@ -372,6 +564,9 @@ def sample(logits, *, temperature, top_k=None, top_p=None, min_p=None, seeds, of
     greedy (argmax, logprob 0). Ties at a threshold are kept. The exact procedure is in
     fray.reference.sampling. logprobs: log of the chosen token's probability in the filtered,
     renormalised distribution it was drawn from. NaN logits are defined only for greedy rows.
+    Backends: "cuda" (one thread-block cluster per row, exact fixed-point masses, rows up to
+    CUDA_SAMPLE_MAX_WIDTH; Python-scalar parameters are passed by value, no [B] tensor is built),
+    "triton", or "auto" (CUDA first, Triton for wider rows).
     """
     _check_sample_common(logits, return_logprobs, backend)
     params = _sampling_params(logits, temperature, top_k, top_p, min_p, seeds, offsets)
@@ -381,21 +576,61 @@ def sample(logits, *, temperature, top_k=None, top_p=None, min_p=None, seeds, of
 # ---------------------------------------------------------------------------------------------
 # penalties
 
-def _penalties_impl(logits, token_ids, token_offsets, rep, pres, freq, backend):
+def _penalties_impl(logits, token_ids, token_offsets, params, backend):
     rows, width = logits.shape
     if rows == 0:
         return
-    B.resolve("apply_penalties", FAMILY, backend, logits.device)
+    be = B.resolve("apply_penalties", FAMILY, backend, logits.device)
+    stride = V.row_stride("logits", logits, writable=True)
+    if be == "cuda":
+        B.load_extension(FAMILY).apply_penalties(
+            logits.data_ptr(), stride, V.DTYPE_CODES[logits.dtype], rows, width,
+            *_cuda_history_args(token_ids, token_offsets), *_cuda_args(params), logits.device.index,
+            B.current_stream(logits.device))
+        return
     from fray_triton import sampling as ts
     with torch.cuda.device(logits.device):
-        ts.apply_penalties(logits, token_ids, token_offsets, rep, pres, freq,
-                           V.row_stride("logits", logits, writable=True), rows, width)
+        ts.apply_penalties(logits, token_ids, token_offsets,
+                           *_materialize_all(params, _PENALTY_KINDS, rows, logits.device), stride, rows, width)
 
 
 @torch.library.custom_op("fray::apply_penalties", mutates_args=("logits",))
 def _penalties_op(logits: torch.Tensor, token_ids: torch.Tensor, token_offsets: torch.Tensor,
-                  repetition: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor, backend: str) -> None:
-    _penalties_impl(logits, token_ids, token_offsets, repetition, presence, frequency, backend)
+                  repetition: Optional[torch.Tensor], presence: Optional[torch.Tensor],
+                  frequency: Optional[torch.Tensor], fvals: List[float], backend: str) -> None:
+    params = _join_params((repetition, presence, frequency), fvals, [], _PENALTY_KINDS)
+    _penalties_impl(logits, token_ids, token_offsets, params, backend)
+
+
+def _decode_impl(logits, token_ids, token_offsets, pen, params, tokens, logprobs, backend):
+    rows, width = logits.shape
+    if rows == 0:
+        return
+    be = B.resolve("decode_step", FAMILY, backend, logits.device)
+    if be == "cuda" and _cuda_sample_fits(logits):
+        # Two launches (penalties, then the sampling cluster kernel), no host sync.
+        B.load_extension(FAMILY).decode_step(
+            logits.data_ptr(), V.row_stride("logits", logits, writable=True), V.DTYPE_CODES[logits.dtype], rows,
+            width, *_cuda_history_args(token_ids, token_offsets), *_cuda_args(pen), *_cuda_args(params),
+            tokens.data_ptr(), logprobs.data_ptr(), logits.device.index, B.current_stream(logits.device))
+        return
+    _penalties_impl(logits, token_ids, token_offsets, pen, backend)
+    _sample_impl(logits, params, tokens, logprobs, backend)
+
+
+@torch.library.custom_op("fray::decode_step", mutates_args=("logits", "tokens", "logprobs"))
+def _decode_op(logits: torch.Tensor, token_ids: torch.Tensor, token_offsets: torch.Tensor,
+               repetition: Optional[torch.Tensor], presence: Optional[torch.Tensor],
+               frequency: Optional[torch.Tensor], pvals: List[float], temperature: Optional[torch.Tensor],
+               top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor], min_p: Optional[torch.Tensor],
+               seeds: Optional[torch.Tensor], offsets: Optional[torch.Tensor], fvals: List[float], ivals: List[int],
+               tokens: torch.Tensor, logprobs: torch.Tensor, backend: str) -> None:
+    pen = _join_params((repetition, presence, frequency), pvals, [], _PENALTY_KINDS)
+    params = _join_params((temperature, top_k, top_p, min_p, seeds, offsets), fvals, ivals, _SAMPLE_KINDS)
+    _decode_impl(logits, token_ids, token_offsets, pen, params, tokens, logprobs, backend)
+
+
+_decode_op.register_fake(lambda *args, **kwargs: None)
 
 
 for _op in (_topk_op, _argmax_op, _sample_op, _penalties_op):
@@ -427,14 +662,15 @@ def _check_history(logits, token_ids, token_offsets):
 
 def _penalties_validated(logits, token_ids, token_offsets, params, backend):
     if logits.device.type == "cpu":
-        r, p, f = (v.double().numpy() for v in params)
+        r, p, f = (v.double().numpy() for v in _materialize_all(params, _PENALTY_KINDS, logits.shape[0], logits.device))
         y = ref.apply_penalties(_f64(logits), token_ids.numpy(), token_offsets.numpy(), r, p, f)
         logits.copy_(torch.from_numpy(y).to(logits.dtype))
         return logits
     if _compiling():
-        torch.ops.fray.apply_penalties(logits, token_ids, token_offsets, *params, backend)
+        tensors, fvals, _ = _split_params(params, _PENALTY_KINDS)
+        torch.ops.fray.apply_penalties(logits, token_ids, token_offsets, *tensors, fvals, backend)
     else:
-        _penalties_impl(logits, token_ids, token_offsets, *params, backend)
+        _penalties_impl(logits, token_ids, token_offsets, params, backend)
     return logits
 
 
@@ -462,15 +698,27 @@ def decode_step(logits, token_ids, token_offsets, *, repetition=1.0, presence=0.
                 temperature, top_k=None, top_p=None, min_p=None, seeds, offsets, return_logprobs=False,
                 backend="auto"):
     """apply_penalties (in place on logits) then sample, for the whole batch; returns tokens
-    (and logprobs). Everything is validated before logits are touched."""
+    (and logprobs). Everything is validated before logits are touched. On CUDA tensors with the
+    "cuda" backend: exactly two kernel launches (penalties, then sampling), no host sync, no
+    allocation beyond the outputs; graph-capturable (bump `offsets` in place between replays)."""
     _check_sample_common(logits, return_logprobs, backend)
     _check_history(logits, token_ids, token_offsets)
     pen = _penalty_params(logits, repetition, presence, frequency)
     params = _sampling_params(logits, temperature, top_k, top_p, min_p, seeds, offsets)
-    if logits.device.type != "cpu":
-        V.row_stride("logits", logits, writable=True)
-    _penalties_validated(logits, token_ids, token_offsets, pen, backend)
-    return _sample_validated(logits, params, return_logprobs, backend)
+    if logits.device.type == "cpu":
+        _penalties_validated(logits, token_ids, token_offsets, pen, backend)
+        return _sample_validated(logits, params, return_logprobs, backend)
+    V.row_stride("logits", logits, writable=True)
+    rows = logits.shape[0]
+    tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    logprobs = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    if _compiling():
+        pt, pf, _ = _split_params(pen, _PENALTY_KINDS)
+        st, sf, si = _split_params(params, _SAMPLE_KINDS)
+        torch.ops.fray.decode_step(logits, token_ids, token_offsets, *pt, pf, *st, sf, si, tokens, logprobs, backend)
+    else:
+        _decode_impl(logits, token_ids, token_offsets, pen, params, tokens, logprobs, backend)
+    return (tokens, logprobs) if return_logprobs else tokens
 
 
 # ---------------------------------------------------------------------------------------------
@@ -549,7 +797,7 @@ def check_cases(device):
                               lambda o=op, d=dtype: _run_case(o, d, 3, 100, "cpu", True)))
         return cases
     for op in OPS:
-        for backend, reason in B.available(op, FAMILY, device).items():
+        for backend, reason in B.available(op, TOPK_FAMILY if op in ("topk", "argmax") else FAMILY, device).items():
             if reason is not None:
                 cases.append((op, backend, "-", "-", RuntimeError("unavailable: " + reason)))
                 continue

@@ -1,0 +1,831 @@
+// Fray sampling family: the filtered-sampling kernel (temperature -> top-k -> top-p -> min-p ->
+// Philox inverse-CDF draw, or greedy) and its launcher. Torch-free: raw pointers, sizes and a
+// stream. See README.md for the design; fray.reference.sampling for the semantics.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/dtype.h"
+#include "cuda/common/launch.h"
+#include "cuda/common/vec.cuh"
+#include "cuda/sampling/philox.cuh"
+#include "cuda/sampling/sampling.h"
+
+namespace fray {
+namespace sampling_detail {
+
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 512;           // per block; 2 blocks per SM (see kSliceTargetBytes)
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kDigitBits = 11;          // radix digit: 2048 bins, <= 3 refinement levels for 32-bit keys
+constexpr int kBins = 1 << kDigitBits;
+constexpr int kCandCap = 2048;          // candidate keys a block compacts after the first level
+// First-level bins are linear in the logit distance from the row max, where float keys would
+// lump a binade's worth of values into one bin: counts (top-k) use 64 bins per logit (the
+// last bin holds everything >= 32 below the max), masses (top-p) 128 bins per nat of
+// (max - l) / T (the last holds w < e^-16). The first and last bin are accumulated in
+// registers: they take the masked / hopeless tail and the max ties, where shared-memory
+// atomics would serialise.
+constexpr float kCountBinsPerLogit = 64.0f;
+constexpr float kMassBinsPerNat = 128.0f;
+constexpr float kFixedOne = 2147483648.0f;  // mass of w = 1 (2^31): sums exact in 64 bits to 2^22 tokens
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kPortableCluster = 8;
+constexpr int kMaxCluster = 16;
+// Slice of the row per block: <= 80 KB keeps 2 blocks (+ 33 KB of histograms each) per SM;
+// rows wider than 8 x 80 KB use 8 blocks of up to 192 KB (1 per SM); wider still: unsupported
+// (sample_max_width), Python falls back to Triton.
+constexpr int64_t kSliceTargetBytes = 80 * 1024;
+constexpr int64_t kSliceMaxBytes = 192 * 1024;
+// Small batches spread a row over more blocks (up to 16) while slices keep >= 4096 elements:
+// below that the per-level cluster barriers outweigh the work.
+constexpr int64_t kMinSliceElems = 4096;
+constexpr int64_t kMaxBlocksPerLaunch = int64_t{1} << 30;
+
+// Kernel arguments (param space). Strides in elements.
+struct SampleArgs {
+  const void* logits;
+  int64_t stride;
+  int64_t cols;
+  const float* temperature;
+  const int64_t* top_k;
+  const float* top_p;
+  const float* min_p;
+  const int64_t* seeds;
+  const int64_t* offsets;
+  float temperature_value;
+  float top_p_value;
+  float min_p_value;
+  int64_t top_k_value;
+  int64_t seed_value;
+  int64_t offset_value;
+  int64_t* tokens;
+  float* logprobs;
+  int64_t row0;  // first row of this launch (parameters and outputs are indexed by row0 + r)
+  int slice;     // elements per block, a multiple of the 16-byte vector
+  int vec_ok;    // the row starts are 16-byte aligned: 16-byte global loads
+};
+
+// Per-block scalars that live in shared memory (after the slice, histograms and candidates).
+struct Misc {
+  uint64_t scan[kWarps];   // block scans
+  uint64_t red[kWarps];    // block reductions
+  uint64_t best_slot;      // this block's argmax key (read by the cluster)
+  uint64_t part_total;     // this block's merged histogram portion (read by the cluster)
+  uint64_t range_slot[2];  // (min key << 32 | max key) of the candidates, per filter
+  uint64_t total_slot;     // this block's kept mass (read by the cluster)
+  uint64_t sel_above;      // selection broadcast
+  int sel_bin;
+  uint32_t ncand;
+};
+
+constexpr size_t kAuxBytes = sizeof(uint64_t) * kBins              // hist
+                             + sizeof(uint64_t) * (kBins / 2)      // merged portion (clusters >= 2)
+                             + sizeof(uint32_t) * kCandCap         // candidate keys
+                             + sizeof(Misc);
+
+// ---------------------------------------------------------------------------------------------
+// Keys, weights, bins
+
+// Order-preserving key: NaN (one canonical value) above +inf, -0.0 == +0.0; -inf is the
+// smallest key any value gets (0x007fffff), so key 0 is below everything.
+__device__ __forceinline__ uint32_t order_key(float x) {
+  uint32_t b = __float_as_uint(x);
+  if (x == 0.0f) b = 0u;
+  if (x != x) b = 0x7fc00000u;
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ float key_value(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+struct RowCtx {
+  float lmax;   // the row's max (the argmax value)
+  float inv_t;  // 1 / temperature (fp32, as the Triton kernel)
+  float mass_scale;
+  float min_p;
+};
+
+// w = exp((l - max) / T), the unnormalised probability (1 at the max).
+__device__ __forceinline__ float weight_f(float l, const RowCtx& r) {
+  return fast_exp2(((l - r.lmax) * r.inv_t) * kLog2e);
+}
+
+// The fixed-point mass of w (0 for NaN).
+__device__ __forceinline__ uint32_t to_fixed(float w) { return __float2uint_rn(w * kFixedOne); }
+
+// Monotone non-increasing in l: bin 0 holds the max. NaN distances land in bin 0.
+__device__ __forceinline__ int value_bin(float l, float lmax, float scale) {
+  const int b = __float2int_rz((lmax - l) * scale);
+  return min(max(b, 0), kBins - 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warp / block / cluster helpers (whole block calls where noted)
+
+__device__ __forceinline__ uint64_t warp_sum_u64(uint64_t v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+
+__device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t y = __shfl_xor_sync(kFull, v, o);
+    v = y > v ? y : v;
+  }
+  return v;
+}
+
+__device__ __forceinline__ uint64_t warp_inclusive_scan_u64(uint64_t x) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint64_t y = __shfl_up_sync(kFull, x, o);
+    if (lane >= o) x += y;
+  }
+  return x;
+}
+
+// Whole block: exclusive prefix of v in thread order; `total` gets the block's sum. Leaves
+// `scratch` free for the next call (trailing barrier).
+__device__ __forceinline__ uint64_t block_exclusive_scan(uint64_t v, uint64_t* scratch, uint64_t& total) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const uint64_t incl = warp_inclusive_scan_u64(v);
+  if (lane == 31) scratch[warp] = incl;
+  __syncthreads();
+  uint64_t before = 0;
+  total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const uint64_t t = scratch[w];
+    if (w < warp) before += t;
+    total += t;
+  }
+  __syncthreads();
+  return before + incl - v;
+}
+
+// 64-bit add to bin b of a histogram kept as (lo, hi) 32-bit words: shared-memory 64-bit and
+// float atomics are CAS loops on sm_90 (ATOMS.CAST.SPIN), 32-bit integer adds are native.
+// The carry goes to the high word; the final pair is the exact sum in any order.
+__device__ __forceinline__ void hist_add(uint32_t* h32, int b, uint64_t v) {
+  const uint32_t lo = static_cast<uint32_t>(v);
+  const uint32_t old = atomicAdd(h32 + 2 * b, lo);
+  const uint32_t carry = (old + lo < old) ? 1u : 0u;
+  const uint32_t hi = static_cast<uint32_t>(v >> 32) + carry;
+  if (hi) atomicAdd(h32 + 2 * b + 1, hi);
+}
+
+__device__ __forceinline__ uint64_t mass_target(float p, uint64_t total) {
+  // keep l iff mass above l < p * S  <=>  mass above < ceil(p * S) (integer masses; exact in
+  // double below 2^53). At least 1, so the max is always kept.
+  const double t = ceil(static_cast<double>(p) * static_cast<double>(total));
+  return t < 1.0 ? 1ull : static_cast<uint64_t>(t);
+}
+
+struct Selection {
+  int bin;
+  uint64_t above;  // sum of the bins before `bin`
+  uint64_t total;  // sum of all bins
+  uint64_t tgt;    // the target used
+};
+
+// Whole cluster: merges every block's `hist` and returns the first bin (in ascending order,
+// i.e. from the top of the row) whose inclusive prefix sum reaches tgt; with p >= 0 the target
+// is mass_target(p, total) instead. Same answer in every block.
+//
+// Two cluster barriers: after A every histogram is complete and block r sums bin slice r of
+// all of them into its `part`; after B every block reads the C slice totals, finds the slice
+// holding the crossing and scans that slice (remote). `hist` may be rewritten after return;
+// `part` only after the next call's barrier A.
+static __device__ __noinline__ Selection select_bin(uint64_t* hist, uint64_t* part, uint64_t tgt, float p, Misc* m,
+                                             int C, int rank) {
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  cluster.sync();  // A
+  const uint64_t* src = hist;
+  int P = kBins;
+  int base = 0;
+  uint64_t above0 = 0;
+  uint64_t total = 0;
+  if (C > 1) {
+    P = kBins / C;
+    uint64_t mine = 0;
+    for (int j = tid; j < P; j += kThreads) {
+      uint64_t acc = 0;
+#pragma unroll 4
+      for (int c = 0; c < C; ++c) acc += cluster.map_shared_rank(hist, c)[rank * P + j];  // 4 remote loads in flight
+      part[j] = acc;
+      mine += acc;
+    }
+    uint64_t portion;
+    (void)block_exclusive_scan(mine, m->scan, portion);
+    if (tid == 0) m->part_total = portion;
+    cluster.sync();  // B
+    const uint64_t t = lane < C ? *cluster.map_shared_rank(&m->part_total, lane) : 0ull;
+    const uint64_t incl = warp_inclusive_scan_u64(t);
+    total = __shfl_sync(kFull, incl, 31);
+    if (p >= 0.0f) tgt = mass_target(p, total);
+    const unsigned hit = __ballot_sync(kFull, lane < C && incl >= tgt);
+    const int owner = hit ? __ffs(hit) - 1 : C - 1;
+    above0 = __shfl_sync(kFull, incl - t, owner);
+    src = cluster.map_shared_rank(part, owner);
+    base = owner * P;
+  }
+  const int ipt = (P + kThreads - 1) / kThreads;  // 1..4 bins per thread
+  uint64_t v[4];
+  uint64_t tsum = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int j = tid * ipt + i;
+    v[i] = (i < ipt && j < P) ? src[j] : 0ull;
+    tsum += v[i];
+  }
+  if (tid == 0) {  // only when the target exceeds the total (no mass at all): the last bin
+    m->sel_bin = kBins - 1;
+    m->sel_above = 0;
+  }
+  uint64_t btotal;
+  const uint64_t excl = block_exclusive_scan(tsum, m->scan, btotal);
+  if (C == 1) {
+    total = btotal;
+    if (p >= 0.0f) tgt = mass_target(p, total);
+  }
+  const uint64_t start = above0 + excl;
+  if (start < tgt && start + tsum >= tgt) {  // exactly one thread
+    uint64_t acc = start;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (i < ipt) {
+        if (acc + v[i] >= tgt) {
+          m->sel_bin = base + tid * ipt + i;
+          m->sel_above = acc;
+          break;
+        }
+        acc += v[i];
+      }
+    }
+  }
+  __syncthreads();
+  return Selection{m->sel_bin, m->sel_above, total, tgt};
+}
+
+// Whole cluster: min and max of (kmin, kmax) over the cluster; slot: this block's record.
+__device__ __forceinline__ void cluster_minmax(uint32_t& kmin, uint32_t& kmax, uint64_t* slot, Misc* m, int C) {
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  kmin = __reduce_min_sync(kFull, kmin);
+  kmax = __reduce_max_sync(kFull, kmax);
+  if (lane == 0) m->red[warp] = (static_cast<uint64_t>(kmin) << 32) | kmax;
+  __syncthreads();
+  if (warp == 0) {
+    const uint64_t r = lane < kWarps ? m->red[lane] : 0xffffffff00000000ull;
+    const uint32_t mn = __reduce_min_sync(kFull, static_cast<uint32_t>(r >> 32));
+    const uint32_t mx = __reduce_max_sync(kFull, static_cast<uint32_t>(r));
+    if (lane == 0) *slot = (static_cast<uint64_t>(mn) << 32) | mx;
+  }
+  cluster.sync();
+  const uint64_t r = lane < C ? *cluster.map_shared_rank(slot, lane) : 0xffffffff00000000ull;
+  kmin = __reduce_min_sync(kFull, static_cast<uint32_t>(r >> 32));
+  kmax = __reduce_max_sync(kFull, static_cast<uint32_t>(r));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The slice in shared memory: nv 16-byte vectors (the tail padded with -inf, which behaves as
+// a -inf logit at an index past the row: never the argmax over a real element, mass 0).
+
+template <typename T>
+struct Vec {
+  static constexpr int N = 16 / static_cast<int>(sizeof(T));
+};
+
+template <typename T>
+__device__ __forceinline__ void load_smem_vec(const T* data, int v, float (&f)[Vec<T>::N]) {
+  AlignedVec<T, Vec<T>::N> a;
+  *reinterpret_cast<uint4*>(a.val) = reinterpret_cast<const uint4*>(data)[v];
+  vec_to_float(a, f);
+}
+
+// f(x, key_ok) over every element of the slice; lanes of a warp iterate together (the ballot
+// passes need that), `ok` is false for lanes past the end.
+template <typename T, class F>
+__device__ __forceinline__ void for_each_element(const T* data, int nv, F&& f) {
+  constexpr int N = Vec<T>::N;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  for (int base = static_cast<int>(threadIdx.x) & ~31; base < nv; base += kThreads) {
+    const int v = base + lane;
+    const bool ok = v < nv;
+    float x[N];
+    if (ok) {
+      load_smem_vec(data, v, x);
+    } else {
+#pragma unroll
+      for (int e = 0; e < N; ++e) x[e] = __uint_as_float(0xff800000u);
+    }
+#pragma unroll
+    for (int e = 0; e < N; ++e) f(x[e], ok);
+  }
+}
+
+// Whole cluster: the candidates (pred) of the selected first-level bin: their key range over
+// the cluster, and their keys compacted into `cand` (per block; overflow when more than
+// kCandCap, then the refinement re-reads the slice).
+template <typename T, class Pred>
+__device__ __forceinline__ void range_and_compact(const T* data, int nv, Pred pred, uint32_t* cand, Misc* m,
+                                                  uint64_t* slot, int C, uint32_t& kmin, uint32_t& kmax,
+                                                  uint32_t& ncand) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  uint32_t lo = 0xffffffffu;
+  uint32_t hi = 0u;
+  for_each_element(data, nv, [&](float x, bool ok) {
+    const uint32_t key = order_key(x);
+    const bool c = ok && pred(x, key);
+    if (c) {
+      lo = min(lo, key);
+      hi = max(hi, key);
+    }
+    const unsigned mask = __ballot_sync(kFull, c);
+    if (mask) {
+      uint32_t pos0 = 0;
+      if (lane == 0) pos0 = atomicAdd(&m->ncand, static_cast<uint32_t>(__popc(mask)));
+      pos0 = __shfl_sync(kFull, pos0, 0);
+      if (c) {
+        const uint32_t pos = pos0 + static_cast<uint32_t>(__popc(mask & ((1u << lane) - 1u)));
+        if (pos < kCandCap) cand[pos] = key;
+      }
+    }
+  });
+  cluster_minmax(lo, hi, slot, m, C);  // its barriers also publish cand / ncand
+  kmin = lo;
+  kmax = hi;
+  ncand = m->ncand;
+}
+
+// Whole cluster: the exact threshold key inside [lo, hi] holding the tgt-th unit (count or
+// fixed-point mass, from the top) of the candidates: 11-bit digits of (hi - key), at most 3
+// levels. The candidates are this block's compacted keys, or (overflow) the slice elements
+// satisfying pred.
+template <bool kMass, typename T, class Pred>
+__device__ __forceinline__ uint32_t refine(uint32_t lo, uint32_t hi, uint64_t tgt, const T* data, int nv, Pred pred,
+                                           const uint32_t* cand, uint32_t ncand, const RowCtx& r, uint64_t* hist,
+                                           uint64_t* part, Misc* m, int C, int rank) {
+  constexpr int N = Vec<T>::N;
+  const int tid = static_cast<int>(threadIdx.x);
+  uint32_t* h32 = reinterpret_cast<uint32_t*>(hist);
+  const bool overflow = ncand > static_cast<uint32_t>(kCandCap);
+  while (lo < hi) {
+    const int bits = 32 - __clz(static_cast<int>(hi - lo));
+    const int shift = bits > kDigitBits ? bits - kDigitBits : 0;
+    for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
+    __syncthreads();
+    const uint32_t clo = lo;
+    const uint32_t chi = hi;
+    auto add = [&](uint32_t key, float x) {
+      if (key < clo || key > chi) return;
+      const int d = static_cast<int>((chi - key) >> shift);
+      if constexpr (kMass) {
+        const uint32_t w = to_fixed(weight_f(x, r));
+        if (w) hist_add(h32, d, w);
+      } else {
+        atomicAdd(h32 + 2 * d, 1u);
+      }
+    };
+    if (!overflow) {
+      for (int i = tid; i < static_cast<int>(ncand); i += kThreads) {
+        const uint32_t key = cand[i];
+        add(key, key_value(key));
+      }
+    } else {
+      for (int v = tid; v < nv; v += kThreads) {
+        float x[N];
+        load_smem_vec(data, v, x);
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+          const uint32_t key = order_key(x[e]);
+          if (pred(x[e], key)) add(key, x[e]);
+        }
+      }
+    }
+    const Selection s = select_bin(hist, part, tgt, -1.0f, m, C, rank);
+    tgt -= s.above;
+    const int64_t nhi = static_cast<int64_t>(hi) - (static_cast<int64_t>(s.bin) << shift);
+    hi = nhi < static_cast<int64_t>(lo) ? lo : static_cast<uint32_t>(nhi);
+    const uint32_t span = (1u << shift) - 1u;
+    lo = hi - lo > span ? hi - span : lo;
+  }
+  return lo;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel: one cluster of C blocks per row; block r holds elements [r * slice, (r + 1) *
+// slice) of the row in shared memory (read from HBM once). Every decision is made identically
+// in every block from cluster-merged exact integer histograms, so all blocks follow the same
+// path (same barriers).
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a) {
+  constexpr int N = Vec<T>::N;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int C = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t lrow = blockIdx.x / C;
+  const int64_t row = a.row0 + lrow;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+
+  T* data = reinterpret_cast<T*>(smem);
+  uint64_t* hist = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(a.slice) * sizeof(T));
+  uint64_t* part = hist + kBins;
+  uint32_t* cand = reinterpret_cast<uint32_t*>(part + kBins / 2);
+  Misc* m = reinterpret_cast<Misc*>(cand + kCandCap);
+  uint32_t* h32 = reinterpret_cast<uint32_t*>(hist);
+
+  const int64_t lo = static_cast<int64_t>(rank) * a.slice;
+  const int n = static_cast<int>(max(int64_t{0}, min(static_cast<int64_t>(a.slice), a.cols - lo)));
+  const int nv = (n + N - 1) / N;
+
+  // ---- Pass 1: HBM -> shared memory, and the argmax key ((key << 32) | ~index).
+  const T* g = static_cast<const T*>(a.logits) + lrow * a.stride + lo;
+  uint64_t best = 0;
+  auto consider = [&](float x, int i) {
+    const uint64_t k = (static_cast<uint64_t>(order_key(x)) << 32) | (0xffffffffu - static_cast<uint32_t>(lo + i));
+    best = k > best ? k : best;
+  };
+  const T neg_inf = from_float<T>(__uint_as_float(0xff800000u));
+  if (a.vec_ok) {
+    constexpr int U = 4;  // 16-byte loads in flight per thread
+    const int full = n / N;
+    const uint4* g4 = reinterpret_cast<const uint4*>(g);
+    uint4* d4 = reinterpret_cast<uint4*>(data);
+    for (int v = tid; v < full; v += U * kThreads) {
+      uint4 raw[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int w = v + u * kThreads;
+        if (w < full) raw[u] = __ldg(g4 + w);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int w = v + u * kThreads;
+        if (w < full) {
+          d4[w] = raw[u];
+          AlignedVec<T, N> av;
+          *reinterpret_cast<uint4*>(av.val) = raw[u];
+          float f[N];
+          vec_to_float(av, f);
+#pragma unroll
+          for (int e = 0; e < N; ++e) consider(f[e], w * N + e);
+        }
+      }
+    }
+    if (full < nv && tid == 0) {
+      for (int i = full * N; i < nv * N; ++i) {
+        const T x = i < n ? g[i] : neg_inf;
+        data[i] = x;
+        consider(to_float(x), i);
+      }
+    }
+  } else {
+    for (int i = tid; i < nv * N; i += kThreads) {
+      const T x = i < n ? g[i] : neg_inf;
+      data[i] = x;
+      consider(to_float(x), i);
+    }
+  }
+  best = warp_max_u64(best);
+  if (lane == 0) m->red[warp] = best;
+  __syncthreads();
+  if (warp == 0) {
+    uint64_t b = lane < kWarps ? m->red[lane] : 0ull;
+    b = warp_max_u64(b);
+    if (lane == 0) m->best_slot = b;
+  }
+  cluster.sync();  // also publishes the slice to the whole block
+  best = warp_max_u64(lane < C ? *cluster.map_shared_rank(&m->best_slot, lane) : 0ull);
+  const int64_t greedy = static_cast<int64_t>(0xffffffffu - static_cast<uint32_t>(best));
+
+  const float temp = a.temperature ? a.temperature[row] : a.temperature_value;
+  if (temp == 0.0f) {
+    if (rank == 0 && tid == 0) {
+      a.tokens[row] = greedy;
+      a.logprobs[row] = 0.0f;
+    }
+    cluster.sync();  // no block leaves while another may still read its shared memory
+    return;
+  }
+
+  RowCtx r;
+  r.lmax = key_value(static_cast<uint32_t>(best >> 32));
+  r.inv_t = 1.0f / temp;
+  r.mass_scale = r.inv_t * kMassBinsPerNat;
+  r.min_p = a.min_p ? a.min_p[row] : a.min_p_value;
+  const int64_t top_k = a.top_k ? a.top_k[row] : a.top_k_value;
+  const float top_p = a.top_p ? a.top_p[row] : a.top_p_value;
+
+  // ---- top-k: the k-th largest key (ties at it kept). First level: counts by value bin.
+  uint32_t thr_k = 0;
+  if (top_k > 0 && top_k < a.cols) {
+    for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
+    if (tid == 0) m->ncand = 0;
+    __syncthreads();
+    uint32_t c_first = 0;
+    uint32_t c_last = 0;
+    for_each_element(data, nv, [&](float x, bool ok) {
+      if (!ok) return;
+      const int b = value_bin(x, r.lmax, kCountBinsPerLogit);
+      if (b == 0) {
+        ++c_first;
+      } else if (b == kBins - 1) {
+        ++c_last;
+      } else {
+        atomicAdd(h32 + 2 * b, 1u);
+      }
+    });
+    c_first = __reduce_add_sync(kFull, c_first);
+    c_last = __reduce_add_sync(kFull, c_last);
+    if (lane == 0) {
+      if (c_first) atomicAdd(h32, c_first);
+      if (c_last) atomicAdd(h32 + 2 * (kBins - 1), c_last);
+    }
+    const Selection s = select_bin(hist, part, static_cast<uint64_t>(top_k), -1.0f, m, C, rank);
+    const int b1 = s.bin;
+    auto pred = [&](float x, uint32_t) { return value_bin(x, r.lmax, kCountBinsPerLogit) == b1; };
+    uint32_t kmin, kmax, ncand;
+    range_and_compact(data, nv, pred, cand, m, &m->range_slot[0], C, kmin, kmax, ncand);
+    if (kmin <= kmax) {
+      thr_k = refine<false>(kmin, kmax, static_cast<uint64_t>(top_k) - s.above, data, nv, pred, cand, ncand, r,
+                            hist, part, m, C, rank);
+    }
+  }
+
+  // ---- top-p over the top-k survivors: first level masses by value bin of (max - l) / T.
+  uint32_t thr_p = 0;
+  if (top_p < 1.0f) {
+    for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
+    if (tid == 0) m->ncand = 0;
+    __syncthreads();
+    uint64_t m_first = 0;
+    uint64_t m_last = 0;
+    for_each_element(data, nv, [&](float x, bool ok) {
+      if (!ok || order_key(x) < thr_k) return;
+      const uint32_t w = to_fixed(weight_f(x, r));
+      if (!w) return;
+      const int b = value_bin(x, r.lmax, r.mass_scale);
+      if (b == 0) {
+        m_first += w;
+      } else if (b == kBins - 1) {
+        m_last += w;
+      } else {
+        hist_add(h32, b, w);
+      }
+    });
+    m_first = warp_sum_u64(m_first);
+    m_last = warp_sum_u64(m_last);
+    if (lane == 0) {
+      if (m_first) hist_add(h32, 0, m_first);
+      if (m_last) hist_add(h32, kBins - 1, m_last);
+    }
+    const Selection s = select_bin(hist, part, 0, top_p, m, C, rank);
+    if (s.total > 0) {  // 0 only without a finite max (no mass anywhere): no filter
+      const int b1 = s.bin;
+      const uint32_t floor_key = thr_k;
+      auto pred = [&](float x, uint32_t key) {
+        return key >= floor_key && value_bin(x, r.lmax, r.mass_scale) == b1;
+      };
+      uint32_t kmin, kmax, ncand;
+      range_and_compact(data, nv, pred, cand, m, &m->range_slot[1], C, kmin, kmax, ncand);
+      if (kmin <= kmax) {
+        thr_p = refine<true>(kmin, kmax, s.tgt - s.above, data, nv, pred, cand, ncand, r, hist, part, m, C, rank);
+      }
+    }
+  }
+
+  // ---- min-p, the kept mass and the draw. Thread t owns the contiguous vectors [t * q, t * q
+  // + q) (q odd: the quarter-warps' 16-byte reads hit distinct banks), so a block scan of the
+  // per-thread masses orders the kept tokens by index; the block, then the thread, holding the
+  // target re-reads its vectors to find the token.
+  const uint32_t thr = max(thr_k, thr_p);
+  auto kept_mass = [&](float x) -> uint32_t {
+    if (order_key(x) < thr) return 0u;
+    const float w = weight_f(x, r);
+    return w >= r.min_p ? to_fixed(w) : 0u;
+  };
+  const int q = ((nv + kThreads - 1) / kThreads) | 1;
+  const int v0 = min(nv, tid * q);
+  const int v1 = min(nv, v0 + q);
+  uint64_t tsum = 0;
+  for (int v = v0; v < v1; ++v) {
+    float x[N];
+    load_smem_vec(data, v, x);
+#pragma unroll
+    for (int e = 0; e < N; ++e) tsum += kept_mass(x[e]);
+  }
+  uint64_t block_total;
+  const uint64_t excl = block_exclusive_scan(tsum, m->scan, block_total);
+  if (tid == 0) m->total_slot = block_total;
+  cluster.sync();
+  const uint64_t t = lane < C ? *cluster.map_shared_rank(&m->total_slot, lane) : 0ull;
+  const uint64_t incl = warp_inclusive_scan_u64(t);
+  const uint64_t total = __shfl_sync(kFull, incl, 31);
+  const uint64_t before = __shfl_sync(kFull, incl - t, rank);
+  cluster.barrier_arrive();  // last remote read done; wait before leaving
+  if (total == 0) {  // no finite max (NaN / inf rows): the greedy token
+    if (rank == 0 && tid == 0) {
+      a.tokens[row] = greedy;
+      a.logprobs[row] = 0.0f;
+    }
+  } else {
+    const uint64_t seed = static_cast<uint64_t>(a.seeds ? a.seeds[row] : a.seed_value);
+    const uint64_t offset = static_cast<uint64_t>(a.offsets ? a.offsets[row] : a.offset_value);
+    const uint64_t draw = philox_draw24(seed, offset);
+    // Token: the first kept index whose running mass c > u * total, u = draw / 2^24; with
+    // integer c that is c > floor(draw * total / 2^24) (total < 2^50: the product fits 74 bits).
+    const uint64_t prod_lo = total * draw;
+    const uint64_t prod_hi = __umul64hi(total, draw);
+    const uint64_t target = (prod_hi << 40) | (prod_lo >> 24);
+    if (target >= before && target - before < block_total) {
+      const uint64_t tau = target - before;
+      if (tau >= excl && tau - excl < tsum) {
+        uint64_t c = excl;
+        bool found = false;
+        for (int v = v0; v < v1 && !found; ++v) {
+          float x[N];
+          load_smem_vec(data, v, x);
+#pragma unroll
+          for (int e = 0; e < N; ++e) {
+            if (!found) {
+              c += kept_mass(x[e]);
+              if (c > tau) {
+                found = true;
+                a.tokens[row] = lo + static_cast<int64_t>(v) * N + e;
+                const double z = static_cast<double>((x[e] - r.lmax) * r.inv_t);
+                a.logprobs[row] = static_cast<float>(z - log(static_cast<double>(total) / 2147483648.0));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  cluster.barrier_wait();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Elements per block for a cluster of c blocks (a multiple of the 16-byte vector).
+constexpr int64_t slice_elems(int64_t cols, int c, int vec) { return ceil_div(ceil_div(cols, c), vec) * vec; }
+
+struct Plan {
+  int cluster;
+  int64_t slice;
+};
+
+// The smallest cluster whose slices fit kSliceTargetBytes (2 blocks per SM), else 8 blocks of
+// up to kSliceMaxBytes; then doubled (to 16) while the batch has fewer than 2 blocks per SM and
+// slices keep kMinSliceElems (16 only with 2 blocks per SM: 8 SMs of one GPC hold the cluster).
+// cluster 0: the row does not fit.
+constexpr Plan sample_plan(int64_t cols, int elem, int64_t rows, int sms) {
+  const int vec = 16 / elem;
+  int c = 0;
+  for (int k = 1; k <= kMaxCluster; k *= 2) {
+    if (slice_elems(cols, k, vec) * elem <= kSliceTargetBytes) {
+      c = k;
+      break;
+    }
+  }
+  if (c == 0) {
+    if (slice_elems(cols, kPortableCluster, vec) * elem > kSliceMaxBytes) return Plan{0, 0};
+    c = kPortableCluster;
+  }
+  while (c < kMaxCluster && rows * c < 2 * static_cast<int64_t>(sms) &&
+         slice_elems(cols, 2 * c, vec) >= kMinSliceElems &&
+         (2 * c <= kPortableCluster || slice_elems(cols, 2 * c, vec) * elem <= kSliceTargetBytes)) {
+    c *= 2;
+  }
+  return Plan{c, slice_elems(cols, c, vec)};
+}
+
+constexpr int64_t max_width(int elem) {
+  return kPortableCluster * (kSliceMaxBytes / elem);
+}
+
+// Compile-time check of the plan: every width up to the maximum is covered by slices that fit.
+constexpr bool sample_plan_ok() {
+  const int elems[2] = {4, 2};
+  for (const int elem : elems) {
+    for (int64_t cols = 1; cols <= max_width(elem); cols += (cols < 4096 ? 7 : 4093)) {
+      for (int64_t rows = 1; rows <= 1024; rows *= 4) {
+        const Plan p = sample_plan(cols, elem, rows, 132);
+        if (p.cluster < 1 || p.cluster > kMaxCluster || (p.cluster & (p.cluster - 1)) != 0) return false;
+        if (p.slice * p.cluster < cols || p.slice % (16 / elem) != 0) return false;
+        if (p.slice * elem > (p.cluster <= kPortableCluster ? kSliceMaxBytes : kSliceTargetBytes)) return false;
+        if ((p.cluster - 1) * p.slice >= cols) return false;  // no block without elements
+      }
+    }
+    if (sample_plan(max_width(elem), elem, 1, 132).cluster == 0) return false;
+    if (sample_plan(max_width(elem) + 1, elem, 1, 132).cluster != 0) return false;
+  }
+  return true;
+}
+static_assert(sample_plan_ok(), "sample_plan violates a kernel constraint");
+
+template <typename T>
+cudaError_t launch_sample_typed(const SampleParams& p, cudaStream_t stream) {
+  if (p.rows <= 0 || p.cols <= 0) return cudaSuccess;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  int sms = 0;
+  err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const Plan plan = sample_plan(p.cols, static_cast<int>(sizeof(T)), p.rows, sms);
+  if (plan.cluster == 0) return cudaErrorInvalidValue;
+
+  SampleArgs a{};
+  a.logits = p.logits;
+  a.stride = p.row_stride;
+  a.cols = p.cols;
+  a.temperature = p.temperature;
+  a.top_k = p.top_k;
+  a.top_p = p.top_p;
+  a.min_p = p.min_p;
+  a.seeds = p.seeds;
+  a.offsets = p.offsets;
+  a.temperature_value = p.temperature_value;
+  a.top_p_value = p.top_p_value;
+  a.min_p_value = p.min_p_value;
+  a.top_k_value = p.top_k_value;
+  a.seed_value = p.seed_value;
+  a.offset_value = p.offset_value;
+  a.tokens = p.tokens;
+  a.logprobs = p.logprobs;
+  a.slice = static_cast<int>(plan.slice);
+  a.vec_ok = is_aligned(p.logits, 16) && (p.rows == 1 || (p.row_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0);
+
+  const size_t smem = static_cast<size_t>(plan.slice) * sizeof(T) + kAuxBytes;
+  auto fn = sample_kernel<T>;
+  err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  // All of the SM's 228 KB as shared memory, so that two 113 KB blocks fit.
+  err = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  if (err != cudaSuccess) return err;
+  if (plan.cluster > kPortableCluster) {
+    err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return err;
+  }
+  const int64_t rows_per_launch = kMaxBlocksPerLaunch / plan.cluster;
+  for (int64_t done = 0; done < p.rows; done += rows_per_launch) {
+    const int64_t rows = p.rows - done < rows_per_launch ? p.rows - done : rows_per_launch;
+    SampleArgs part = a;
+    part.logits = static_cast<const T*>(p.logits) + done * p.row_stride;
+    part.row0 = done;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(plan.cluster);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(rows * plan.cluster));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    err = cudaLaunchKernelEx(&cfg, fn, part);
+    const cudaError_t last = launch_error();  // never leave a stale error for the next caller
+    if (err == cudaSuccess) err = last;
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace sampling_detail
+
+template <typename T>
+cudaError_t launch_sample(const SampleParams& p, cudaStream_t stream) {
+  return sampling_detail::launch_sample_typed<T>(p, stream);
+}
+
+}  // namespace fray

@@ -1,0 +1,160 @@
+// Fray sampling family: Python-facing adapters with plain integer / float arguments (no torch,
+// no pybind11). Host-only; compiled by the C++ compiler.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda/common/dtype.h"
+#include "cuda/common/launch.h"
+#include "cuda/sampling/sampling.h"
+
+#ifndef FRAY_CUDA_ARCHS
+#define FRAY_CUDA_ARCHS "unknown"
+#endif
+
+namespace fray {
+namespace sampling_api {
+namespace {
+
+void check_shape(int64_t rows, int64_t cols, int64_t row_stride) {
+  if (rows < 0 || cols < 0 || (rows > 1 && row_stride < cols)) {
+    throw std::invalid_argument("fray: sampling expects rows >= 0, cols >= 0 and row_stride >= cols, got rows " +
+                                std::to_string(rows) + ", cols " + std::to_string(cols) + ", row_stride " +
+                                std::to_string(row_stride));
+  }
+  if (cols >= (int64_t{1} << 31)) {
+    throw std::invalid_argument("fray: sampling supports rows of fewer than 2^31 elements, got " +
+                                std::to_string(cols));
+  }
+}
+
+SampleParams sample_params(uintptr_t logits, int64_t row_stride, int dtype, int64_t rows, int64_t cols,
+                           uintptr_t temperature, double temperature_value, uintptr_t top_k, int64_t top_k_value,
+                           uintptr_t top_p, double top_p_value, uintptr_t min_p, double min_p_value, uintptr_t seeds,
+                           int64_t seed_value, uintptr_t offsets, int64_t offset_value, uintptr_t tokens,
+                           uintptr_t logprobs) {
+  check_shape(rows, cols, row_stride);
+  SampleParams p;
+  p.logits = reinterpret_cast<const void*>(logits);
+  p.row_stride = row_stride;
+  p.dtype = dtype_from_code(dtype, "logits");
+  if (p.dtype == DType::kFloat16) throw std::invalid_argument("fray: sample takes fp32 or bf16 logits, got fp16");
+  p.rows = rows;
+  p.cols = cols;
+  if (cols > fray::sample_max_width(p.dtype)) {
+    throw std::invalid_argument("fray: sample (CUDA) takes rows of up to " +
+                                std::to_string(fray::sample_max_width(p.dtype)) + " " + dtype_name(p.dtype) +
+                                " logits, got " + std::to_string(cols));
+  }
+  p.temperature = reinterpret_cast<const float*>(temperature);
+  p.temperature_value = static_cast<float>(temperature_value);
+  p.top_k = reinterpret_cast<const int64_t*>(top_k);
+  p.top_k_value = top_k_value;
+  p.top_p = reinterpret_cast<const float*>(top_p);
+  p.top_p_value = static_cast<float>(top_p_value);
+  p.min_p = reinterpret_cast<const float*>(min_p);
+  p.min_p_value = static_cast<float>(min_p_value);
+  p.seeds = reinterpret_cast<const int64_t*>(seeds);
+  p.seed_value = seed_value;
+  p.offsets = reinterpret_cast<const int64_t*>(offsets);
+  p.offset_value = offset_value;
+  p.tokens = reinterpret_cast<int64_t*>(tokens);
+  p.logprobs = reinterpret_cast<float*>(logprobs);
+  if (rows > 0 && (p.tokens == nullptr || p.logprobs == nullptr)) {
+    throw std::invalid_argument("fray: sample needs tokens and logprobs buffers");
+  }
+  return p;
+}
+
+PenaltyParams penalty_params(uintptr_t logits, int64_t row_stride, int dtype, int64_t rows, int64_t cols,
+                             uintptr_t token_ids, bool ids_int64, int64_t num_ids, uintptr_t token_offsets,
+                             bool offsets_int64, uintptr_t repetition, double repetition_value, uintptr_t presence,
+                             double presence_value, uintptr_t frequency, double frequency_value) {
+  check_shape(rows, cols, row_stride);
+  if (num_ids < 0) throw std::invalid_argument("fray: apply_penalties num_ids must be >= 0");
+  if (rows > 0 && token_offsets == 0) throw std::invalid_argument("fray: apply_penalties needs token_offsets");
+  if (num_ids > 0 && token_ids == 0) throw std::invalid_argument("fray: apply_penalties needs token_ids");
+  PenaltyParams p;
+  p.logits = reinterpret_cast<void*>(logits);
+  p.row_stride = row_stride;
+  p.dtype = dtype_from_code(dtype, "logits");
+  p.rows = rows;
+  p.cols = cols;
+  p.token_ids = reinterpret_cast<const void*>(token_ids);
+  p.ids_int64 = ids_int64;
+  p.num_ids = num_ids;
+  p.token_offsets = reinterpret_cast<const void*>(token_offsets);
+  p.offsets_int64 = offsets_int64;
+  p.repetition = reinterpret_cast<const float*>(repetition);
+  p.repetition_value = static_cast<float>(repetition_value);
+  p.presence = reinterpret_cast<const float*>(presence);
+  p.presence_value = static_cast<float>(presence_value);
+  p.frequency = reinterpret_cast<const float*>(frequency);
+  p.frequency_value = static_cast<float>(frequency_value);
+  return p;
+}
+
+}  // namespace
+
+void sample(uintptr_t logits, int64_t row_stride, int dtype, int64_t rows, int64_t cols, uintptr_t temperature,
+            double temperature_value, uintptr_t top_k, int64_t top_k_value, uintptr_t top_p, double top_p_value,
+            uintptr_t min_p, double min_p_value, uintptr_t seeds, int64_t seed_value, uintptr_t offsets,
+            int64_t offset_value, uintptr_t tokens, uintptr_t logprobs, int device_index, uintptr_t stream) {
+  const SampleParams p =
+      sample_params(logits, row_stride, dtype, rows, cols, temperature, temperature_value, top_k, top_k_value, top_p,
+                    top_p_value, min_p, min_p_value, seeds, seed_value, offsets, offset_value, tokens, logprobs);
+  DeviceGuard guard(device_index);
+  check_cuda(fray::sample(p, reinterpret_cast<cudaStream_t>(stream)), "sample");
+}
+
+void apply_penalties(uintptr_t logits, int64_t row_stride, int dtype, int64_t rows, int64_t cols,
+                     uintptr_t token_ids, bool ids_int64, int64_t num_ids, uintptr_t token_offsets,
+                     bool offsets_int64, uintptr_t repetition, double repetition_value, uintptr_t presence,
+                     double presence_value, uintptr_t frequency, double frequency_value, int device_index,
+                     uintptr_t stream) {
+  const PenaltyParams p = penalty_params(logits, row_stride, dtype, rows, cols, token_ids, ids_int64, num_ids,
+                                         token_offsets, offsets_int64, repetition, repetition_value, presence,
+                                         presence_value, frequency, frequency_value);
+  DeviceGuard guard(device_index);
+  check_cuda(fray::apply_penalties(p, reinterpret_cast<cudaStream_t>(stream)), "apply_penalties");
+}
+
+void decode_step(uintptr_t logits, int64_t row_stride, int dtype, int64_t rows, int64_t cols, uintptr_t token_ids,
+                 bool ids_int64, int64_t num_ids, uintptr_t token_offsets, bool offsets_int64,
+                 uintptr_t repetition, double repetition_value, uintptr_t presence, double presence_value,
+                 uintptr_t frequency, double frequency_value, uintptr_t temperature, double temperature_value,
+                 uintptr_t top_k, int64_t top_k_value, uintptr_t top_p, double top_p_value, uintptr_t min_p,
+                 double min_p_value, uintptr_t seeds, int64_t seed_value, uintptr_t offsets, int64_t offset_value,
+                 uintptr_t tokens, uintptr_t logprobs, int device_index, uintptr_t stream) {
+  // Both parameter sets are checked before anything is enqueued.
+  const PenaltyParams pen = penalty_params(logits, row_stride, dtype, rows, cols, token_ids, ids_int64, num_ids,
+                                           token_offsets, offsets_int64, repetition, repetition_value, presence,
+                                           presence_value, frequency, frequency_value);
+  const SampleParams p =
+      sample_params(logits, row_stride, dtype, rows, cols, temperature, temperature_value, top_k, top_k_value, top_p,
+                    top_p_value, min_p, min_p_value, seeds, seed_value, offsets, offset_value, tokens, logprobs);
+  DeviceGuard guard(device_index);
+  check_cuda(fray::decode_step(pen, p, reinterpret_cast<cudaStream_t>(stream)), "decode_step");
+}
+
+int64_t sample_max_width(int dtype) { return fray::sample_max_width(dtype_from_code(dtype, "logits")); }
+
+std::vector<uint32_t> philox(std::vector<uint32_t> counter, std::vector<uint32_t> key) {
+  if (counter.size() != 4 || key.size() != 2) {
+    throw std::invalid_argument("fray: philox takes 4 counter words and 2 key words");
+  }
+  uint32_t out[4];
+  philox4x32_10_host(counter.data(), key.data(), out);
+  return std::vector<uint32_t>(out, out + 4);
+}
+
+std::string archs() { return FRAY_CUDA_ARCHS; }
+
+int num_kernel_instances() { return sampling_num_kernel_instances(); }
+
+}  // namespace sampling_api
+}  // namespace fray

@@ -1,0 +1,106 @@
+// Fray topk family: host-side launch helpers shared by topk.cuh and argmax.cuh
+// (cluster launches, opt-in shared memory, the SM count).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "cuda/common/launch.h"
+
+namespace fray {
+namespace topk_detail {
+
+constexpr int kMaxCluster = 16;      // sm_90 limit (above 8 needs the non-portable opt-in)
+constexpr int kPortableCluster = 8;
+constexpr size_t kDefaultSmem = 48 * 1024;  // dynamic shared memory without the opt-in
+constexpr int64_t kMaxBlocksPerLaunch = int64_t{1} << 30;  // keeps grid.x < 2^31 - 1
+constexpr int kMaxDevices = 64;
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+constexpr int64_t next_pow2(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+// Multiprocessor count of `device`, read once per device (a host attribute query:
+// no stream work, so it is safe during graph capture).
+inline int sm_count(int device) {
+  static std::atomic<int> cache[kMaxDevices];
+  const bool cached = device >= 0 && device < kMaxDevices;
+  if (cached) {
+    const int v = cache[device].load(std::memory_order_relaxed);
+    if (v > 0) return v;
+  }
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || v <= 0) {
+    (void)cudaGetLastError();
+    v = 132;  // H100/H200 SXM: only the launch shape depends on it
+  }
+  if (cached) cache[device].store(v, std::memory_order_relaxed);
+  return v;
+}
+
+// Function attributes a launch needs: dynamic shared memory above 48 KB, and
+// clusters above 8 CTAs. Set once per (kernel, device) and raised when a launch
+// needs more, so the launches of a captured graph (after a warm-up call) make no
+// attribute calls at all.
+inline cudaError_t prepare_kernel(const void* fn, int device, size_t smem, int cluster) {
+  if (smem <= kDefaultSmem && cluster <= kPortableCluster) return cudaSuccess;
+  struct State {
+    size_t smem = kDefaultSmem;
+    bool big_cluster = false;
+  };
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, State> done;
+  const std::lock_guard<std::mutex> lock(mu);
+  State& st = done[{fn, device}];
+  if (smem > st.smem) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+    st.smem = smem;
+  }
+  if (cluster > kPortableCluster && !st.big_cluster) {
+    const cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return err;
+    st.big_cluster = true;
+  }
+  return cudaSuccess;
+}
+
+// One launch; a 1-D cluster of `cluster` CTAs along x when cluster > 1.
+template <typename Args>
+cudaError_t launch_clustered(void (*fn)(Args), const Args& args, dim3 grid, dim3 block, size_t smem, int cluster,
+                             cudaStream_t stream) {
+  if (cluster <= 1) {
+    fn<<<grid, block, smem, stream>>>(args);
+    return launch_error();
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaError_t err = cudaLaunchKernelEx(&cfg, fn, args);
+  const cudaError_t last = launch_error();  // never leave a stale error for the next caller
+  if (err == cudaSuccess) err = last;
+  return err;
+}
+
+}  // namespace topk_detail
+}  // namespace fray

@@ -1,0 +1,610 @@
+// Fray topk family: radix-select top-k (one CTA or one thread-block cluster per row)
+// and its launcher. Torch-free: raw pointers, sizes and a stream. See README.md.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/dtype.h"
+#include "cuda/common/launch.h"
+#include "cuda/common/vec.cuh"
+#include "cuda/topk/launch_util.cuh"
+#include "cuda/topk/order_key.cuh"
+#include "cuda/topk/topk.h"
+
+namespace fray {
+namespace topk_detail {
+
+namespace cg = cooperative_groups;
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kWarp = 32;
+constexpr int kMaxThreads = 512;      // block size of wide slices: 2 blocks per SM (64 registers)
+constexpr int kMinThreads = 32;       // one warp: short rows (4096 x 256) pack 32 blocks per SM
+constexpr int kItemsPerThread = 16;   // slice elements per thread that size the block
+constexpr int kLoadUnroll = 4;        // 16-byte loads in flight per thread while reading the row
+constexpr int kSliceBytes = 64 * 1024;  // keys per CTA: 3 CTAs (plus histograms) fit an SM's 228 KB
+constexpr int kMinSplitSlice = 2048;  // few rows: split a row over more CTAs down to this slice
+constexpr int kSliceAlign = 8;        // slice length multiple: 16-byte key vectors, 16/32-byte loads
+constexpr int kSmallRadix = 8;        // digit bits for short slices (256-bin histograms)
+constexpr int kBigRadix = 11;         // digit bits for long slices: fewer passes, fewer conflicts
+constexpr int kBigRadixMinSlice = 4096;
+constexpr int kRankKeyIndexBits = 24;  // widths <= 2^24: key << 24 stays below 2^56 (non-negative int64)
+constexpr uint32_t kRankKeyIndexMask = (1u << kRankKeyIndexBits) - 1u;
+static_assert(kTopkMaxWidth <= (int64_t{1} << kRankKeyIndexBits), "rank keys hold indices in 24 bits");
+
+// Kernel arguments (param space). Strides and lengths in elements.
+struct TopkArgs {
+  const void* x;
+  int64_t x_stride;
+  void* values;      // [rows, k], x's element type
+  int64_t* indices;  // [rows, k]
+  int64_t* rank_keys;  // [rows, k] or null: index-ordered rank keys instead of values/indices
+  int64_t rows;
+  int width;
+  int k;
+  int slice;      // elements per CTA (multiple of kSliceAlign); CTA r holds [r * slice, ...)
+  int sort_size;  // next_pow2(k) for rank-ordered output, 0 for index-ordered output
+  uint32_t flip;  // 0 (largest) or the key mask (smallest)
+};
+
+struct Scratch {
+  uint32_t scan[kWarp];
+  uint32_t warp_gt[kWarp];
+  uint32_t warp_eq[kWarp];
+  uint32_t slice_total;
+  uint32_t cta_gt, cta_eq;
+  uint32_t base_gt, base_eq;
+  uint32_t sel_slice, sel_above;
+  uint32_t res_bin, res_above, res_cnt;
+};
+
+__device__ __forceinline__ uint32_t lanemask_lt() {
+  uint32_t m;
+  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+  return m;
+}
+
+__device__ __forceinline__ uint32_t warp_sum_u32(uint32_t v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+// Sum over lanes <= lane.
+__device__ __forceinline__ uint32_t warp_prefix_incl(uint32_t v, int lane) {
+#pragma unroll
+  for (int o = 1; o < kWarp; o <<= 1) {
+    const uint32_t y = __shfl_up_sync(kFullMask, v, o);
+    if (lane >= o) v += y;
+  }
+  return v;
+}
+
+// Sum over lanes >= lane.
+__device__ __forceinline__ uint32_t warp_suffix_incl(uint32_t v, int lane) {
+#pragma unroll
+  for (int o = 1; o < kWarp; o <<= 1) {
+    const uint32_t y = __shfl_down_sync(kFullMask, v, o);
+    if (lane + o < kWarp) v += y;
+  }
+  return v;
+}
+
+// Block-wide sum, returned to every thread. Two barriers (buf is reusable after).
+__device__ __forceinline__ uint32_t block_sum(uint32_t v, uint32_t* buf) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int nwarps = blockDim.x / kWarp;
+  v = warp_sum_u32(v);
+  if (lane == 0) buf[warp] = v;
+  __syncthreads();
+  const uint32_t t = warp_sum_u32(lane < nwarps ? buf[lane] : 0u);
+  __syncthreads();
+  return t;
+}
+
+// Sum of v over threads >= this one (thread order). Two barriers.
+__device__ __forceinline__ uint32_t block_suffix_incl(uint32_t v, uint32_t* buf) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int nwarps = blockDim.x / kWarp;
+  v = warp_suffix_incl(v, lane);
+  if (lane == 0) buf[warp] = v;  // lane 0 holds its warp's total
+  __syncthreads();
+  uint32_t add = 0u;
+  for (int w = warp + 1; w < nwarps; ++w) add += buf[w];
+  __syncthreads();
+  return v + add;
+}
+
+// hist[digit] += 1 for the active lanes. Warp-uniform call. When every active
+// lane has the same digit (runs of equal values, -inf-masked vocabularies) one
+// lane adds the count: same-address shared atomics serialise per lane.
+__device__ __forceinline__ void hist_add(uint32_t* hist, bool active, uint32_t digit, int lane) {
+  const unsigned act = __ballot_sync(kFullMask, active);
+  if (act == 0u) return;
+  const int leader = __ffs(act) - 1;
+  const uint32_t d0 = __shfl_sync(kFullMask, digit, leader);
+  if (__all_sync(kFullMask, !active || digit == d0)) {
+    if (lane == leader) atomicAdd(hist + d0, static_cast<uint32_t>(__popc(act)));
+  } else if (active) {
+    atomicAdd(hist + digit, 1u);
+  }
+}
+
+// The bin b of cnt[0, n) (bins in increasing key order) holding the rem-th
+// largest element: base + above(b) < rem <= base + above(b) + cnt[b], where
+// above(b) = sum of cnt[j > b]. Requires base < rem <= base + sum(cnt). cnt may
+// be another CTA's shared memory. Results in sh.res_*; ends with a barrier.
+__device__ __forceinline__ void find_bin(const uint32_t* cnt, int n, uint32_t base, uint32_t rem, Scratch& sh) {
+  const int per = (n + static_cast<int>(blockDim.x) - 1) / static_cast<int>(blockDim.x);
+  const int lo = min(n, static_cast<int>(threadIdx.x) * per);
+  const int hi = min(n, lo + per);
+  uint32_t s = 0u;
+  for (int j = lo; j < hi; ++j) s += cnt[j];
+  const uint32_t incl = block_suffix_incl(s, sh.scan);
+  const uint32_t excl = incl - s;
+  if (base + excl < rem && rem <= base + incl) {  // exactly one thread
+    uint32_t acc = base + excl;
+    for (int j = hi - 1; j >= lo; --j) {
+      const uint32_t c = cnt[j];
+      if (acc + c >= rem) {
+        sh.res_bin = static_cast<uint32_t>(j);
+        sh.res_above = acc;
+        sh.res_cnt = c;
+        break;
+      }
+      acc += c;
+    }
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void compare_swap_desc(uint64_t* buf, int i, int stride, int size) {
+  const int lo = 2 * i - (i & (stride - 1));
+  const int hi = lo + stride;
+  const uint64_t x = buf[lo];
+  const uint64_t y = buf[hi];
+  if ((lo & size) == 0 ? x < y : x > y) {
+    buf[lo] = y;
+    buf[hi] = x;
+  }
+}
+
+// Bitonic sort of buf[0, n) (n a power of two) into decreasing order. Up to 64
+// keys one warp sorts alone (no block barriers). Ends with a barrier.
+__device__ __forceinline__ void bitonic_sort_desc(uint64_t* buf, int n) {
+  const int tid = static_cast<int>(threadIdx.x);
+  if (n <= 2 * kWarp) {
+    if (tid < kWarp) {
+      for (int size = 2; size <= n; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+          if (tid < n / 2) compare_swap_desc(buf, tid, stride, size);
+          __syncwarp();
+        }
+      }
+    }
+  } else {
+    for (int size = 2; size <= n; size <<= 1) {
+      for (int stride = size >> 1; stride > 0; stride >>= 1) {
+        for (int i = tid; i < n / 2; i += static_cast<int>(blockDim.x)) compare_swap_desc(buf, i, stride, size);
+        __syncthreads();
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// ---------------------------------------------------------------------------
+// The kernel. One row per CTA (CLUSTER = false) or per cluster of C CTAs, CTA
+// r holding elements [r * slice, (r + 1) * slice) of the row as keys in shared
+// memory: the row is read from global memory once.
+//
+// 1. Read the slice, turn each element into its key (order_key.cuh) and build
+//    the histogram of the top RB key bits on the way.
+// 2. Radix select, most significant digit first: the merged histogram gives the
+//    digit of the k-th largest key; the next pass counts only keys with the
+//    digits found so far. Stops as soon as the chosen bin holds exactly the
+//    remaining count (every key with that prefix is in the top k), usually
+//    after two passes on real data. Cluster merge per pass: every CTA sums one
+//    1/C share of the bins over all CTAs' histograms (distributed shared
+//    memory), then every CTA reads the C share totals and scans the share that
+//    holds the k-th key. Two cluster barriers per pass.
+// 3. Gather: keys above the threshold prefix plus the first `need` keys equal
+//    to it, in index order (warp ballots over contiguous chunks, exclusive
+//    counts per warp, per CTA and per cluster rank), so the selected set obeys
+//    the lower-index tie rule and every winner knows its position.
+// 4. Index-ordered output is written straight to global memory (or as int64
+//    rank keys, for callers that sort k > kTopkMaxSortK themselves). Rank-ordered
+//    output: every winner writes (key << 32 | ~index) to CTA 0's buffer, which
+//    CTA 0 bitonic-sorts (decreasing) and writes out; values are read back
+//    from x by index, so their bits (NaN payloads, -0.0) are x's.
+// ---------------------------------------------------------------------------
+template <typename T, int VEC, int RB, bool CLUSTER>
+__global__ void __launch_bounds__(kMaxThreads, 2) topk_kernel(const TopkArgs a) {
+  using OK = OrderKey<T>;
+  using Bits = typename OK::Bits;
+  using Key = typename OK::Key;
+  constexpr int kKeyBits = OK::kBits;
+  constexpr int kKeyBytes = static_cast<int>(sizeof(Key));
+  constexpr int kKeysPerVec = 16 / kKeyBytes;
+  constexpr int kPasses = (kKeyBits + RB - 1) / RB;
+  constexpr int kShift0 = kKeyBits - RB;
+  static_assert(VEC == 1 || VEC * sizeof(T) == 16, "topk_kernel: VEC is one element or 16 bytes");
+  static_assert(sizeof(Key) == sizeof(T), "topk_kernel: keys are as wide as the elements");
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ Scratch sh;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int nthreads = static_cast<int>(blockDim.x);
+  const int lane = tid % kWarp;
+  const int warp = tid / kWarp;
+  const int nwarps = nthreads / kWarp;
+
+  int nctas = 1;
+  int rank = 0;
+  int64_t row = blockIdx.x;
+  if constexpr (CLUSTER) {
+    const cg::cluster_group cl = cg::this_cluster();
+    nctas = static_cast<int>(cl.num_blocks());
+    rank = static_cast<int>(cl.block_rank());
+    row = blockIdx.x / nctas;
+  }
+  const int start = rank * a.slice;
+  const int len = max(0, min(a.slice, a.width - start));
+  Key* keys = reinterpret_cast<Key*>(smem);
+  uint32_t* hist = reinterpret_cast<uint32_t*>(smem + static_cast<size_t>(a.slice) * kKeyBytes);
+  uint32_t* merged = hist + (1 << RB);                     // this CTA's share of the merged bins
+  uint64_t* sortbuf = reinterpret_cast<uint64_t*>(hist);  // aliases the histograms (used after them)
+  const Bits* xrow = static_cast<const Bits*>(a.x) + row * a.x_stride;
+
+  for (int i = tid; i < (1 << RB); i += nthreads) hist[i] = 0u;
+  __syncthreads();
+
+  // ---- 1. read the slice once: keys to shared memory, first-digit histogram ----
+  {
+    const Bits* src = xrow + start;
+    const int nvec = (len + VEC - 1) / VEC;
+    const int nfull = len / VEC;
+    for (int base = 0; base < nvec; base += nthreads * kLoadUnroll) {
+      uint4 w[kLoadUnroll];
+      uint32_t s[kLoadUnroll];
+#pragma unroll
+      for (int u = 0; u < kLoadUnroll; ++u) {
+        const int vi = base + u * nthreads + tid;
+        if constexpr (VEC > 1) {
+          if (vi < nfull) {
+            w[u] = __ldg(reinterpret_cast<const uint4*>(src) + vi);
+          } else {
+            uint32_t t[VEC];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+              const int e = vi * VEC + j;
+              t[j] = e < len ? static_cast<uint32_t>(__ldg(src + e)) : 0u;
+            }
+            w[u] = pack_items<static_cast<int>(sizeof(T))>(t);
+          }
+        } else {
+          s[u] = vi < len ? static_cast<uint32_t>(__ldg(src + vi)) : 0u;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kLoadUnroll; ++u) {
+        const int vi = base + u * nthreads + tid;
+        uint32_t kv[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          uint32_t bits;
+          if constexpr (VEC > 1) {
+            bits = item_of<static_cast<int>(sizeof(T))>(w[u], j);
+          } else {
+            bits = s[u];
+          }
+          kv[j] = OK::of(bits) ^ a.flip;
+          hist_add(hist, vi * VEC + j < len, kv[j] >> kShift0, lane);
+        }
+        if (vi < nvec) {
+          if constexpr (VEC > 1) {
+            *reinterpret_cast<uint4*>(keys + vi * VEC) = pack_items<kKeyBytes>(kv);
+          } else {
+            keys[vi] = static_cast<Key>(kv[0]);
+          }
+        }
+      }
+    }
+  }
+
+  // ---- 2. radix select ----
+  uint32_t prefix = 0u;  // digits of the k-th key found so far
+  uint32_t mask = 0u;    // the key bits they cover
+  uint32_t rem = static_cast<uint32_t>(a.k);  // winners still to find among keys matching prefix
+  for (int p = 0; p < kPasses; ++p) {
+    const int shift = kKeyBits - (p + 1) * RB > 0 ? kKeyBits - (p + 1) * RB : 0;
+    const int nb = 1 << (kKeyBits - p * RB - shift);
+    if (p > 0) {
+      for (int i = tid; i < nb; i += nthreads) hist[i] = 0u;
+      __syncthreads();
+      const int nkv = (len + kKeysPerVec - 1) / kKeysPerVec;
+      for (int base = 0; base < nkv; base += nthreads) {
+        const int vi = base + tid;
+        const uint4 q = vi < nkv ? *reinterpret_cast<const uint4*>(keys + vi * kKeysPerVec) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < kKeysPerVec; ++j) {
+          const uint32_t key = item_of<kKeyBytes>(q, j);
+          const bool match = vi * kKeysPerVec + j < len && (key & mask) == prefix;
+          hist_add(hist, match, (key >> shift) & static_cast<uint32_t>(nb - 1), lane);
+        }
+      }
+    }
+
+    const uint32_t* cnt = hist;
+    int n = nb;
+    uint32_t base_above = 0u;
+    int bin_offset = 0;
+    if constexpr (CLUSTER) {
+      const cg::cluster_group cl = cg::this_cluster();
+      cl.sync();  // every CTA's histogram is complete (and every CTA has started)
+      const int nbs = nb / nctas;
+      uint32_t part = 0u;
+      for (int j = tid; j < nbs; j += nthreads) {
+        uint32_t s = 0u;
+        for (int c = 0; c < nctas; ++c) s += cl.map_shared_rank(hist, c)[rank * nbs + j];
+        merged[j] = s;
+        part += s;
+      }
+      part = block_sum(part, sh.scan);
+      if (tid == 0) sh.slice_total = part;
+      cl.sync();  // every share and share total is merged
+      if (warp == 0) {
+        const uint32_t t = lane < nctas ? *cl.map_shared_rank(&sh.slice_total, lane) : 0u;
+        const uint32_t incl = warp_suffix_incl(t, lane);
+        const uint32_t excl = incl - t;
+        const unsigned hit = __ballot_sync(kFullMask, lane < nctas && excl < rem && rem <= incl);
+        const int s = hit != 0u ? __ffs(hit) - 1 : 0;
+        const uint32_t above = __shfl_sync(kFullMask, excl, s);
+        if (lane == 0) {
+          sh.sel_slice = static_cast<uint32_t>(s);
+          sh.sel_above = above;
+        }
+      }
+      __syncthreads();
+      const int s = static_cast<int>(sh.sel_slice);
+      cnt = cl.map_shared_rank(merged, s);
+      n = nbs;
+      base_above = sh.sel_above;
+      bin_offset = s * nbs;
+    } else {
+      __syncthreads();
+    }
+    find_bin(cnt, n, base_above, rem, sh);
+    const uint32_t bin = static_cast<uint32_t>(bin_offset) + sh.res_bin;
+    const uint32_t eq = sh.res_cnt;
+    rem -= sh.res_above;
+    prefix |= bin << shift;
+    mask |= static_cast<uint32_t>(nb - 1) << shift;
+    if (eq == rem) break;  // the whole bin is in: same decision in every thread and CTA
+  }
+
+  // ---- 3. gather, in index order ----
+  const uint32_t need = rem;  // winners among the keys equal to prefix (on mask)
+  const int chunk = ((len + nwarps - 1) / nwarps + kWarp - 1) / kWarp * kWarp;
+  const int wbeg = min(len, warp * chunk);
+  const int wend = min(len, wbeg + chunk);
+  {
+    uint32_t n_gt = 0u;
+    uint32_t n_eq = 0u;
+    for (int e0 = wbeg; e0 < wend; e0 += kWarp) {
+      const int e = e0 + lane;
+      const uint32_t mk = (e < wend ? static_cast<uint32_t>(keys[e]) : 0u) & mask;
+      n_gt += __popc(__ballot_sync(kFullMask, e < wend && mk > prefix));
+      n_eq += __popc(__ballot_sync(kFullMask, e < wend && mk == prefix));
+    }
+    if (lane == 0) {
+      sh.warp_gt[warp] = n_gt;
+      sh.warp_eq[warp] = n_eq;
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const uint32_t g = lane < nwarps ? sh.warp_gt[lane] : 0u;
+    const uint32_t q = lane < nwarps ? sh.warp_eq[lane] : 0u;
+    const uint32_t gi = warp_prefix_incl(g, lane);
+    const uint32_t qi = warp_prefix_incl(q, lane);
+    if (lane < nwarps) {
+      sh.warp_gt[lane] = gi - g;
+      sh.warp_eq[lane] = qi - q;
+    }
+    if (lane == kWarp - 1) {
+      sh.cta_gt = gi;
+      sh.cta_eq = qi;
+    }
+  }
+  const bool rank_order = a.sort_size > 0;
+  if constexpr (CLUSTER) {
+    const cg::cluster_group cl = cg::this_cluster();
+    cl.sync();  // CTA counts published; no CTA reads another's histograms any more
+    if (warp == 0) {
+      uint32_t g = 0u;
+      uint32_t q = 0u;
+      if (lane < rank) {
+        g = *cl.map_shared_rank(&sh.cta_gt, lane);
+        q = *cl.map_shared_rank(&sh.cta_eq, lane);
+      }
+      g = warp_sum_u32(g);
+      q = warp_sum_u32(q);
+      if (lane == 0) {
+        sh.base_gt = g;
+        sh.base_eq = q;
+      }
+    }
+    // Index order: this CTA's last remote reads are done; it may exit once all have arrived.
+    if (!rank_order) cl.barrier_arrive();
+  } else {
+    if (tid == 0) {
+      sh.base_gt = 0u;
+      sh.base_eq = 0u;
+    }
+  }
+  __syncthreads();
+
+  Bits* vals = static_cast<Bits*>(a.values) + row * a.k;
+  int64_t* inds = a.indices + row * a.k;
+  uint64_t* dst = sortbuf;
+  if constexpr (CLUSTER) {
+    if (rank_order) dst = cg::this_cluster().map_shared_rank(sortbuf, 0);
+  }
+  {
+    uint32_t gt_base = sh.base_gt + sh.warp_gt[warp];
+    uint32_t eq_base = sh.base_eq + sh.warp_eq[warp];
+    const uint32_t lt = lanemask_lt();
+    for (int e0 = wbeg; e0 < wend; e0 += kWarp) {
+      const int e = e0 + lane;
+      const bool valid = e < wend;
+      const uint32_t key = valid ? static_cast<uint32_t>(keys[e]) : 0u;
+      const uint32_t mk = key & mask;
+      const bool is_gt = valid && mk > prefix;
+      const bool is_eq = valid && mk == prefix;
+      const unsigned bg = __ballot_sync(kFullMask, is_gt);
+      const unsigned be = __ballot_sync(kFullMask, is_eq);
+      const uint32_t eq_rank = eq_base + __popc(be & lt);  // equal keys before this one
+      if (is_gt || (is_eq && eq_rank < need)) {
+        const uint32_t pos = gt_base + __popc(bg & lt) + min(eq_rank, need);
+        const int idx = start + e;
+        if (rank_order) {
+          dst[pos] = (static_cast<uint64_t>(key) << 32) | static_cast<uint32_t>(~idx);
+        } else if (a.rank_keys != nullptr) {
+          a.rank_keys[row * a.k + pos] = static_cast<int64_t>((static_cast<uint64_t>(key) << kRankKeyIndexBits) |
+                                                              (kRankKeyIndexMask - static_cast<uint32_t>(idx)));
+        } else {
+          inds[pos] = idx;
+          vals[pos] = xrow[idx];
+        }
+      }
+      gt_base += __popc(bg);
+      eq_base += __popc(be);
+    }
+  }
+
+  if (!rank_order) {
+    if constexpr (CLUSTER) cg::this_cluster().barrier_wait();
+    return;
+  }
+
+  // ---- 4. rank order: CTA 0 sorts the k winners ----
+  if (rank == 0) {
+    for (int j = a.k + tid; j < a.sort_size; j += nthreads) sortbuf[j] = 0ull;  // below every real entry
+  }
+  if constexpr (CLUSTER) {
+    cg::this_cluster().sync();  // every winner has landed in CTA 0
+  } else {
+    __syncthreads();
+  }
+  if (rank != 0) return;
+  bitonic_sort_desc(sortbuf, a.sort_size);
+  for (int j = tid; j < a.k; j += nthreads) {
+    const uint32_t idx = ~static_cast<uint32_t>(sortbuf[j]);
+    inds[j] = idx;
+    vals[j] = xrow[idx];
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Host side.
+// ---------------------------------------------------------------------------
+using TopkKernelFn = void (*)(TopkArgs);
+
+struct TopkConfig {
+  int cluster;    // CTAs per row
+  int slice;      // elements per CTA
+  int threads;    // per CTA
+  bool big_radix;
+  int sort_size;  // 0: index-ordered output
+  size_t smem;    // dynamic shared memory per CTA
+};
+
+// Cluster size: the fewest CTAs whose 64 KB key slices hold the row, doubled
+// while rows x CTAs leave SMs idle and slices stay >= 2048 elements (one row of
+// 131072 takes 16 SMs instead of 8). Threads: one per 16 slice elements, 32 to
+// 512. Histograms: 2048 bins (11-bit digits) from 4096-element slices, 256
+// bins below that (zeroing 2048 bins per pass would dominate short rows).
+inline TopkConfig topk_config(int64_t rows, int64_t width, int64_t k, bool sorted, int key_bytes, int num_sms) {
+  TopkConfig c{};
+  const int64_t max_slice = kSliceBytes / key_bytes;
+  int64_t cl = 1;
+  while (cl < kMaxCluster && ceil_div(width, cl) > max_slice) cl *= 2;
+  while (cl < kMaxCluster && rows * cl < num_sms && ceil_div(width, 2 * cl) >= kMinSplitSlice) cl *= 2;
+  c.cluster = static_cast<int>(cl);
+  c.slice = static_cast<int>(ceil_div(ceil_div(width, cl), kSliceAlign) * kSliceAlign);
+  const int64_t t = next_pow2(ceil_div(c.slice, kItemsPerThread));
+  c.threads = static_cast<int>(t < kMinThreads ? kMinThreads : t > kMaxThreads ? kMaxThreads : t);
+  c.big_radix = c.slice >= kBigRadixMinSlice;
+  c.sort_size = sorted ? static_cast<int>(next_pow2(k)) : 0;
+  const size_t bins = size_t{1} << (c.big_radix ? kBigRadix : kSmallRadix);
+  const size_t hist_bytes = (bins + (c.cluster > 1 ? bins / c.cluster : 0)) * sizeof(uint32_t);
+  const size_t sort_bytes = static_cast<size_t>(c.sort_size) * sizeof(uint64_t);
+  c.smem = static_cast<size_t>(c.slice) * key_bytes + (hist_bytes > sort_bytes ? hist_bytes : sort_bytes);
+  return c;
+}
+
+template <typename T, int VEC>
+constexpr TopkKernelFn topk_kernel_for(bool big_radix, bool cluster) {
+  return big_radix ? (cluster ? &topk_kernel<T, VEC, kBigRadix, true> : &topk_kernel<T, VEC, kBigRadix, false>)
+                   : (cluster ? &topk_kernel<T, VEC, kSmallRadix, true> : &topk_kernel<T, VEC, kSmallRadix, false>);
+}
+
+template <typename T>
+cudaError_t launch_topk_typed(const TopkParams& p, cudaStream_t stream) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const TopkConfig c = topk_config(p.rows, p.width, p.k, p.sorted, static_cast<int>(sizeof(T)), sm_count(device));
+  // 16-byte loads need every row start 16-byte aligned (slices are multiples of 8 elements).
+  const bool vec_ok =
+      is_aligned(p.x, 16) && (p.rows <= 1 || (p.x_row_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0);
+  const TopkKernelFn fn = vec_ok ? topk_kernel_for<T, kVec>(c.big_radix, c.cluster > 1)
+                                 : topk_kernel_for<T, 1>(c.big_radix, c.cluster > 1);
+  err = prepare_kernel(reinterpret_cast<const void*>(fn), device, c.smem, c.cluster);
+  if (err != cudaSuccess) return err;
+
+  TopkArgs a{};
+  a.x_stride = p.x_row_stride;
+  a.width = static_cast<int>(p.width);
+  a.k = static_cast<int>(p.k);
+  a.slice = c.slice;
+  a.sort_size = c.sort_size;
+  a.flip = p.largest ? 0u : OrderKey<T>::kAll;
+  const int64_t rows_per_launch = kMaxBlocksPerLaunch / c.cluster;
+  for (int64_t done = 0; done < p.rows; done += rows_per_launch) {
+    a.rows = p.rows - done < rows_per_launch ? p.rows - done : rows_per_launch;
+    a.x = static_cast<const T*>(p.x) + done * p.x_row_stride;
+    a.values = static_cast<T*>(p.values) + done * p.k;
+    a.indices = p.indices + done * p.k;
+    a.rank_keys = p.rank_keys != nullptr ? p.rank_keys + done * p.k : nullptr;
+    const dim3 grid(static_cast<unsigned>(a.rows * c.cluster));
+    err = launch_clustered(fn, a, grid, dim3(static_cast<unsigned>(c.threads)), c.smem, c.cluster, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace topk_detail
+
+// Top-k of rows of T; see TopkParams. Enqueues on `stream`; never throws or synchronises.
+template <typename T>
+cudaError_t launch_topk(const TopkParams& p, cudaStream_t stream) {
+  if (p.rows <= 0) return cudaSuccess;
+  return topk_detail::launch_topk_typed<T>(p, stream);
+}
+
+// Kernels launch_topk<T> can launch: 2 load widths x 2 digit widths x {CTA, cluster}.
+template <typename T>
+constexpr int topk_num_kernels() {
+  return 8;
+}
+
+}  // namespace fray

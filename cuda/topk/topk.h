@@ -1,0 +1,81 @@
+// Fray topk family: host-only API (plain C++; no CUDA compiler needed).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/common/dtype.h"
+
+namespace fray {
+
+// Widest row topk takes: a row is held on chip by one thread-block cluster
+// (16 CTAs x 64 KB of keys for fp32).
+constexpr int64_t kTopkMaxWidth = 262144;
+// Largest k the kernel sorts itself (one CTA's shared-memory bitonic sort of
+// next_pow2(k) 64-bit keys); larger k with sorted output is the caller's sort.
+constexpr int64_t kTopkMaxSortK = 4096;
+
+// Top-k along each of `rows` rows of `width` elements (row stride in elements,
+// last dim contiguous; stride 0 repeats one row). Order: NaN above every number
+// (first for largest, last for smallest), -0.0 == +0.0, equal values by lower
+// index first. values [rows, k] (x's dtype, bits copied from x) and indices
+// [rows, k] (int64) are contiguous. sorted: rank order (needs k <= kTopkMaxSortK);
+// otherwise the same k entries in increasing index order. rank_keys (optional,
+// unsorted only): instead of values and indices, write the int64 rank key
+// key << 24 | (2^24 - 1 - index) of each winner (index order); the keys are
+// distinct and non-negative, so sorting them in decreasing order gives the rank
+// order (how the caller sorts k > kTopkMaxSortK).
+struct TopkParams {
+  const void* x = nullptr;
+  int64_t x_row_stride = 0;
+  DType dtype = DType::kFloat32;
+  int64_t rows = 0;
+  int64_t width = 0;  // 1 .. kTopkMaxWidth
+  int64_t k = 0;      // 1 .. width
+  bool largest = true;
+  bool sorted = true;
+  void* values = nullptr;
+  int64_t* indices = nullptr;
+  int64_t* rank_keys = nullptr;
+};
+
+// out[r] = index of the maximum of row r (NaN is the maximum, the first NaN
+// wins; ties -> lowest index; -0.0 == +0.0), int64 [rows].
+struct ArgmaxParams {
+  const void* x = nullptr;
+  int64_t x_row_stride = 0;
+  DType dtype = DType::kFloat32;
+  int64_t rows = 0;
+  int64_t width = 0;  // 1 .. 2^31 - 1
+  int64_t* out = nullptr;
+};
+
+// Enqueue on `stream` (the caller has made the stream's device current). Never
+// synchronise, allocate or throw; need no workspace. Return the launch status.
+cudaError_t topk(const TopkParams& p, cudaStream_t stream);
+cudaError_t argmax(const ArgmaxParams& p, cudaStream_t stream);
+
+// Number of distinct kernels compiled into the library.
+int topk_num_kernel_instances();
+
+// Python adapters (topk_api.cc): plain integer arguments; throw
+// std::invalid_argument for bad arguments and std::runtime_error for CUDA
+// errors. dtype codes: 0 fp32, 1 fp16, 2 bf16; `stream` is a raw cudaStream_t.
+namespace topk_api {
+
+void topk(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t width, int64_t k, bool largest,
+          bool sorted, uintptr_t values, uintptr_t indices, uintptr_t rank_keys, int device_index, uintptr_t stream);
+
+void argmax(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t width, uintptr_t out,
+            int device_index, uintptr_t stream);
+
+int64_t max_width();
+int64_t max_sort_k();
+std::string archs();
+int cuda_runtime_version();
+int num_kernel_instances();
+
+}  // namespace topk_api
+}  // namespace fray

@@ -1,0 +1,104 @@
+// Fray topk family: Python-facing adapters with plain integer arguments (no
+// torch, no pybind11). Host-only; compiled by the C++ compiler. Every argument
+// check of the family happens here (the kernels trust their inputs).
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "cuda/common/dtype.h"
+#include "cuda/common/launch.h"
+#include "cuda/topk/topk.h"
+
+#ifndef FRAY_CUDA_ARCHS
+#define FRAY_CUDA_ARCHS "unknown"
+#endif
+
+namespace fray {
+namespace topk_api {
+namespace {
+
+void check_rows(int64_t rows, int64_t width, int64_t x_row_stride, const char* op) {
+  if (rows < 0) {
+    throw std::invalid_argument(std::string("fray: ") + op + ": rows must be >= 0, got " + std::to_string(rows));
+  }
+  if (rows > 1 && x_row_stride < 0) {
+    throw std::invalid_argument(std::string("fray: ") + op + ": x_row_stride must be >= 0, got " +
+                                std::to_string(x_row_stride));
+  }
+  if (width < 1) {
+    throw std::invalid_argument(std::string("fray: ") + op + ": width must be >= 1, got " + std::to_string(width));
+  }
+}
+
+}  // namespace
+
+void topk(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t width, int64_t k, bool largest,
+          bool sorted, uintptr_t values, uintptr_t indices, uintptr_t rank_keys, int device_index, uintptr_t stream) {
+  check_rows(rows, width, x_row_stride, "topk");
+  if (width > kTopkMaxWidth) {
+    throw std::invalid_argument("fray: topk: width must be <= " + std::to_string(kTopkMaxWidth) + ", got " +
+                                std::to_string(width));
+  }
+  if (k < 1 || k > width) {
+    throw std::invalid_argument("fray: topk: k must be in [1, width = " + std::to_string(width) + "], got " +
+                                std::to_string(k));
+  }
+  if (sorted && k > kTopkMaxSortK) {
+    throw std::invalid_argument("fray: topk: sorted output needs k <= " + std::to_string(kTopkMaxSortK) + ", got " +
+                                std::to_string(k) + " (sort the index-ordered result instead)");
+  }
+  if (rank_keys != 0 && sorted) {
+    throw std::invalid_argument("fray: topk: rank_keys are written in index order only (sorted must be false)");
+  }
+  TopkParams p;
+  p.x = reinterpret_cast<const void*>(x);
+  p.x_row_stride = x_row_stride;
+  p.dtype = dtype_from_code(dtype, "x");
+  p.rows = rows;
+  p.width = width;
+  p.k = k;
+  p.largest = largest;
+  p.sorted = sorted;
+  p.values = reinterpret_cast<void*>(values);
+  p.indices = reinterpret_cast<int64_t*>(indices);
+  p.rank_keys = reinterpret_cast<int64_t*>(rank_keys);
+  DeviceGuard guard(device_index);
+  check_cuda(fray::topk(p, reinterpret_cast<cudaStream_t>(stream)), "topk");
+}
+
+void argmax(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t width, uintptr_t out,
+            int device_index, uintptr_t stream) {
+  check_rows(rows, width, x_row_stride, "argmax");
+  if (width > std::numeric_limits<int32_t>::max()) {
+    throw std::invalid_argument("fray: argmax: width must be < 2^31, got " + std::to_string(width));
+  }
+  ArgmaxParams p;
+  p.x = reinterpret_cast<const void*>(x);
+  p.x_row_stride = x_row_stride;
+  p.dtype = dtype_from_code(dtype, "x");
+  p.rows = rows;
+  p.width = width;
+  p.out = reinterpret_cast<int64_t*>(out);
+  DeviceGuard guard(device_index);
+  check_cuda(fray::argmax(p, reinterpret_cast<cudaStream_t>(stream)), "argmax");
+}
+
+int64_t max_width() { return kTopkMaxWidth; }
+
+int64_t max_sort_k() { return kTopkMaxSortK; }
+
+std::string archs() { return FRAY_CUDA_ARCHS; }
+
+int cuda_runtime_version() {
+  int version = 0;
+  check_cuda(cudaRuntimeGetVersion(&version), "cudaRuntimeGetVersion");
+  return version;
+}
+
+int num_kernel_instances() { return topk_num_kernel_instances(); }
+
+}  // namespace topk_api
+}  // namespace fray

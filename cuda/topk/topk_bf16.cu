@@ -1,0 +1,8 @@
+// Explicit instantiation of the topk family (topk and argmax) for element type __nv_bfloat16.
+#include "cuda/topk/argmax.cuh"
+#include "cuda/topk/topk.cuh"
+
+namespace fray {
+template cudaError_t launch_topk<__nv_bfloat16>(const TopkParams& p, cudaStream_t stream);
+template cudaError_t launch_argmax<__nv_bfloat16>(const ArgmaxParams& p, cudaStream_t stream);
+}  // namespace fray

@@ -1,0 +1,25 @@
+// Fray topk family: Python module _topk (bindings only; logic in topk_api.cc).
+#include <pybind11/pybind11.h>
+
+#include "cuda/topk/topk.h"
+
+namespace api = fray::topk_api;
+namespace py = pybind11;
+
+PYBIND11_MODULE(_topk, m) {
+  m.doc() = "Fray topk CUDA kernels (raw-pointer API; dtype codes 0 fp32, 1 fp16, 2 bf16).";
+  m.def("topk", &api::topk,
+        "values, indices [rows, k] = top-k of each row (rank order if sorted, else index order; or int64 rank "
+        "keys key << 24 | (2^24 - 1 - index) into rank_keys when it is not 0), on the given stream.",
+        py::arg("x"), py::arg("x_row_stride"), py::arg("dtype"), py::arg("rows"), py::arg("width"), py::arg("k"),
+        py::arg("largest"), py::arg("sorted"), py::arg("values"), py::arg("indices"), py::arg("rank_keys"),
+        py::arg("device_index"), py::arg("stream"));
+  m.def("argmax", &api::argmax, "out[rows] (int64) = index of each row's maximum, on the given stream.", py::arg("x"),
+        py::arg("x_row_stride"), py::arg("dtype"), py::arg("rows"), py::arg("width"), py::arg("out"),
+        py::arg("device_index"), py::arg("stream"));
+  m.def("max_width", &api::max_width, "Widest row topk takes.");
+  m.def("max_sort_k", &api::max_sort_k, "Largest k topk returns in rank order (sorted=True).");
+  m.def("archs", &api::archs, "CUDA architectures this extension was compiled for.");
+  m.def("cuda_runtime_version", &api::cuda_runtime_version, "cudaRuntimeGetVersion().");
+  m.def("num_kernel_instances", &api::num_kernel_instances, "Number of compiled topk/argmax kernels.");
+}

@@ -1,0 +1,8 @@
+// Explicit instantiation of the topk family (topk and argmax) for element type float.
+#include "cuda/topk/argmax.cuh"
+#include "cuda/topk/topk.cuh"
+
+namespace fray {
+template cudaError_t launch_topk<float>(const TopkParams& p, cudaStream_t stream);
+template cudaError_t launch_argmax<float>(const ArgmaxParams& p, cudaStream_t stream);
+}  // namespace fray
