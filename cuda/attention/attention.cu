@@ -47,11 +47,19 @@ int decode_split_size(DType dtype, int head_dim, int group, int batch, int n_kv_
     const int64_t chunks = dtype == DType::kFloat32 ? (group + F32Config<64>::kHeads - 1) / F32Config<64>::kHeads : 1;
     const int64_t units = static_cast<int64_t>(batch) * n_kv_heads * chunks;
     const int64_t slots = static_cast<int64_t>(num_sms > 0 ? num_sms : 1) * ctas_per_sm;
-    // Enough CTAs to fill every slot once (small batches: split-KV fills the SMs) and splits no
-    // longer than kTargetSplitTokens (uneven lens: no lone long CTA at the end).
-    splits = std::max((slots + units - 1) / units, (static_cast<int64_t>(capacity) + kTargetSplitTokens - 1) /
-                                                       kTargetSplitTokens);
-    splits = std::min({splits, std::max<int64_t>(1, capacity / kMinSplitTokens), int64_t{kMaxSplits}});
+    // Wave-quantised time of s splits: ceil(units * s / slots) waves of CTAs that each take 1 / s
+    // of a sequence. The smallest s within kWaveSlack of the best s in [lo, hi] wins: split-KV
+    // fills the SMs for small batches, while a batch that already fills them keeps whole
+    // sequences per CTA (no partials, no combine).
+    const int64_t lo = (static_cast<int64_t>(capacity) + kTargetSplitTokens - 1) / kTargetSplitTokens;
+    const int64_t hi = std::max<int64_t>(lo, std::min<int64_t>(std::max<int64_t>(1, capacity / kMinSplitTokens),
+                                                               kMaxSplits));
+    auto waves = [&](int64_t s) { return static_cast<double>((units * s + slots - 1) / slots) / static_cast<double>(s); };
+    double best = waves(lo);
+    for (int64_t s = lo + 1; s <= hi; ++s) best = std::min(best, waves(s));
+    splits = lo;
+    while (splits < hi && waves(splits) > kWaveSlack * best) ++splits;
+    splits = std::min<int64_t>(splits, kMaxSplits);
   }
   const int64_t per = (capacity + splits - 1) / splits;
   return static_cast<int>((per + tile - 1) / tile * tile);

@@ -51,10 +51,14 @@ constexpr int kWarps = kThreads / 32;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Split-count heuristic (decode_split_size).
-constexpr int kTargetSplitTokens = 2048;  // longer splits when B * Hkv already fills the SMs: with
-                                          // uneven lens, no CTA keeps one SM busy for long alone
-constexpr int kMinSplitTokens = 128;      // shorter splits cost more in partials + combine than they save
+// Split-count heuristic (decode_split_size). Measured on the H200 (bf16, D=128, Hq32/Hkv8, graph
+// replay or L2-flushed medians): B=1 T=4096 with 8/16/32/64 splits 13.0/12.6/16.5/27.8 us, so
+// splits shorter than 256 tokens cost more in partials and combine than they gain in parallelism;
+// B=32 T=4096 (256 CTAs for 264 slots) 1 split 134.0 us, 2 splits 138.7 us, 4 splits 141.8 us.
+constexpr int kTargetSplitTokens = 4096;  // at least ceil(T / 4096) splits: with uneven lens, no CTA
+                                          // keeps one SM busy for long alone
+constexpr int kMinSplitTokens = 256;
+constexpr double kWaveSlack = 1.05;       // fewer splits unless more of them save > 5% of wave time
 constexpr int kMaxSplits = 256;           // bounds the partial buffers
 
 // 16-bit caches (tensor-core kernel). 64 tokens per stage = 16 per warp (one m16n8k16 k-step

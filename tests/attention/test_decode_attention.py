@@ -283,12 +283,12 @@ def test_cuda_extension_imports():
 
 
 @pytest.mark.parametrize("batch,hkv,capacity,splits", [
-    (1, 8, 4096, 32),     # B = 1: split-KV fills the 132 SMs (2 CTAs each) with 128-token splits
-    (32, 8, 4096, 2),     # B * Hkv = 256 already fills them: splits of <= 2048 tokens
-    (64, 8, 8192, 4),
-    (1, 1, 32768, 256),   # capped at 256 splits
+    (1, 8, 4096, 16),     # B = 1: split-KV fills the SMs, but splits stay >= 256 tokens
+    (32, 8, 4096, 1),     # B * Hkv = 256 CTAs for 264 slots: whole sequences, no combine
+    (64, 8, 8192, 2),     # at least ceil(T / 4096) splits; more would gain < 5% of wave time
+    (1, 1, 32768, 103),   # 122 splits within 5% of the best, rounded up to 64-token tiles
     (2, 2, 37, 1),        # short caches: one split
-    (3, 4, 300, 2),       # >= 128 tokens per split
+    (3, 4, 300, 1),       # >= 256 tokens per split
 ])
 def test_cuda_split_plan(batch, hkv, capacity, splits):
     ext = _ext()
