@@ -39,3 +39,14 @@ def assert_close(actual, expected_f64, dtype, what="", scale=None):
     bad = err > bound
     assert not bad.any(), "%s (%s): %d of %d elements off; worst error %.3g where the bound is %.3g" % (
         what, dtype, int(bad.sum()), err.numel(), float(err[bad].max()), float(bound[bad][err[bad].argmax()]))
+
+
+def layernorm_scale(x, w, b, eps):
+    """The `scale` of layernorm's result for assert_close: the magnitude of the terms of
+    w * x_hat + b, i.e. |w| (|x_hat| + 1) + |b|, the + 1 being x_hat's absolute error floor
+    (x - mean is a difference)."""
+    from fray.reference import norm as ref
+    xd = x.to(torch.float64)
+    xhat = torch.as_tensor(ref.layernorm(xd, torch.ones_like(w, dtype=torch.float64), None, eps))
+    s = w.to(torch.float64).abs() * (xhat.abs() + 1.0)
+    return s if b is None else s + b.to(torch.float64).abs()

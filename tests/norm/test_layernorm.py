@@ -9,7 +9,7 @@ import torch
 import fray
 from fray import backend as B
 from fray.reference import norm as ref
-from fray.testing import assert_close
+from fray.testing import assert_close, layernorm_scale
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -20,13 +20,7 @@ def _ref(x, w, b, eps):
                          None if b is None else b.to(torch.float64), eps)
 
 
-def _scale(x, w, b, eps):
-    """Magnitude of the terms of w * x_hat + b (see fray.testing.assert_close): |w| (|x_hat| + 1)
-    + |b|, the + 1 being x_hat's absolute error floor (x - mean is a difference)."""
-    xd = x.to(torch.float64)
-    xhat = ref.layernorm(xd, torch.ones_like(w, dtype=torch.float64), None, eps)
-    s = w.to(torch.float64).abs() * (xhat.abs() + 1.0)
-    return s if b is None else s + b.to(torch.float64).abs()
+_scale = layernorm_scale
 
 
 # ---------------------------------------------------------------------------------------------

@@ -370,7 +370,7 @@ def layernorm(x, weight, bias=None, eps=1e-5, *, out=None, backend="auto"):
 def check_cases(device):
     """On a GPU: every available backend x dtype x a few awkward shapes. On the CPU: the reference
     against hand-computed values and the Triton kernels under Triton's interpreter."""
-    from fray.testing import assert_close
+    from fray.testing import assert_close, layernorm_scale
 
     def run(op, backend, dtype, rows, hidden, dev):
         x = torch.randn(rows, hidden, device=dev).to(dtype)
@@ -397,7 +397,8 @@ def check_cases(device):
         if op == "rmsnorm":
             assert_close(y, ref.rmsnorm(x.double(), w.double(), 1e-6), dtype, op)
         elif op == "layernorm":
-            assert_close(y, ref.layernorm(x.double(), w.double(), b.double(), 1e-5), dtype, op)
+            assert_close(y, ref.layernorm(x.double(), w.double(), b.double(), 1e-5), dtype, op,
+                         scale=layernorm_scale(x, w, b, 1e-5))
         else:
             assert_close(y, ey, dtype, op)
             assert_close(s, es, dtype, op)

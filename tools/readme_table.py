@@ -1,0 +1,157 @@
+"""Print (or write into README.md) the operator tables from bench/results/h200/*.jsonl:
+    python3 tools/readme_table.py [--write]
+
+Tables are data first: every cell comes from a committed result row. "best peer" is the fastest
+non-Fray impl of the row measured in the same process (error rows skipped); ratios use the
+faster of fray.cuda and fray.triton. --write replaces the text between the README's
+<!-- table:NAME --> and <!-- /table:NAME --> markers.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "bench", "results", "h200")
+
+# (table, op, shape, dtype, label shown in the shape column)
+ROWS = [
+    ("memory", "rmsnorm", "16384x8192", "bf16", None),
+    ("memory", "rmsnorm", "16384x8192", "fp16", None),
+    ("memory", "rmsnorm", "4096x8192", "bf16", None),
+    ("memory", "rmsnorm", "1x8192:graph", "bf16", None),
+    ("memory", "rmsnorm", "128x4096:graph", "bf16", None),
+    ("memory", "add_rmsnorm", "16384x8192", "bf16", None),
+    ("memory", "add_rmsnorm", "4096x8192", "bf16", None),
+    ("memory", "add_rmsnorm", "1x8192:graph", "bf16", None),
+    ("memory", "add_rmsnorm", "128x4096:graph", "bf16", None),
+    ("memory", "layernorm", "16384x8192", "bf16", None),
+    ("memory", "layernorm", "4096x8192", "bf16", None),
+    ("memory", "silu_mul", "16384x8192", "bf16", None),
+    ("memory", "silu_mul", "128x8192:graph", "bf16", None),
+    ("memory", "gelu_mul", "16384x8192", "bf16", "16384x8192 (tanh)"),
+    ("memory", "gelu_mul", "16384x8192:erf", "bf16", None),
+    ("memory", "softmax", "16384x8192", "bf16", None),
+    ("memory", "softmax", "524288x256", "bf16", None),
+    ("memory", "softmax", "131072x1024", "bf16", None),
+    ("memory", "softmax", "32768x4096", "bf16", None),
+    ("memory", "softmax", "4096x32768", "bf16", None),
+    ("memory", "softmax", "1024x131072", "bf16", None),
+    ("memory", "softmax", "512x262144", "bf16", None),
+    ("memory", "online_softmax", "16384x8192", "bf16", None),
+    ("memory", "rope", "8192x32x128", "bf16", "8192x32x128 in place (k: 8 heads)"),
+    ("memory", "rope", "8192x32x128:graph", "bf16", None),
+    ("memory", "rope", "8192x32x128:fused_qkv", "bf16", None),
+    ("memory", "vector_add", "268435456", "bf16", "2^28 elements"),
+    ("memory", "vector_add", "1048576:graph", "bf16", "2^20 elements:graph"),
+    ("sampling", "topk", "64x131072k50", "fp32", None),
+    ("sampling", "topk", "64x131072k50", "bf16", None),
+    ("sampling", "topk", "64x131072k50:unsorted", "fp32", None),
+    ("sampling", "topk", "1x131072k50", "fp32", None),
+    ("sampling", "topk", "64x131072k1024", "fp32", None),
+    ("sampling", "topk", "64x131072k4096", "fp32", None),
+    ("sampling", "topk", "4096x256k8", "fp32", None),
+    ("sampling", "topk", "64x262144k50", "fp32", None),
+    ("sampling", "argmax", "256x152064", "fp32", None),
+    ("sampling", "argmax", "1x131072", "fp32", None),
+    ("sampling", "argmax", "1x131072:graph", "fp32", None),
+    ("sampling", "sample_topp", "64x131072", "fp32", None),
+    ("sampling", "sample_topp", "64x131072:peaked", "fp32", None),
+    ("sampling", "sample_topp", "64x131072:flat", "fp32", None),
+    ("sampling", "sample_topp", "256x152064", "fp32", None),
+    ("sampling", "sample_topp", "256x152064:peaked", "fp32", None),
+    ("sampling", "sample_topp", "256x152064:flat", "fp32", None),
+    ("sampling", "sample_topk", "64x131072", "fp32", None),
+    ("sampling", "sample_topk", "256x152064", "fp32", None),
+    ("sampling", "decode_step", "64x152064", "fp32", None),
+    ("attention", "decode_attention", "B32Hq32Hkv8T4096D128", "bf16", None),
+    ("attention", "decode_attention", "B64Hq64Hkv8T8192D128", "bf16", None),
+    ("attention", "decode_attention", "B1Hq32Hkv8T4096D128", "bf16", None),
+    ("attention", "decode_attention", "B1Hq32Hkv8T4096D128:graph", "bf16", None),
+    ("attention", "decode_attention", "B64Hq32Hkv8Tvar8192D128", "bf16", None),
+    ("attention", "paged_decode_attention", "B32Hq32Hkv8T4096D128P16", "bf16", None),
+    ("attention", "paged_decode_attention", "B32Hq32Hkv8T4096D128P64", "bf16", None),
+    ("attention", "paged_decode_attention", "B64Hq64Hkv8T8192D128P16", "bf16", None),
+    ("attention", "paged_decode_attention", "B64Hq32Hkv8Tvar8192D128P16", "bf16", None),
+    ("attention", "paged_decode_attention", "B1Hq32Hkv8T4096D128P16:graph", "bf16", None),
+    ("attention", "kv_append", "B64Hkv8D128", "bf16", None),
+    ("attention", "kv_append", "B64Hkv8D128:graph", "bf16", None),
+    ("attention", "kv_append_paged", "B64Hkv8D128P16", "bf16", None),
+]
+PEER_NAMES = {"torch.builtin": None, "torch.eager": "torch eager", "torch.compile": "torch.compile"}
+BUILTIN = {"softmax": "torch.softmax", "online_softmax": "torch.softmax+amax+logsumexp", "layernorm": "F.layer_norm",
+           "vector_add": "torch.add", "topk": "torch.topk", "argmax": "torch.argmax",
+           "decode_attention": "SDPA", "paged_decode_attention": "SDPA (contiguous)"}
+
+
+def load():
+    rows = {}
+    for path in glob.glob(os.path.join(RESULTS, "*.jsonl")):
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    r = json.loads(line)
+                    rows.setdefault((r["op"], r["shape"], r["dtype"]), {})[r["impl"]] = r
+    return rows
+
+
+def cell(r):
+    if r is None or r.get("us") is None:
+        return "-"
+    s = "%.1f µs" % r["us"] if r["us"] >= 10 else "%.2f µs" % r["us"]
+    if r.get("gbps") and not r["shape"].endswith(":graph"):
+        s += " (%.2f TB/s)" % (r["gbps"] / 1000)
+    return s
+
+
+def peer_name(op, impl):
+    base, _, variant = impl.partition(":")
+    if base == "torch.builtin":
+        name = BUILTIN.get(op, "torch built-in")
+        return name + (" (%s)" % variant if variant else "")
+    return PEER_NAMES.get(impl, impl)
+
+
+def table(name, data):
+    out = ["| op | shape dtype | fray.cuda | fray.triton | best peer | Fray vs best peer |", "|---|---|---|---|---|---|"]
+    for t, op, shape, dtype, label in ROWS:
+        if t != name:
+            continue
+        impls = data.get((op, shape, dtype))
+        if not impls:
+            continue
+        fr = [r for k, r in impls.items() if k in ("fray.cuda", "fray.triton") and r.get("us")]
+        peers = [r for k, r in impls.items() if not k.startswith("fray.") and r.get("us")]
+        best = min(peers, key=lambda r: r["us"]) if peers else None
+        mine = min(fr, key=lambda r: r["us"]) if fr else None
+        ratio = "%.2fx" % (best["us"] / mine["us"]) if best and mine else "-"
+        shown = (label or shape).replace(":graph", ", graph replay")
+        out.append("| %s | %s %s | %s | %s | %s | %s |" % (
+            op, shown, dtype, cell(impls.get("fray.cuda")), cell(impls.get("fray.triton")),
+            "%s: %s" % (peer_name(op, best["impl"]), cell(best)) if best else "-", ratio))
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--write", action="store_true")
+    a = ap.parse_args()
+    data = load()
+    names = sorted({r[0] for r in ROWS})
+    if not a.write:
+        for n in names:
+            print("## %s\n\n%s\n" % (n, table(n, data)))
+        return
+    path = os.path.join(ROOT, "README.md")
+    text = open(path).read()
+    for n in names:
+        pat = re.compile(r"(<!-- table:%s -->\n).*?(<!-- /table:%s -->)" % (n, n), re.S)
+        if not pat.search(text):
+            raise SystemExit("README.md has no <!-- table:%s --> markers" % n)
+        text = pat.sub(lambda m: m.group(1) + table(n, data) + "\n" + m.group(2), text)
+    open(path, "w").write(text)
+
+
+if __name__ == "__main__":
+    main()
