@@ -61,6 +61,8 @@ __global__ void __launch_bounds__(kMaxThreads) argmax_kernel(const ArgmaxArgs a)
   static_assert(VEC == 1 || VEC * sizeof(T) == 16, "argmax_kernel: VEC is one element or 16 bytes");
   __shared__ uint64_t warp_best[kMaxThreads / kWarp];
   __shared__ uint64_t cta_best[kMaxCluster];
+  static_assert(sizeof(warp_best) + sizeof(cta_best) <= topk_detail::kStaticSmemBound,
+                "argmax_kernel: static shared memory above the plan's bound");
 
   const int tid = static_cast<int>(threadIdx.x);
   const int nthreads = static_cast<int>(blockDim.x);

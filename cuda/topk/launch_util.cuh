@@ -12,23 +12,12 @@
 #include <utility>
 
 #include "cuda/common/launch.h"
+#include "cuda/topk/topk_plan.h"
 
 namespace fray {
 namespace topk_detail {
 
-constexpr int kMaxCluster = 16;      // sm_90 limit (above 8 needs the non-portable opt-in)
-constexpr int kPortableCluster = 8;
-constexpr size_t kDefaultSmem = 48 * 1024;  // dynamic shared memory without the opt-in
-constexpr int64_t kMaxBlocksPerLaunch = int64_t{1} << 30;  // keeps grid.x < 2^31 - 1
 constexpr int kMaxDevices = 64;
-
-constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-constexpr int64_t next_pow2(int64_t n) {
-  int64_t p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
 
 // Multiprocessor count of `device`, read once per device (a host attribute query:
 // no stream work, so it is safe during graph capture).
@@ -48,21 +37,23 @@ inline int sm_count(int device) {
   return v;
 }
 
-// Function attributes a launch needs: dynamic shared memory above 48 KB, and
-// clusters above 8 CTAs. Set once per (kernel, device) and raised when a launch
-// needs more, so the launches of a captured graph (after a warm-up call) make no
-// attribute calls at all.
+// Function attributes a launch needs: the shared-memory opt-in when static plus
+// dynamic memory may pass 48 KB (needs_smem_optin: the static part counts too, so
+// exactly 48 KB of dynamic memory already needs it), and clusters above 8 CTAs.
+// Set once per (kernel, device) and raised when a launch needs more, so the
+// launches of a captured graph (after a warm-up call) make no attribute calls.
 inline cudaError_t prepare_kernel(const void* fn, int device, size_t smem, int cluster) {
-  if (smem <= kDefaultSmem && cluster <= kPortableCluster) return cudaSuccess;
+  const bool optin = needs_smem_optin(smem);
+  if (!optin && cluster <= kPortableCluster) return cudaSuccess;
   struct State {
-    size_t smem = kDefaultSmem;
+    size_t smem = 0;  // dynamic bytes the attribute allows (0: never set)
     bool big_cluster = false;
   };
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, State> done;
   const std::lock_guard<std::mutex> lock(mu);
   State& st = done[{fn, device}];
-  if (smem > st.smem) {
+  if (optin && smem > st.smem) {
     const cudaError_t err =
         cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err != cudaSuccess) return err;

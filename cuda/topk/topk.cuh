@@ -13,6 +13,7 @@
 #include "cuda/topk/launch_util.cuh"
 #include "cuda/topk/order_key.cuh"
 #include "cuda/topk/topk.h"
+#include "cuda/topk/topk_plan.h"
 
 namespace fray {
 namespace topk_detail {
@@ -21,16 +22,8 @@ namespace cg = cooperative_groups;
 
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarp = 32;
-constexpr int kMaxThreads = 512;      // block size of wide slices: 2 blocks per SM (64 registers)
-constexpr int kMinThreads = 32;       // one warp: short rows (4096 x 256) pack 32 blocks per SM
-constexpr int kItemsPerThread = 16;   // slice elements per thread that size the block
 constexpr int kLoadUnroll = 4;        // 16-byte loads in flight per thread while reading the row
-constexpr int kSliceBytes = 64 * 1024;  // keys per CTA: 3 CTAs (plus histograms) fit an SM's 228 KB
-constexpr int kMinSplitSlice = 2048;  // few rows: split a row over more CTAs down to this slice
-constexpr int kSliceAlign = 8;        // slice length multiple: 16-byte key vectors, 16/32-byte loads
-constexpr int kSmallRadix = 8;        // digit bits for short slices (256-bin histograms)
-constexpr int kBigRadix = 11;         // digit bits for long slices: fewer passes, fewer conflicts
-constexpr int kBigRadixMinSlice = 4096;
+constexpr int kOutUnroll = 4;         // x gathers in flight per thread while writing ranked winners
 constexpr int kRankKeyIndexBits = 24;  // widths <= 2^24: key << 24 stays below 2^56 (non-negative int64)
 constexpr uint32_t kRankKeyIndexMask = (1u << kRankKeyIndexBits) - 1u;
 static_assert(kTopkMaxWidth <= (int64_t{1} << kRankKeyIndexBits), "rank keys hold indices in 24 bits");
@@ -60,6 +53,7 @@ struct Scratch {
   uint32_t sel_slice, sel_above;
   uint32_t res_bin, res_above, res_cnt;
 };
+static_assert(sizeof(Scratch) <= kStaticSmemBound, "topk_kernel: static shared memory above the plan's bound");
 
 __device__ __forceinline__ uint32_t lanemask_lt() {
   uint32_t m;
@@ -174,8 +168,50 @@ __device__ __forceinline__ void compare_swap_desc(uint64_t* buf, int i, int stri
   }
 }
 
+// Bitonic stages of stride <= 32 for merge sizes size_lo..size_hi (powers of two)
+// on every aligned 64-key segment of buf[0, n): one warp per segment, keys in
+// registers (lane holds positions base + lane and base + 32 + lane), shuffles
+// instead of a shared-memory round trip and a block barrier per stage.
+// Position p keeps the larger key of its pair iff it is the pair's lower
+// position and (p & size) == 0, or the upper one and (p & size) != 0
+// (compare_swap_desc's rule). Warp-uniform loop; the caller adds the barriers.
+__device__ __forceinline__ void bitonic_segment_stages(uint64_t* buf, int n, int size_lo, int size_hi) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int nwarps = static_cast<int>(blockDim.x) / kWarp;
+  for (int seg = static_cast<int>(threadIdx.x) / kWarp; seg < n / (2 * kWarp); seg += nwarps) {
+    const int p0 = seg * 2 * kWarp + lane;
+    const int p1 = p0 + kWarp;
+    uint64_t v0 = buf[p0];
+    uint64_t v1 = buf[p1];
+    for (int size = size_lo; size <= size_hi; size <<= 1) {
+      for (int stride = min(size >> 1, kWarp); stride > 0; stride >>= 1) {
+        if (stride == kWarp) {  // the pair (p0, p1) sits in this lane; size >= 64 gives both one direction
+          const bool desc = (p0 & size) == 0;
+          const uint64_t big = v0 > v1 ? v0 : v1;
+          const uint64_t small = v0 > v1 ? v1 : v0;
+          v0 = desc ? big : small;
+          v1 = desc ? small : big;
+        } else {
+          const bool low = (lane & stride) == 0;
+          const uint64_t o0 = __shfl_xor_sync(kFullMask, v0, stride);
+          const uint64_t o1 = __shfl_xor_sync(kFullMask, v1, stride);
+          const bool keep_big0 = low == ((p0 & size) == 0);
+          const bool keep_big1 = low == ((p1 & size) == 0);
+          v0 = keep_big0 == (o0 > v0) ? o0 : v0;
+          v1 = keep_big1 == (o1 > v1) ? o1 : v1;
+        }
+      }
+    }
+    buf[p0] = v0;
+    buf[p1] = v1;
+  }
+}
+
 // Bitonic sort of buf[0, n) (n a power of two) into decreasing order. Up to 64
-// keys one warp sorts alone (no block barriers). Ends with a barrier.
+// keys one warp sorts alone (no block barriers). Above, only strides >= 64 go
+// through shared memory with a block barrier each; every run of strides 32..1
+// is one register pass per 64-key segment (4096 keys: 28 shared-memory passes
+// and barriers instead of 78). Ends with a barrier.
 __device__ __forceinline__ void bitonic_sort_desc(uint64_t* buf, int n) {
   const int tid = static_cast<int>(threadIdx.x);
   if (n <= 2 * kWarp) {
@@ -188,11 +224,15 @@ __device__ __forceinline__ void bitonic_sort_desc(uint64_t* buf, int n) {
       }
     }
   } else {
-    for (int size = 2; size <= n; size <<= 1) {
-      for (int stride = size >> 1; stride > 0; stride >>= 1) {
+    bitonic_segment_stages(buf, n, 2, 2 * kWarp);
+    __syncthreads();
+    for (int size = 4 * kWarp; size <= n; size <<= 1) {
+      for (int stride = size >> 1; stride > kWarp; stride >>= 1) {
         for (int i = tid; i < n / 2; i += static_cast<int>(blockDim.x)) compare_swap_desc(buf, i, stride, size);
         __syncthreads();
       }
+      bitonic_segment_stages(buf, n, size, size);
+      __syncthreads();
     }
   }
   __syncthreads();
@@ -351,8 +391,14 @@ __global__ void __launch_bounds__(kMaxThreads, 2) topk_kernel(const TopkArgs a) 
       const int nbs = nb / nctas;
       uint32_t part = 0u;
       for (int j = tid; j < nbs; j += nthreads) {
+        // All kMaxCluster remote loads issued back to back (ranks past the cluster re-read
+        // this CTA's bin and add nothing): one distributed-shared-memory latency, not C.
+        uint32_t v[kMaxCluster];
+#pragma unroll
+        for (int c = 0; c < kMaxCluster; ++c) v[c] = cl.map_shared_rank(hist, c < nctas ? c : rank)[rank * nbs + j];
         uint32_t s = 0u;
-        for (int c = 0; c < nctas; ++c) s += cl.map_shared_rank(hist, c)[rank * nbs + j];
+#pragma unroll
+        for (int c = 0; c < kMaxCluster; ++c) s += c < nctas ? v[c] : 0u;
         merged[j] = s;
         part += s;
       }
@@ -505,10 +551,25 @@ __global__ void __launch_bounds__(kMaxThreads, 2) topk_kernel(const TopkArgs a) 
   }
   if (rank != 0) return;
   bitonic_sort_desc(sortbuf, a.sort_size);
-  for (int j = tid; j < a.k; j += nthreads) {
-    const uint32_t idx = ~static_cast<uint32_t>(sortbuf[j]);
-    inds[j] = idx;
-    vals[j] = xrow[idx];
+  // kOutUnroll gathers from x in flight per thread: loads first, then the stores
+  // (which may alias x as far as the compiler knows and would serialise them).
+  for (int j0 = tid; j0 < a.k; j0 += kOutUnroll * nthreads) {
+    uint32_t idx[kOutUnroll];
+    Bits v[kOutUnroll];
+#pragma unroll
+    for (int u = 0; u < kOutUnroll; ++u) {
+      const int j = j0 + u * nthreads;
+      idx[u] = j < a.k ? ~static_cast<uint32_t>(sortbuf[j]) : 0u;
+      v[u] = j < a.k ? xrow[idx[u]] : Bits{};
+    }
+#pragma unroll
+    for (int u = 0; u < kOutUnroll; ++u) {
+      const int j = j0 + u * nthreads;
+      if (j < a.k) {
+        inds[j] = idx[u];
+        vals[j] = v[u];
+      }
+    }
   }
 }
 
@@ -517,38 +578,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) topk_kernel(const TopkArgs a) 
 // ---------------------------------------------------------------------------
 using TopkKernelFn = void (*)(TopkArgs);
 
-struct TopkConfig {
-  int cluster;    // CTAs per row
-  int slice;      // elements per CTA
-  int threads;    // per CTA
-  bool big_radix;
-  int sort_size;  // 0: index-ordered output
-  size_t smem;    // dynamic shared memory per CTA
-};
-
-// Cluster size: the fewest CTAs whose 64 KB key slices hold the row, doubled
-// while rows x CTAs leave SMs idle and slices stay >= 2048 elements (one row of
-// 131072 takes 16 SMs instead of 8). Threads: one per 16 slice elements, 32 to
-// 512. Histograms: 2048 bins (11-bit digits) from 4096-element slices, 256
-// bins below that (zeroing 2048 bins per pass would dominate short rows).
-inline TopkConfig topk_config(int64_t rows, int64_t width, int64_t k, bool sorted, int key_bytes, int num_sms) {
-  TopkConfig c{};
-  const int64_t max_slice = kSliceBytes / key_bytes;
-  int64_t cl = 1;
-  while (cl < kMaxCluster && ceil_div(width, cl) > max_slice) cl *= 2;
-  while (cl < kMaxCluster && rows * cl < num_sms && ceil_div(width, 2 * cl) >= kMinSplitSlice) cl *= 2;
-  c.cluster = static_cast<int>(cl);
-  c.slice = static_cast<int>(ceil_div(ceil_div(width, cl), kSliceAlign) * kSliceAlign);
-  const int64_t t = next_pow2(ceil_div(c.slice, kItemsPerThread));
-  c.threads = static_cast<int>(t < kMinThreads ? kMinThreads : t > kMaxThreads ? kMaxThreads : t);
-  c.big_radix = c.slice >= kBigRadixMinSlice;
-  c.sort_size = sorted ? static_cast<int>(next_pow2(k)) : 0;
-  const size_t bins = size_t{1} << (c.big_radix ? kBigRadix : kSmallRadix);
-  const size_t hist_bytes = (bins + (c.cluster > 1 ? bins / c.cluster : 0)) * sizeof(uint32_t);
-  const size_t sort_bytes = static_cast<size_t>(c.sort_size) * sizeof(uint64_t);
-  c.smem = static_cast<size_t>(c.slice) * key_bytes + (hist_bytes > sort_bytes ? hist_bytes : sort_bytes);
-  return c;
-}
+// TopkConfig and topk_config: topk_plan.h (host-only, checked by the CPU tests).
 
 template <typename T, int VEC>
 constexpr TopkKernelFn topk_kernel_for(bool big_radix, bool cluster) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 #include "cuda/common/dtype.h"
 
@@ -71,6 +72,16 @@ void topk(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t wi
 void argmax(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t width, uintptr_t out,
             int device_index, uintptr_t stream);
 
+// The launch plan of topk for these arguments (CPU tests check every plan is launchable):
+// (cluster CTAs per row, slice elements per CTA, threads per CTA, digit bits, sort size,
+// dynamic shared memory bytes, whether the shared-memory opt-in is set before launching).
+std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool> topk_plan(int64_t rows, int64_t width,
+                                                                               int64_t k, bool sorted, int dtype,
+                                                                               int num_sms);
+// (largest cluster, largest portable cluster, shared memory per block without the opt-in,
+// opt-in limit per block (static + dynamic), bound of the kernels' static shared memory,
+// most blocks per launch): the limits the plans are checked against.
+std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t> launch_limits();
 int64_t max_width();
 int64_t max_sort_k();
 std::string archs();

@@ -11,6 +11,7 @@
 #include "cuda/common/dtype.h"
 #include "cuda/common/launch.h"
 #include "cuda/topk/topk.h"
+#include "cuda/topk/topk_plan.h"
 
 #ifndef FRAY_CUDA_ARCHS
 #define FRAY_CUDA_ARCHS "unknown"
@@ -84,6 +85,21 @@ void argmax(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t 
   p.out = reinterpret_cast<int64_t*>(out);
   DeviceGuard guard(device_index);
   check_cuda(fray::argmax(p, reinterpret_cast<cudaStream_t>(stream)), "argmax");
+}
+
+std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool> topk_plan(int64_t rows, int64_t width,
+                                                                               int64_t k, bool sorted, int dtype,
+                                                                               int num_sms) {
+  const int key_bytes = dtype_from_code(dtype, "x") == DType::kFloat32 ? 4 : 2;
+  const topk_detail::TopkConfig c = topk_detail::topk_config(rows, width, k, sorted, key_bytes, num_sms);
+  return {c.cluster, c.slice,     c.threads, c.big_radix ? topk_detail::kBigRadix : topk_detail::kSmallRadix,
+          c.sort_size, static_cast<int64_t>(c.smem), topk_detail::needs_smem_optin(c.smem)};
+}
+
+std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t> launch_limits() {
+  using namespace topk_detail;
+  return {kMaxCluster, kPortableCluster, static_cast<int64_t>(kDefaultSmem), static_cast<int64_t>(kMaxSmemPerBlock),
+          static_cast<int64_t>(kStaticSmemBound), kMaxBlocksPerLaunch};
 }
 
 int64_t max_width() { return kTopkMaxWidth; }

@@ -17,6 +17,12 @@ PYBIND11_MODULE(_topk, m) {
   m.def("argmax", &api::argmax, "out[rows] (int64) = index of each row's maximum, on the given stream.", py::arg("x"),
         py::arg("x_row_stride"), py::arg("dtype"), py::arg("rows"), py::arg("width"), py::arg("out"),
         py::arg("device_index"), py::arg("stream"));
+  m.def("topk_plan", &api::topk_plan,
+        "(cluster, slice, threads, digit bits, sort size, dynamic smem bytes, smem opt-in) of a topk launch.",
+        py::arg("rows"), py::arg("width"), py::arg("k"), py::arg("sorted"), py::arg("dtype"), py::arg("num_sms"));
+  m.def("launch_limits", &api::launch_limits,
+        "(max cluster, max portable cluster, smem per block without opt-in, opt-in smem limit per block, static "
+        "smem bound, max blocks per launch).");
   m.def("max_width", &api::max_width, "Widest row topk takes.");
   m.def("max_sort_k", &api::max_sort_k, "Largest k topk returns in rank order (sorted=True).");
   m.def("archs", &api::archs, "CUDA architectures this extension was compiled for.");

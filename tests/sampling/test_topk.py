@@ -147,6 +147,64 @@ def test_extension_rejects_bad_arguments(kwargs, match):
         _ext().argmax(x=0, x_row_stride=0, dtype=0, rows=1, width=0, out=0, device_index=-1, stream=0)
 
 
+PLAN_WIDTHS = [1, 2, 7, 8, 9, 255, 256, 999, 2047, 2048, 2049, 4095, 4096, 4097, 5000, 8191, 8192, 16383, 16385,
+               32768, 32769, 65536, 65537, 131071, 131072, 140000, 152064, 200003, 262143, 262144]
+
+
+def _check_plan(ext, rows, width, k, sorted, dtype, num_sms):
+    max_cluster, portable, default_smem, max_smem, static_bound, max_blocks = ext.launch_limits()
+    cluster, slice_, threads, bits, sort_size, smem, optin = ext.topk_plan(rows, width, k, sorted, dtype, num_sms)
+    key_bytes = 4 if dtype == 0 else 2
+    what = "rows %d width %d k %d sorted %s dtype %d sms %d -> %r" % (
+        rows, width, k, sorted, dtype, num_sms, (cluster, slice_, threads, bits, sort_size, smem, optin))
+    assert cluster in (1, 2, 4, 8, 16) and cluster <= max_cluster, what
+    assert slice_ % 8 == 0 and cluster * slice_ >= width and slice_ * key_bytes <= 64 * 1024, what
+    assert threads in (32, 64, 128, 256, 512), what
+    assert bits in (8, 11), what
+    nb, done = [], 0  # every pass's bins split evenly over the cluster (merged 1/C shares)
+    while done < 8 * key_bytes:
+        nb.append(1 << min(bits, 8 * key_bytes - done))
+        done += bits
+    assert all(n % cluster == 0 for n in nb), what
+    hist = 4 * ((1 << bits) + ((1 << bits) // cluster if cluster > 1 else 0))
+    assert sort_size == ((1 << (k - 1).bit_length()) if sorted else 0) and sort_size <= S.CUDA_SORT_MAX_K, what
+    assert smem >= slice_ * key_bytes + max(hist, 8 * sort_size), what
+    assert (slice_ * key_bytes) % 16 == 0, what  # the histograms / sort buffer after the keys stay aligned
+    # Launchable: static + dynamic shared memory within the opt-in limit, and the opt-in is set
+    # whenever they may pass the 48 KB default (48 KB of dynamic memory alone already does).
+    assert smem + static_bound <= max_smem, what
+    assert optin == (smem + static_bound > default_smem), what
+    # grid.x = rows per launch x cluster: a multiple of the cluster size, below 2^31.
+    assert max_blocks % cluster == 0 and max_blocks < 2 ** 31 - 1, what
+    assert min(rows, max_blocks // cluster) * cluster <= max_blocks, what
+    return cluster, smem, optin
+
+
+def test_topk_plans_are_launchable():
+    ext = _ext()
+    n = 0
+    for dtype in (0, 1, 2):
+        for width in PLAN_WIDTHS:
+            for k in sorted({1, 8, 50, 1024, 1500, 4096, width}):
+                if k > width:
+                    continue
+                for rows in (1, 2, 6, 64, 4096):
+                    for num_sms in (132, 114, 1):
+                        for srt in ((True, False) if k <= S.CUDA_SORT_MAX_K else (False,)):
+                            _check_plan(ext, rows, width, k, srt, dtype, num_sms)
+                            n += 1
+    assert n > 10000
+
+
+def test_topk_plan_regressions():
+    # The H200 failures: exactly 48 KB of dynamic shared memory with 16-CTA clusters, launched
+    # without the opt-in while the kernel's static shared memory pushed the total past 48 KB.
+    ext = _ext()
+    for rows, width, k, dtype in ((2, 131072, 4096, 1), (2, 131072, 4096, 2), (6, 131072, 1500, 0)):
+        cluster, smem, optin = _check_plan(ext, rows, width, k, True, dtype, 132)
+        assert (cluster, smem, optin) == (16, 48 * 1024, True)
+
+
 def test_static_algorithm_checks():
     S._check_topk_algorithm(300000, 5, "auto", "cuda")  # auto takes torch beyond 262144
     S._check_topk_algorithm(300000, 5, "torch", "triton")
