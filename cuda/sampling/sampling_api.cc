@@ -20,9 +20,13 @@ namespace fray {
 namespace sampling_api {
 namespace {
 
-void check_shape(int64_t rows, int64_t cols, int64_t row_stride) {
-  if (rows < 0 || cols < 0 || (rows > 1 && row_stride < cols)) {
-    throw std::invalid_argument("fray: sampling expects rows >= 0, cols >= 0 and row_stride >= cols, got rows " +
+// Read-only logits (sample) may repeat rows: any row stride >= 0 (0 is what expand() makes).
+// Logits written in place (penalties, decode_step) must not overlap: row_stride >= cols.
+void check_shape(int64_t rows, int64_t cols, int64_t row_stride, bool writable) {
+  const int64_t min_stride = writable ? cols : 0;
+  if (rows < 0 || cols < 0 || (rows > 1 && row_stride < min_stride)) {
+    throw std::invalid_argument("fray: sampling expects rows >= 0, cols >= 0 and row_stride >= " +
+                                std::string(writable ? "cols (logits written in place)" : "0") + ", got rows " +
                                 std::to_string(rows) + ", cols " + std::to_string(cols) + ", row_stride " +
                                 std::to_string(row_stride));
   }
@@ -37,7 +41,7 @@ SampleParams sample_params(uintptr_t logits, int64_t row_stride, int dtype, int6
                            uintptr_t top_p, double top_p_value, uintptr_t min_p, double min_p_value, uintptr_t seeds,
                            int64_t seed_value, uintptr_t offsets, int64_t offset_value, uintptr_t tokens,
                            uintptr_t logprobs) {
-  check_shape(rows, cols, row_stride);
+  check_shape(rows, cols, row_stride, /*writable=*/false);
   SampleParams p;
   p.logits = reinterpret_cast<const void*>(logits);
   p.row_stride = row_stride;
@@ -74,7 +78,7 @@ PenaltyParams penalty_params(uintptr_t logits, int64_t row_stride, int dtype, in
                              uintptr_t token_ids, bool ids_int64, int64_t num_ids, uintptr_t token_offsets,
                              bool offsets_int64, uintptr_t repetition, double repetition_value, uintptr_t presence,
                              double presence_value, uintptr_t frequency, double frequency_value) {
-  check_shape(rows, cols, row_stride);
+  check_shape(rows, cols, row_stride, /*writable=*/true);
   if (num_ids < 0) throw std::invalid_argument("fray: apply_penalties num_ids must be >= 0");
   if (rows > 0 && token_offsets == 0) throw std::invalid_argument("fray: apply_penalties needs token_offsets");
   if (num_ids > 0 && token_ids == 0) throw std::invalid_argument("fray: apply_penalties needs token_ids");

@@ -109,6 +109,24 @@ def test_errors_name_the_argument():
     assert torch.equal(logits, before)  # validated before anything is written
 
 
+def test_in_place_logits_may_not_overlap():
+    # Penalties write logits: expand()ed (stride-0) rows are refused before anything is written,
+    # on every device; sample (read-only) takes them (test_sample.py).
+    logits, ids, offs = _hand()
+    row = logits[:1].clone()
+    x = row.expand(logits.shape[0], logits.shape[1])
+    with pytest.raises(ValueError, match="logits:.*overlap"):
+        fray.apply_penalties(x, ids, offs, repetition=2.0)
+    with pytest.raises(ValueError, match="logits:.*overlap"):
+        fray.decode_step(x, ids, offs, repetition=2.0, temperature=1.0, seeds=0, offsets=0)
+    assert torch.equal(row, logits[:1])
+    # Strided but non-overlapping rows (a column slice; a transposed view) are fine.
+    wide = torch.cat([logits, logits], dim=1)
+    y = fray.apply_penalties(wide[:, 1:1 + logits.shape[1]], ids, offs, repetition=2.0)
+    assert y.shape == logits.shape
+    fray.apply_penalties(logits.t().contiguous().t(), ids, offs, repetition=2.0)
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU (H200): every backend against the reference
 

@@ -218,6 +218,42 @@ def test_philox_known_answer_cuda_code():
     assert ext.philox(ctr, key) == [int(v) for v in ref.philox4x32_10(ctr, key)]
 
 
+def test_row_strides_sample_reads_repeated_rows_penalties_refuse_them():
+    # sample only reads logits: any row stride >= 0 (0: expand()ed rows) passes the adapter's
+    # shape check and reaches the buffer check after it (no launch: pointers are 0). Penalties
+    # and decode_step write logits in place: a row stride < cols is refused.
+    from fray import _validate as V
+    ext = _extension()
+    rows, cols = 4, 32000
+    tail = (0, 1.0, 0, 0, 0, 1.0, 0, 0.0, 0, 0, 0, 0)  # temperature .. offset_value
+    for stride in (0, 1, cols, cols + 3):
+        with pytest.raises(ValueError, match="tokens and logprobs"):
+            ext.sample(0, stride, 0, rows, cols, *tail, 0, 0, 0, 0)
+    with pytest.raises(ValueError, match="row_stride >= 0"):
+        ext.sample(0, -1, 0, rows, cols, *tail, 0, 0, 0, 0)
+    pen = (0, True, 0, 0, True, 0, 1.0, 0, 0.0, 0, 0.0)  # token_ids .. frequency_value
+    for stride in (0, cols - 1):
+        with pytest.raises(ValueError, match="row_stride >= cols"):
+            ext.apply_penalties(0, stride, 0, rows, cols, *pen, 0, 0)
+        with pytest.raises(ValueError, match="row_stride >= cols"):
+            ext.decode_step(0, stride, 0, rows, cols, *pen, *tail, 0, 0, 0, 0)
+    with pytest.raises(ValueError, match="needs token_offsets"):  # the stride passed
+        ext.apply_penalties(0, cols, 0, rows, cols, *pen, 0, 0)
+    # The Python layer: the same split.
+    x = torch.randn(1, 64).expand(3, 64)
+    assert V.row_stride("logits", x) == 0
+    with pytest.raises(ValueError, match="logits: rows overlap"):
+        V.row_stride("logits", x, writable=True)
+
+
+def test_cpu_sample_takes_expanded_rows():
+    row = torch.randn(1, 100, generator=torch.Generator().manual_seed(3))
+    kw = dict(temperature=0.8, top_k=20, top_p=0.9, seeds=torch.arange(5), offsets=1, return_logprobs=True)
+    tok, lp = fray.sample(row.expand(5, 100), **kw)
+    tok2, lp2 = fray.sample(row.repeat(5, 1), **kw)
+    assert torch.equal(tok, tok2) and torch.equal(lp, lp2)
+
+
 def test_cuda_max_width_is_the_extensions():
     from fray.ops import sampling as ops
     ext = _extension()

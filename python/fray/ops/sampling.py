@@ -660,6 +660,18 @@ def _check_history(logits, token_ids, token_offsets):
                 logits.shape[1], int(token_ids.min()), int(token_ids.max())))
 
 
+def _check_rows_writable(logits):
+    # Penalties write logits in place: rows that share memory (stride 0, as expand() makes; fine
+    # for sample, which only reads) would race on the GPU, so they are refused on every device.
+    if logits.device.type != "cpu":
+        V.row_stride("logits", logits, writable=True)
+        return
+    dims = sorted((abs(st), n) for n, st in zip(logits.shape, logits.stride()) if n > 1)
+    if dims and (dims[0][0] == 0 or (len(dims) == 2 and dims[0][0] * (dims[0][1] - 1) >= dims[1][0])):
+        raise ValueError("logits: written in place, so its elements may not overlap (as expand() makes); got shape "
+                         "%s with strides %s: pass logits.contiguous()" % (tuple(logits.shape), logits.stride()))
+
+
 def _penalties_validated(logits, token_ids, token_offsets, params, backend):
     if logits.device.type == "cpu":
         r, p, f = (v.double().numpy() for v in _materialize_all(params, _PENALTY_KINDS, logits.shape[0], logits.device))
@@ -687,8 +699,7 @@ def apply_penalties(logits, token_ids, token_offsets, *, repetition=1.0, presenc
     _check_logits("logits", logits, V.FLOAT_DTYPES, ndim=2)
     if logits.device.type == "cpu":
         _cpu_backend_ok(backend, "logits")
-    else:
-        V.row_stride("logits", logits, writable=True)
+    _check_rows_writable(logits)
     _check_history(logits, token_ids, token_offsets)
     params = _penalty_params(logits, repetition, presence, frequency)
     return _penalties_validated(logits, token_ids, token_offsets, params, backend)
@@ -702,13 +713,13 @@ def decode_step(logits, token_ids, token_offsets, *, repetition=1.0, presence=0.
     "cuda" backend: exactly two kernel launches (penalties, then sampling), no host sync, no
     allocation beyond the outputs; graph-capturable (bump `offsets` in place between replays)."""
     _check_sample_common(logits, return_logprobs, backend)
+    _check_rows_writable(logits)
     _check_history(logits, token_ids, token_offsets)
     pen = _penalty_params(logits, repetition, presence, frequency)
     params = _sampling_params(logits, temperature, top_k, top_p, min_p, seeds, offsets)
     if logits.device.type == "cpu":
         _penalties_validated(logits, token_ids, token_offsets, pen, backend)
         return _sample_validated(logits, params, return_logprobs, backend)
-    V.row_stride("logits", logits, writable=True)
     rows = logits.shape[0]
     tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
     logprobs = torch.empty(rows, dtype=torch.float32, device=logits.device)
