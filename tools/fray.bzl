@@ -74,3 +74,14 @@ def fray_bench(name, src, deps = [], **kwargs):
         tags = ["gpu", "manual"],
         **kwargs
     )
+
+def fray_bench_family(ops):
+    """bench/<family>/BUILD.bazel in one call: a fray_bench per op (<op>.py) and the `all`
+    filegroup the GPU bundle copies."""
+    for op in ops:
+        fray_bench(name = op, src = op + ".py")
+    native.filegroup(
+        name = "all",
+        srcs = native.glob(["*.py"]),
+    )
+
