@@ -27,7 +27,7 @@ def _cmd_ops():
     print("%-14s %-8s %-10s %s" % ("op", "family", "backend", "status here"))
     for op, family in fray.OPS.items():
         print("%-14s %-8s %-10s %s" % (op, family, "reference", "available (CPU tensors, numpy)"))
-        for backend, reason in B.available(op, family, dev).items():
+        for backend, reason in B.available(op, fray.CUDA_FAMILY[op], dev).items():
             print("%-14s %-8s %-10s %s" % ("", "", backend, "available" if reason is None else "unavailable: " + reason))
     return 0
 

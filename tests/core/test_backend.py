@@ -38,3 +38,15 @@ def test_forced_backend_override(monkeypatch):
     with pytest.raises(ValueError, match="backend: 'reference'"):
         B.resolve("rmsnorm", "norm", "auto", torch.device("cuda", 0))
     B._RESOLVED.clear()
+
+
+def test_every_op_names_its_cuda_extension():
+    import fray
+    assert set(fray.CUDA_FAMILY) == set(fray.OPS)
+    assert fray.CUDA_FAMILY["topk"] == fray.CUDA_FAMILY["argmax"] == "topk"
+    assert fray.CUDA_FAMILY["sample"] == fray.CUDA_FAMILY["decode_step"] == "sampling"
+    assert fray.CUDA_FAMILY["rmsnorm"] == "norm"
+    # every named extension is built: fray._C._<family> (this target depends on //python/fray/_C:all)
+    from fray import backend as B
+    for family in set(fray.CUDA_FAMILY.values()):
+        assert B.load_extension(family).archs(), family

@@ -82,6 +82,7 @@ def _f64(a):
 # topk
 
 TOPK_FAMILY = "topk"    # the CUDA extension of topk and argmax: fray._C._topk (cuda/topk)
+CUDA_FAMILIES = {"topk": TOPK_FAMILY, "argmax": TOPK_FAMILY}  # the others: fray._C._sampling
 CUDA_SORT_MAX_K = 4096  # cuda/topk kTopkMaxSortK: the kernel ranks up to this many winners itself
 RANK_KEY_INDEX_MASK = (1 << 24) - 1  # cuda/topk rank keys: key << 24 | (2^24 - 1 - index)
 _BITS = {2: torch.int16, 4: torch.int32}
@@ -808,7 +809,7 @@ def check_cases(device):
                               lambda o=op, d=dtype: _run_case(o, d, 3, 100, "cpu", True)))
         return cases
     for op in OPS:
-        for backend, reason in B.available(op, TOPK_FAMILY if op in ("topk", "argmax") else FAMILY, device).items():
+        for backend, reason in B.available(op, CUDA_FAMILIES.get(op, FAMILY), device).items():
             if reason is not None:
                 cases.append((op, backend, "-", "-", RuntimeError("unavailable: " + reason)))
                 continue
