@@ -137,6 +137,29 @@ __device__ __forceinline__ void fill_neg_inf(AlignedVec<T, N>& v) {
   for (int k = 0; k < N; ++k) v[k] = from_float<T>(neg_inf());
 }
 
+// Folds U loaded vectors into the running state (m, s): one max over the items, one rescale of
+// s to the new shift, then the items' terms. Masked-off items hold -inf (fill_neg_inf).
+template <int U, typename T, int VEC>
+__device__ __forceinline__ void online_update(float& m, float& s, const AlignedVec<T, VEC> (&v)[U], float scale) {
+  float f[U][VEC];
+  float cm = neg_inf();
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    vec_to_float(v[u], f[u]);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) cm = fmaxf(cm, f[u][k]);
+  }
+  const float nm = fmaxf(m, cm);
+  const float sh = shift_of(nm);
+  s *= fast_exp2((m - sh) * scale);  // m <= nm: factor <= 1; m = -inf: s was 0
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) s += fast_exp2((f[u][k] - sh) * scale);
+  }
+  m = nm;
+}
+
 // Writes the row statistics of x / T (one thread per row).
 __device__ __forceinline__ void write_stats(const KernelArgs& a, int64_t row, float m, float s) {
   const float mt = m * a.inv_temperature;
@@ -302,23 +325,7 @@ __global__ void __launch_bounds__(kStreamThreads, 2) softmax_stream_kernel(const
         fill_neg_inf(v[u]);
       }
     }
-    float f[U][VEC];
-    float cm = neg_inf();
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      vec_to_float(v[u], f[u]);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) cm = fmaxf(cm, f[u][k]);
-    }
-    const float nm = fmaxf(m, cm);
-    const float sh = shift_of(nm);
-    s *= fast_exp2((m - sh) * a.scale);  // m <= nm: factor <= 1; m = -inf: s was 0
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) s += fast_exp2((f[u][k] - sh) * a.scale);
-    }
-    m = nm;
+    online_update<U>(m, s, v, a.scale);
   }
   group_merge(m, s, a.scale, static_cast<int>(tpr), red_m, red_s);
 
@@ -482,23 +489,7 @@ __global__ void __launch_bounds__(kSmemThreads, kSmemMinBlocks) softmax_smem_ker
         fill_neg_inf(v[u]);
       }
     }
-    float f[U][VEC];
-    float cm = neg_inf();
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      vec_to_float(v[u], f[u]);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) cm = fmaxf(cm, f[u][e]);
-    }
-    const float nm = fmaxf(m, cm);
-    const float sh = shift_of(nm);
-    s *= fast_exp2((m - sh) * a.scale);  // m <= nm: factor <= 1; m = -inf: s was 0
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) s += fast_exp2((f[u][e] - sh) * a.scale);
-    }
-    m = nm;
+    online_update<U>(m, s, v, a.scale);
   }
   group_merge(m, s, a.scale, T, red_m, red_s);
   if constexpr (CLUSTER) {
