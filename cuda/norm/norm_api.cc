@@ -19,48 +19,22 @@ namespace norm_api {
 namespace {
 
 // weight dtype must be x's dtype or fp32.
-void check_weight_dtype(DType x, DType w) {
+void check_weight_dtype(const char* op, DType x, DType w) {
   if (w != x && w != DType::kFloat32) {
-    throw std::invalid_argument(std::string("fray: rmsnorm weight dtype ") + dtype_name(w) +
+    throw std::invalid_argument(std::string("fray: ") + op + " weight dtype " + dtype_name(w) +
                                 " is not supported with x dtype " + dtype_name(x) +
                                 " (use the same dtype as x, or float32)");
   }
 }
 
-void run(DType x_dtype, const RmsNormParams& p, int device_index, uintptr_t stream, const char* what) {
-  DeviceGuard guard(device_index);
-  check_cuda(fray::rmsnorm(x_dtype, p, reinterpret_cast<cudaStream_t>(stream)), what);
-}
-
-}  // namespace
-
-void rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t weight, int weight_dtype, uintptr_t y,
-             int64_t y_row_stride, int64_t rows, int64_t hidden, double eps, double weight_offset,
-             int x_dtype, int device_index, uintptr_t stream) {
+// rmsnorm and add_rmsnorm: residual == 0 is plain rmsnorm (sum_out unused).
+void run_rmsnorm(const char* op, uintptr_t x, int64_t x_row_stride, uintptr_t residual, int64_t residual_row_stride,
+                 uintptr_t weight, int weight_dtype, uintptr_t y, int64_t y_row_stride, uintptr_t sum_out,
+                 int64_t sum_row_stride, int64_t rows, int64_t hidden, double eps, double weight_offset,
+                 int x_dtype, int device_index, uintptr_t stream) {
   const DType xd = dtype_from_code(x_dtype, "x");
   const DType wd = dtype_from_code(weight_dtype, "weight");
-  check_weight_dtype(xd, wd);
-  RmsNormParams p;
-  p.x = reinterpret_cast<const void*>(x);
-  p.x_row_stride = x_row_stride;
-  p.weight = reinterpret_cast<const void*>(weight);
-  p.weight_dtype = wd;
-  p.y = reinterpret_cast<void*>(y);
-  p.y_row_stride = y_row_stride;
-  p.rows = rows;
-  p.hidden = hidden;
-  p.eps = static_cast<float>(eps);
-  p.weight_offset = static_cast<float>(weight_offset);
-  run(xd, p, device_index, stream, "rmsnorm");
-}
-
-void add_rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t residual, int64_t residual_row_stride,
-                 uintptr_t weight, int weight_dtype, uintptr_t y, int64_t y_row_stride,
-                 uintptr_t sum_out, int64_t sum_row_stride, int64_t rows, int64_t hidden, double eps,
-                 double weight_offset, int x_dtype, int device_index, uintptr_t stream) {
-  const DType xd = dtype_from_code(x_dtype, "x");
-  const DType wd = dtype_from_code(weight_dtype, "weight");
-  check_weight_dtype(xd, wd);
+  check_weight_dtype(op, xd, wd);
   RmsNormParams p;
   p.x = reinterpret_cast<const void*>(x);
   p.x_row_stride = x_row_stride;
@@ -76,7 +50,25 @@ void add_rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t residual, int64_t 
   p.hidden = hidden;
   p.eps = static_cast<float>(eps);
   p.weight_offset = static_cast<float>(weight_offset);
-  run(xd, p, device_index, stream, "add_rmsnorm");
+  DeviceGuard guard(device_index);
+  check_cuda(fray::rmsnorm(xd, p, reinterpret_cast<cudaStream_t>(stream)), op);
+}
+
+}  // namespace
+
+void rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t weight, int weight_dtype, uintptr_t y,
+             int64_t y_row_stride, int64_t rows, int64_t hidden, double eps, double weight_offset,
+             int x_dtype, int device_index, uintptr_t stream) {
+  run_rmsnorm("rmsnorm", x, x_row_stride, 0, 0, weight, weight_dtype, y, y_row_stride, 0, 0, rows, hidden, eps,
+              weight_offset, x_dtype, device_index, stream);
+}
+
+void add_rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t residual, int64_t residual_row_stride,
+                 uintptr_t weight, int weight_dtype, uintptr_t y, int64_t y_row_stride,
+                 uintptr_t sum_out, int64_t sum_row_stride, int64_t rows, int64_t hidden, double eps,
+                 double weight_offset, int x_dtype, int device_index, uintptr_t stream) {
+  run_rmsnorm("add_rmsnorm", x, x_row_stride, residual, residual_row_stride, weight, weight_dtype, y, y_row_stride,
+              sum_out, sum_row_stride, rows, hidden, eps, weight_offset, x_dtype, device_index, stream);
 }
 
 void layernorm(uintptr_t x, int64_t x_row_stride, uintptr_t weight, int weight_dtype, uintptr_t bias,
@@ -84,11 +76,7 @@ void layernorm(uintptr_t x, int64_t x_row_stride, uintptr_t weight, int weight_d
                int x_dtype, int device_index, uintptr_t stream) {
   const DType xd = dtype_from_code(x_dtype, "x");
   const DType wd = dtype_from_code(weight_dtype, "weight");
-  if (wd != xd && wd != DType::kFloat32) {
-    throw std::invalid_argument(std::string("fray: layernorm weight dtype ") + dtype_name(wd) +
-                                " is not supported with x dtype " + dtype_name(xd) +
-                                " (use the same dtype as x, or float32)");
-  }
+  check_weight_dtype("layernorm", xd, wd);
   if (bias != 0) {
     const DType bd = dtype_from_code(bias_dtype, "bias");
     if (bd != wd) {

@@ -141,6 +141,18 @@ def test_cuda_extension_imports():
     assert hasattr(torch.ops.fray, "rmsnorm") and hasattr(torch.ops.fray, "add_rmsnorm_")
 
 
+def test_cuda_adapter_refuses_weight_dtypes_by_op_name():
+    # The adapter checks before it touches a device: null pointers never reach a launch.
+    ext = B.load_extension("norm")
+    bf16, f16 = 2, 1
+    with pytest.raises(ValueError, match="fray: rmsnorm weight dtype float16 .* x dtype bfloat16"):
+        ext.rmsnorm(0, 8, 0, f16, 0, 8, 1, 8, 1e-6, 0.0, bf16, 0, 0)
+    with pytest.raises(ValueError, match="fray: add_rmsnorm weight dtype float16"):
+        ext.add_rmsnorm(0, 8, 0, 8, 0, f16, 0, 8, 0, 8, 1, 8, 1e-6, 0.0, bf16, 0, 0)
+    with pytest.raises(ValueError, match="fray: layernorm weight dtype float16"):
+        ext.layernorm(0, 8, 0, f16, 0, f16, 0, 8, 1, 8, 1e-5, bf16, 0, 0)
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU
 
