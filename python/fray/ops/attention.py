@@ -292,8 +292,8 @@ def _strides(t, dims):
     return tuple(0 if t.shape[d] == 1 else t.stride(d) for d in dims)
 
 
-def _aligned16(t, dims):
-    return t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in _strides(t, dims))
+def _aligned16(t, strides):
+    return t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in strides)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -302,7 +302,7 @@ def _cuda_split_size(dtype_code, head_dim, group, batch, hkv, capacity, num_spli
                                                       num_splits, num_sms)
 
 
-def _decode_cuda(q3, k, v, lens, block_table, o3, lse, scale, dims, hkv, capacity, page, num_splits, dev):
+def _decode_cuda(q3, k, v, lens, block_table, o3, lse, scale, ks, vs, hkv, capacity, page, num_splits, dev):
     batch, hq, d = q3.shape
     code = V.DTYPE_CODES[q3.dtype]
     split = _cuda_split_size(code, d, hq // hkv, batch, hkv, capacity, num_splits, _num_sms(dev))
@@ -312,7 +312,7 @@ def _decode_cuda(q3, k, v, lens, block_table, o3, lse, scale, dims, hkv, capacit
         po = torch.empty((batch, hq, splits, d), dtype=torch.float32, device=q3.device)
         pl = torch.empty((batch, hq, splits), dtype=torch.float32, device=q3.device)
     B.load_extension(FAMILY).decode(
-        q3.data_ptr(), q3.stride(0), q3.stride(1), k.data_ptr(), *_strides(k, dims), v.data_ptr(), *_strides(v, dims),
+        q3.data_ptr(), q3.stride(0), q3.stride(1), k.data_ptr(), *ks, v.data_ptr(), *vs,
         lens.data_ptr(), block_table.data_ptr() if block_table is not None else 0,
         block_table.stride(0) if block_table is not None else 0, page, o3.data_ptr(), o3.stride(0), o3.stride(1),
         lse.data_ptr(), lse.stride(0), po.data_ptr() if po is not None else 0, pl.data_ptr() if pl is not None else 0,
@@ -339,7 +339,9 @@ def _decode_impl(op, q, k, v, lens, block_table, out, lse, scale, nhd, num_split
         lse.fill_(float("-inf"))
         return
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    if be == "cuda" and not (_aligned16(k, dims) and _aligned16(v, dims)):
+    if be == "cuda":
+        ks, vs = _strides(k, dims), _strides(v, dims)
+    if be == "cuda" and not (_aligned16(k, ks) and _aligned16(v, vs)):
         if backend == "cuda":
             names = "k_pages, v_pages" if block_table is not None else "k_cache, v_cache"
             raise ValueError("%s: backend='cuda' copies K/V rows in 16-byte pieces: the caches need 16-byte aligned "
@@ -348,7 +350,7 @@ def _decode_impl(op, q, k, v, lens, block_table, out, lse, scale, nhd, num_split
                                                              tuple(k.stride()), tuple(v.stride())))
         be = "triton"
     if be == "cuda":
-        _decode_cuda(q3, k, v, lens, block_table, o3, lse, scale, dims, hkv, capacity, page, num_splits, dev)
+        _decode_cuda(q3, k, v, lens, block_table, o3, lse, scale, ks, vs, hkv, capacity, page, num_splits, dev)
         return
     from fray_triton import attention as tattn
     ks, vs = tuple(k.stride(i) for i in dims), tuple(v.stride(i) for i in dims)
