@@ -60,6 +60,7 @@ constexpr int kTargetSplitTokens = 4096;  // at least ceil(T / 4096) splits: wit
 constexpr int kMinSplitTokens = 256;
 constexpr double kWaveSlack = 1.05;       // fewer splits unless more of them save > 5% of wave time
 constexpr int kMaxSplits = 256;           // bounds the partial buffers
+constexpr int kPrefetchTiles = 4;         // splits of <= 4 tiles (contiguous caches) load before lens
 
 // 16-bit caches (tensor-core kernel). 64 tokens per stage = 16 per warp (one m16n8k16 k-step
 // of P V). Stages: ~96 KB of ring per CTA so two CTAs share an SM (228 KB) at D <= 128.
@@ -101,6 +102,7 @@ struct DecodeArgs {
   int head_chunks;  // CTAs per (sequence, kv head, split): 1, or ceil(group / 4) for fp32
   int page_shift;   // log2(page_size)
   float scale_log2; // scale * log2(e): softmax in base 2
+  bool q_async;     // 16-bit q rows 16-byte aligned: Q tile copied by cp.async (else element loads)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -232,6 +234,20 @@ struct TileLoader {
     page_mask = (1 << a.page_shift) - 1;
   }
 
+  // Zeroes this thread's rows of `tile` at or past `end` in the stage at `smem` (its own copies,
+  // complete after its cp.async wait).
+  __device__ __forceinline__ void zero_rows_past_end(int tile, uint32_t smem) const {
+    const int t0 = start + tile * kTile;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int row = row0 + j * kRpp;
+      if (t0 + row >= end) {
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(smem + swz(row, chunk, kRowBytes)), "r"(0)
+                     : "memory");
+      }
+    }
+  }
+
   // Page ids of this thread's rows of `tile` (rows past the end: never read).
   __device__ __forceinline__ void fetch_pages(int tile) {
     if constexpr (PAGED) {
@@ -357,30 +373,59 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D>::kMinBlocks) decode_spl
   const int h0 = kvh * group;
   griddep_launch_dependents();
 
+  const int start = split * p.split_size;
+  const uint32_t ring = smem_addr(smem);
+  const uint32_t q_smem = ring + Cfg::kRingBytes;
+  // Q [16][D] in the swizzled row format, rows >= group zero (their scores are finite and never
+  // stored). Aligned rows: one cp.async group issued first, so its latency overlaps the lens read
+  // and the K/V prologue (element loads here would put several dependent round trips in front
+  // of the first tile's math).
+  const T* qb = static_cast<const T*>(p.q) + b * p.q_sb + h0 * p.q_sh;
+  if (a.q_async) {
+    constexpr int kCpr = kRowBytes / 16;
+    for (int i = tid; i < 16 * kCpr; i += kThreads) {
+      const int r = i / kCpr;
+      const int c = i % kCpr;
+      const bool ok = r < group;
+      cp_async_16(q_smem + swz(r, c, kRowBytes), ok ? qb + r * p.q_sh + c * 8 : qb, ok);
+    }
+    cp_async_commit();
+  }
+  // Short splits of contiguous caches are latency-bound: their first tiles are requested before
+  // lens[b] arrives, bounded by the capacity (memory the cache owns); rows at or past the length
+  // are masked, and their V rows zeroed once they land (a cache past lens may hold NaN bits).
+  const bool early = !PAGED && p.split_size <= kPrefetchTiles * kTile && start < p.capacity;
+  TileLoader<T, D, kTile, PAGED> loader(a, b, kvh, start, min(start + p.split_size, p.capacity));
+  if (early) {
+    const int cap_tiles = (loader.end - start + kTile - 1) / kTile;
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      const uint32_t ks = ring + s * 2 * Cfg::kStageBytes;
+      loader.issue(s, cap_tiles, ks, ks + Cfg::kStageBytes);
+    }
+  }
   // Clamped so that a bad length reads only inside the cache (FRAY_CHECK_INDICES=1 reports it).
   const int seqlen = min(max(__ldg(p.lens + b), 0), p.capacity);
-  const int start = split * p.split_size;
   if (start >= seqlen) {
+    cp_async_wait<0>();  // no copy may land in shared memory after the CTA exits
     if (p.num_splits == 1) write_empty<T, D>(p, b, h0, group);
     return;
   }
   const int end = min(start + p.split_size, seqlen);
   const int n_tiles = (end - start + kTile - 1) / kTile;
-
-  const uint32_t ring = smem_addr(smem);
-  const uint32_t q_smem = ring + Cfg::kRingBytes;
-  TileLoader<T, D, kTile, PAGED> loader(a, b, kvh, start, end);
-  loader.fetch_pages(0);
+  loader.end = end;
+  if (!early) {
+    loader.fetch_pages(0);
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    const uint32_t ks = ring + s * 2 * Cfg::kStageBytes;
-    loader.issue(s, n_tiles, ks, ks + Cfg::kStageBytes);
+    for (int s = 0; s < kStages - 1; ++s) {
+      const uint32_t ks = ring + s * 2 * Cfg::kStageBytes;
+      loader.issue(s, n_tiles, ks, ks + Cfg::kStageBytes);
+    }
   }
 
-  // Q [16][D] in the swizzled row format; rows >= group are zero (their scores are finite and
-  // never stored).
-  {
-    const T* qb = static_cast<const T*>(p.q) + b * p.q_sb + h0 * p.q_sh;
+  if (a.q_async) {
+    cp_async_wait<kStages - 1>();  // the Q group (the kStages - 1 prologue groups may be in flight)
+  } else {
     T* qs = reinterpret_cast<T*>(smem + Cfg::kRingBytes);
     for (int i = tid; i < 16 * D; i += kThreads) {
       const int r = i / D;
@@ -416,27 +461,40 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D>::kMinBlocks) decode_spl
       const uint32_t ks = ring + (nxt % kStages) * 2 * Cfg::kStageBytes;
       loader.issue(nxt, n_tiles, ks, ks + Cfg::kStageBytes);
     }
-    const int t_warp = start + it * kTile + warp * 16;
-    if (t_warp >= end) continue;  // this warp's 16 rows are all past the end
     const uint32_t ks = ring + (it % kStages) * 2 * Cfg::kStageBytes;
     const uint32_t vs = ks + Cfg::kStageBytes;
+    if (early && it < kStages - 1 && start + (it + 1) * kTile > end) {  // CTA-uniform
+      loader.zero_rows_past_end(it, vs);  // each thread its own rows: its copies have landed
+      __syncthreads();
+    }
+    const int t_warp = start + it * kTile + warp * 16;
+    if (t_warp >= end) continue;  // this warp's 16 rows are all past the end
     const int wrow = warp * 16;
 
-    // S = Q K^T for the warp's 16 tokens: two 16x8 tiles (tokens 0-7, 8-15).
+    // S = Q K^T for the warp's 16 tokens: two 16x8 tiles (tokens 0-7, 8-15), each accumulated
+    // in two chains (even / odd k-steps) and summed: half the dependent-mma latency per tile.
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    float s_odd[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
     for (int kk = 0; kk < kK16; ++kk) {
       uint32_t kb[4];  // matrices: (tok 0-7, d lo), (tok 0-7, d hi), (tok 8-15, d lo), (tok 8-15, d hi)
       ldmatrix_x4(kb, ks + swz(wrow + (mi >> 1) * 8 + r8, 2 * kk + (mi & 1), kRowBytes));
+      float(&s0)[4] = kk & 1 ? s_odd[0] : s[0];
+      float(&s1)[4] = kk & 1 ? s_odd[1] : s[1];
       if constexpr (Cfg::kQInRegisters) {
-        mma_16816<T>(s[0], qf[kk], kb[0], kb[1]);
-        mma_16816<T>(s[1], qf[kk], kb[2], kb[3]);
+        mma_16816<T>(s0, qf[kk], kb[0], kb[1]);
+        mma_16816<T>(s1, qf[kk], kb[2], kb[3]);
       } else {
         uint32_t qa[4];
         ldmatrix_x4(qa, q_smem + swz((mi & 1) * 8 + r8, 2 * kk + (mi >> 1), kRowBytes));
-        mma_16816<T>(s[0], qa, kb[0], kb[1]);
-        mma_16816<T>(s[1], qa, kb[2], kb[3]);
+        mma_16816<T>(s0, qa, kb[0], kb[1]);
+        mma_16816<T>(s1, qa, kb[2], kb[3]);
       }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] += s_odd[j][e];
     }
     // Online softmax, base 2. Element e of tile j: row g + 8 * (e / 2), token 8 j + 2 (lane % 4) + e % 2.
     float mx[2] = {neg_inf(), neg_inf()};
@@ -662,59 +720,86 @@ __global__ void __launch_bounds__(kThreads, F32Config<D>::kMinBlocks) decode_spl
 }
 
 // ---------------------------------------------------------------------------------------------
-// Combine: one warp per (sequence, query head). Only splits that started below lens[b] wrote a
-// partial; they are merged with weights exp(lse_s - max lse) in split order, so the result does
-// not depend on which split finished first. Lanes own D / 32 consecutive columns.
+// Combine: one CTA per (sequence, query head). Only splits that started below lens[b] wrote a
+// partial; they are merged with weights exp(lse_s - max lse) and a fixed summation order (warp w
+// sums splits w, w + 4, ... in increasing order, then the four warp sums are added 0..3), so the
+// result does not depend on which split finished first. The combine is latency-bound (a decode
+// step at B = 1 waits for it), so every load of a batch of up to 32 splits is issued before the
+// first use: one L2 round trip for the lse values and the partials together, not one per split.
+// Lanes own D / 32 consecutive columns; lens is read before the wait on the split kernel.
+
+constexpr int kCombineUnroll = 8;                         // splits per warp per batch
+constexpr int kCombineBatch = kCombineUnroll * kWarps;    // 32 splits per batch: one lse per lane
 
 template <typename TO, int D>
 __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeArgs a) {
   constexpr int kVec = D / 32;
+  static_assert(kCombineBatch == 32, "one lse per lane per batch");
+  __shared__ float red[kWarps][D];
   const DecodeParams& p = a.p;
-  griddep_wait();  // the split kernel's partials are complete and visible past this point
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (row >= static_cast<int64_t>(p.batch) * p.n_heads) return;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int64_t row = blockIdx.x;  // b * n_heads + h
   const int b = static_cast<int>(row / p.n_heads);
   const int h = static_cast<int>(row % p.n_heads);
-  const int seqlen = min(max(__ldg(p.lens + b), 0), p.capacity);
+  const int seqlen = min(max(__ldg(p.lens + b), 0), p.capacity);  // not written by the split kernel
   const int n = (seqlen + p.split_size - 1) / p.split_size;
-  TO* out = static_cast<TO*>(p.out) + b * p.o_sb + h * p.o_sh + lane * kVec;
-  if (n == 0) {
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) out[e] = from_float<TO>(0.0f);
-    if (lane == 0) p.lse[b * p.lse_sb + h] = neg_inf();
-    return;
-  }
+  TO* out = static_cast<TO*>(p.out) + b * p.o_sb + h * p.o_sh;
   const float* pl = p.part_lse + row * p.num_splits;
   const float* po = p.part_out + row * p.num_splits * D + lane * kVec;
-  // Lane s keeps split s's lse (the first 32 splits: the weights are then shuffles, not loads, and
-  // the partial loads of the loop below do not wait on them).
-  const float own = lane < n ? __ldcg(pl + lane) : neg_inf();
-  float m = own;
-  for (int s = lane + 32; s < n; s += 32) m = fmaxf(m, __ldcg(pl + s));
-  m = warp_max(m);  // finite: every active split saw >= 1 token
-  const float own_w = fast_exp2((own - m) * kLog2e);
-  float total = own_w;
-  for (int s = lane + 32; s < n; s += 32) total += fast_exp2((__ldcg(pl + s) - m) * kLog2e);
-  total = warp_sum<32>(total);
+  griddep_wait();  // the split kernel's partials are complete and visible past this point
+  if (n == 0) {
+    for (int d = static_cast<int>(threadIdx.x); d < D; d += kThreads) out[d] = from_float<TO>(0.0f);
+    if (threadIdx.x == 0) p.lse[b * p.lse_sb + h] = neg_inf();
+    return;
+  }
+  // Every warp computes the same max and total, in the same order. The first batch's partial
+  // loads are issued before the max needs any lse value: both are in flight together.
+  float m = neg_inf();
   float o[kVec];
 #pragma unroll
   for (int e = 0; e < kVec; ++e) o[e] = 0.0f;
-#pragma unroll 8
-  for (int s = 0; s < n; ++s) {
-    const float w = s < 32 ? __shfl_sync(0xffffffffu, own_w, s) : fast_exp2((__ldcg(pl + s) - m) * kLog2e);
-    const float* src = po + static_cast<int64_t>(s) * D;
+  float total = 0.0f;
+  for (int s0 = 0; s0 < n; s0 += kCombineBatch) {
+    // warp w's u-th split of the batch is s0 + u * 4 + w; lane j holds split s0 + j's lse
+    float x[kCombineUnroll][kVec];
 #pragma unroll
-    for (int c = 0; c < kVec; c += 2) {
-      const float2 x = __ldcg(reinterpret_cast<const float2*>(src + c));
-      o[c] = fmaf(w, x.x, o[c]);
-      o[c + 1] = fmaf(w, x.y, o[c + 1]);
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      const int s = s0 + u * kWarps + warp;
+      const float* src = po + static_cast<int64_t>(s < n ? s : 0) * D;
+#pragma unroll
+      for (int c = 0; c < kVec; c += 2) {
+        const float2 v = s < n ? __ldcg(reinterpret_cast<const float2*>(src + c)) : make_float2(0.0f, 0.0f);
+        x[u][c] = v.x;
+        x[u][c + 1] = v.y;
+      }
+    }
+    const float lse_j = s0 + lane < n ? __ldcg(pl + s0 + lane) : neg_inf();
+    if (s0 == 0) {
+      m = lse_j;
+      for (int s = lane + kCombineBatch; s < n; s += 32) m = fmaxf(m, __ldcg(pl + s));
+      m = warp_max(m);  // finite: every active split saw >= 1 token
+    }
+    const float w_j = fast_exp2((lse_j - m) * kLog2e);  // 0 past n
+    total += warp_sum<32>(w_j);
+#pragma unroll
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      const float w = __shfl_sync(0xffffffffu, w_j, u * kWarps + warp);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) o[e] = fmaf(w, x[u][e], o[e]);
     }
   }
-  const float inv = 1.0f / total;
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) out[e] = from_float<TO>(o[e] * inv);
-  if (lane == 0) p.lse[b * p.lse_sb + h] = m + logf(total);
+  for (int e = 0; e < kVec; ++e) red[warp][lane * kVec + e] = o[e];
+  __syncthreads();
+  const float inv = 1.0f / total;
+  for (int d = static_cast<int>(threadIdx.x); d < D; d += kThreads) {
+    float acc = red[0][d];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) acc += red[w][d];
+    out[d] = from_float<TO>(acc * inv);
+  }
+  if (threadIdx.x == 0) p.lse[b * p.lse_sb + h] = m + logf(total);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -749,8 +834,7 @@ inline cudaError_t launch_split(const DecodeArgs& a, int64_t grid, int smem_byte
 
 template <auto Kernel>
 inline cudaError_t launch_combine(const DecodeArgs& a, cudaStream_t stream) {
-  const int64_t rows = static_cast<int64_t>(a.p.batch) * a.p.n_heads;
-  const unsigned grid = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+  const unsigned grid = static_cast<unsigned>(static_cast<int64_t>(a.p.batch) * a.p.n_heads);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(kThreads);
@@ -817,6 +901,7 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   a.page_shift = 0;
   while ((1 << a.page_shift) < p.page_size) ++a.page_shift;
   a.scale_log2 = p.scale * kLog2e;
+  a.q_async = is_16bit<T>() && is_aligned(p.q, 16) && p.q_sb % 8 == 0 && p.q_sh % 8 == 0;
   const bool paged = p.block_table != nullptr;
   switch (p.head_dim) {
     case 64: return paged ? launch_decode_d<T, 64, true>(a, stream) : launch_decode_d<T, 64, false>(a, stream);
