@@ -18,11 +18,12 @@ namespace fray {
 namespace act_detail {
 
 constexpr int kThreads = 256;   // threads per block (blockDim.x * blockDim.y)
-constexpr int kMaxItems = 4;    // vectors of gate (and of up) per thread
+// Vectors of gate (and of up) per thread. Measured on the H200 (silu_mul 16384 x 8192 bf16,
+// bench/micro/act_mul_variants.cu): 1 vector per thread 189.0 us, 2: 190.8, 4: 190.7. One vector
+// keeps 2048 threads per SM resident (8 blocks, 32 registers) with 64 KB of loads in flight, and
+// 4x more, smaller blocks shorten the last partial wave.
+constexpr int kMaxItems = 1;
 constexpr int kMaxGridY = 65535;
-// Threads that fill an H100/H200 (132 SMs x 2048 resident threads). Smaller
-// problems trade vectors per thread for threads (see act_config).
-constexpr int64_t kFillThreads = int64_t{132} * 2048;
 
 struct KernelArgs {
   const void* gate;
@@ -125,7 +126,8 @@ __device__ __forceinline__ void act_mul_vec(AlignedVec<T, VEC>& gv, const Aligne
 
 // Minimum resident 256-thread blocks per SM, i.e. register caps: 64 (4 items),
 // 40 (2), 32 (1) for 16-bit types; fp32 (expf, IEEE division) 64 / 64 / 40.
-// The tightest caps that compile without spills (checked with -Xptxas -v).
+// The tightest caps that compile without spills (checked with -Xptxas -v). The
+// launcher uses 1 item (kMaxItems); the kernel template takes more.
 constexpr int min_blocks(int items, bool fp32) {
   return items == 4 ? 4 : items == 2 ? (fp32 ? 4 : 6) : (fp32 ? 6 : 8);
 }
@@ -179,15 +181,14 @@ __global__ void __launch_bounds__(kThreads, min_blocks(ITEMS, std::is_same_v<T, 
 // ---------------------------------------------------------------------------
 using KernelFn = void (*)(KernelArgs);
 
-constexpr int kNumSlots = 3;  // items 1, 2, 4
-constexpr int kernel_slot(int items) { return items == 1 ? 0 : items == 2 ? 1 : 2; }
+constexpr int kNumSlots = 1;  // items 1
+constexpr int kernel_slot(int items) { return items == 1 ? 0 : -1; }
 
 // All kernels of one (T, A, VEC), indexed by kernel_slot(). The only place
 // kernels are instantiated.
 template <typename T, Activation A, int VEC>
 struct KernelSet {
-  static constexpr KernelFn kKernels[kNumSlots] = {
-      &act_mul_kernel<T, A, VEC, 1>, &act_mul_kernel<T, A, VEC, 2>, &act_mul_kernel<T, A, VEC, 4>};
+  static constexpr KernelFn kKernels[kNumSlots] = {&act_mul_kernel<T, A, VEC, 1>};
 };
 
 struct LaunchConfig {
@@ -205,18 +206,14 @@ constexpr int next_pow2(int64_t n) {
 
 // The config table (nv = vectors per row, VEC = 16 / sizeof(T) when
 // vectorised, so it folds in the dtype):
-//  * items: 4 vectors of gate and 4 of up per thread (128 B in flight for
-//    16-byte vectors) while that still leaves >= kFillThreads threads; smaller
-//    problems (e.g. 128 x 8192 bf16) take 2 or 1 so every SM gets warps to
-//    overlap the activation math with the loads. Never more items than the
-//    row has vectors.
+//  * items: kMaxItems (1) vector of gate and 1 of up per thread: the most
+//    threads, so every SM has warps to overlap the activation math with the
+//    loads (see kMaxItems for the measurement).
 //  * tpr: a row is split into the fewest 256-thread chunks, balanced (no
 //    mostly-empty last chunk), rounded to whole warps; short rows
 //    (<= 32 threads) take a power of two and 256 / tpr rows share a block.
-constexpr LaunchConfig act_config(int64_t rows, int64_t nv) {
-  int items = kMaxItems;
-  while (items > 1 && rows * ceil_div(nv, items) < kFillThreads) items /= 2;
-  while (items > 1 && items / 2 >= nv) items /= 2;
+constexpr LaunchConfig act_config(int64_t nv) {
+  const int items = kMaxItems;
   const int64_t groups = ceil_div(nv, items);  // threads a row needs
   int tpr = 0;
   if (groups > kThreads) {
@@ -232,15 +229,12 @@ constexpr LaunchConfig act_config(int64_t rows, int64_t nv) {
 }
 
 constexpr bool act_config_table_ok() {
-  const int64_t rows_list[] = {1, 7, 128, 1024, 65536};
-  for (int64_t rows : rows_list) {
-    for (int64_t nv = 1; nv <= 20000; nv += (nv < 600 ? 1 : 97)) {
-      const LaunchConfig c = act_config(rows, nv);
-      if (c.tpr < 1 || c.tpr > kThreads || c.tpr * c.rpb > kThreads) return false;
-      if (c.items != 1 && c.items != 2 && c.items != kMaxItems) return false;
-      if (c.tpr > kWarpSize && c.tpr % kWarpSize != 0) return false;
-      if ((c.tpr * c.rpb) % kWarpSize != 0) return false;  // whole warps
-    }
+  for (int64_t nv = 1; nv <= 20000; nv += (nv < 600 ? 1 : 97)) {
+    const LaunchConfig c = act_config(nv);
+    if (c.tpr < 1 || c.tpr > kThreads || c.tpr * c.rpb > kThreads) return false;
+    if (kernel_slot(c.items) < 0) return false;
+    if (c.tpr > kWarpSize && c.tpr % kWarpSize != 0) return false;
+    if ((c.tpr * c.rpb) % kWarpSize != 0) return false;  // whole warps
   }
   return true;
 }
@@ -280,7 +274,7 @@ cudaError_t launch_typed(const ActMulParams& p, cudaStream_t stream) {
   a.out_stride = p.out_row_stride;
   a.rows = p.rows;
   a.nv = p.d / vec;
-  const LaunchConfig c = act_config(a.rows, a.nv);
+  const LaunchConfig c = act_config(a.nv);
   a.row_blocks = ceil_div(a.rows, c.rpb);
   return vec_ok ? launch_kernel<T, A, kVec>(a, c, stream) : launch_kernel<T, A, 1>(a, c, stream);
 }
@@ -302,7 +296,7 @@ cudaError_t launch_act_mul(const ActMulParams& p, cudaStream_t stream) {
 }
 
 // Number of kernels launch_act_mul<T> can launch: 3 activations x
-// {VEC, scalar} x {1, 2, 4 items}.
+// {VEC, scalar} (1 item).
 template <typename T>
 int act_mul_num_kernels() {
   return 3 * 2 * act_detail::kNumSlots;
