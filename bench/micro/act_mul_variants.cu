@@ -1,0 +1,138 @@
+// silu_mul [16384 x 8192 out] bf16 launch-shape sweep: the shipped act_mul kernel with 1 / 2 / 4
+// vectors per thread (finer blocks shrink the last partial wave), and a flat variant with
+// streaming (evict-first) loads and stores. Times are medians of 30 launches with a 256 MB
+// buffer written in between (L2 flushed), as the benchmark does.
+// Build + run on the GPU machine (repo root):
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/am bench/micro/act_mul_variants.cu && /tmp/am
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstring>
+#include <cstdio>
+#include <vector>
+
+#include "cuda/activation/act_mul.cuh"
+
+#define CK(x)                                                                          \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
+      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);  \
+      exit(1);                                                                         \
+    }                                                                                  \
+  } while (0)
+
+using T = __nv_bfloat16;
+using namespace fray;
+using namespace fray::act_detail;
+
+// Flat: thread i of the grid handles 16-byte vector i of the output (row = i / nv), ITEMS spaced
+// by the grid's thread count inside one block-sized chunk; evict-first hints on all traffic.
+template <int ITEMS, bool STREAM>
+__global__ void __launch_bounds__(256) flat_silu(const T* x, T* out, int64_t rows, int64_t d) {
+  const int64_t nv = d / 8;
+  const int64_t total = rows * nv;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * 256 * ITEMS + threadIdx.x;
+  uint4 g[ITEMS], u[ITEMS];
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int64_t v = base + i * 256;
+    if (v < total) {
+      const int64_t r = v / nv, c = v - r * nv;
+      const uint4* gp = reinterpret_cast<const uint4*>(x + r * 2 * d) + c;
+      const uint4* up = reinterpret_cast<const uint4*>(x + r * 2 * d + d) + c;
+      g[i] = STREAM ? __ldcs(gp) : *gp;
+      u[i] = STREAM ? __ldcs(up) : *up;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int64_t v = base + i * 256;
+    if (v < total) {
+      AlignedVec<T, 8> gv, uv;
+      *reinterpret_cast<uint4*>(gv.val) = g[i];
+      *reinterpret_cast<uint4*>(uv.val) = u[i];
+      act_mul_vec<Activation::kSilu>(gv, uv);
+      uint4* op = reinterpret_cast<uint4*>(out) + v;
+      if (STREAM) {
+        __stcs(op, *reinterpret_cast<uint4*>(gv.val));
+      } else {
+        *op = *reinterpret_cast<uint4*>(gv.val);
+      }
+    }
+  }
+}
+
+int main() {
+  const int64_t rows = 16384, d = 8192;
+  T *x, *out;
+  char* flush;
+  CK(cudaMalloc(&x, rows * 2 * d * sizeof(T)));
+  CK(cudaMalloc(&out, rows * d * sizeof(T)));
+  CK(cudaMalloc(&flush, 256 << 20));
+  std::vector<T> h(rows * 2 * d);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = __float2bfloat16(((i * 2654435761u) % 2001) / 500.0f - 2.0f);
+  CK(cudaMemcpy(x, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  const double bytes = (rows * 2 * d + rows * d) * 2.0;
+  std::vector<T> ref(rows * d), got(rows * d);
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  auto timeit = [&](const char* name, auto launch) {
+    launch();
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(got.data(), out, got.size() * sizeof(T), cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) bad += memcmp(&got[i], &ref[i], sizeof(T)) != 0;
+    std::vector<float> t;
+    for (int rep = 0; rep < 40; ++rep) {
+      CK(cudaMemsetAsync(flush, rep, 256 << 20));
+      CK(cudaEventRecord(a));
+      launch();
+      CK(cudaEventRecord(b));
+      CK(cudaEventSynchronize(b));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, a, b));
+      t.push_back(ms * 1000.0f);
+    }
+    std::sort(t.begin(), t.end());
+    printf("%-34s %8.1f us  %6.3f TB/s  (p10 %.1f p90 %.1f)  mismatches vs shipped %d\n", name, t[20],
+           bytes / t[20] * 1e-6, t[4], t[36], bad);
+  };
+  KernelArgs ka{};
+  ka.gate = x;
+  ka.up = x + d;
+  ka.out = out;
+  ka.gate_stride = 2 * d;
+  ka.up_stride = 2 * d;
+  ka.out_stride = d;
+  ka.rows = rows;
+  ka.nv = d / 8;
+  ka.row_blocks = rows;
+  auto shipped = [&](int items, int tpr) {
+    return [=] {
+      KernelArgs k2 = ka;
+      const int rpb = 256 / tpr;
+      k2.row_blocks = (rows + rpb - 1) / rpb;
+      const LaunchConfig c{items, tpr, rpb};
+      const cudaError_t e = launch_kernel<T, Activation::kSilu, 8>(k2, c, nullptr);
+      CK(e);
+    };
+  };
+  shipped(4, 256)();  // the reference output: the shipped config
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(ref.data(), out, ref.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  for (int round = 0; round < 2; ++round) {
+    timeit("shipped items4 tpr256", shipped(4, 256));
+    timeit("shipped items2 tpr256", shipped(2, 256));
+    timeit("shipped items1 tpr256", shipped(1, 256));
+    timeit("shipped items4 tpr128 rpb2", shipped(4, 128));
+    const int64_t total = rows * d / 8;
+    timeit("flat items4 plain", [&] { flat_silu<4, false><<<(total + 1023) / 1024, 256>>>(x, out, rows, d); });
+    timeit("flat items4 stream", [&] { flat_silu<4, true><<<(total + 1023) / 1024, 256>>>(x, out, rows, d); });
+    timeit("flat items2 stream", [&] { flat_silu<2, true><<<(total + 511) / 512, 256>>>(x, out, rows, d); });
+    timeit("flat items1 stream", [&] { flat_silu<1, true><<<(total + 255) / 256, 256>>>(x, out, rows, d); });
+  }
+  return 0;
+}

@@ -1,0 +1,48 @@
+"""Split-count sweep of fray.decode_attention (CUDA and Triton) on the issue's decode shapes, next
+to SDPA: B1 under CUDA-graph replay (20 calls per graph, as the benchmark's ":graph" rows), B32 and
+B64 Hq64 with the L2 flushed before each call. Prints one line per (shape, backend, splits).
+Run on the GPU machine with the bundle's PYTHONPATH:  python3 bench/micro/decode_split_sweep.py
+"""
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import fray
+from fray.bench import graph_us, median, time_us
+
+SHAPES = [  # (B, Hq, Hkv, T, splits to try, graph timing)
+    (1, 32, 8, 4096, [None, 8, 16, 24, 32, 48, 64], True),
+    (32, 32, 8, 4096, [None, 1, 2], False),
+    (64, 64, 8, 8192, [None, 1, 2, 4], False),
+]
+
+
+def main():
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    for batch, hq, hkv, t, splits, graph in SHAPES:
+        q = torch.randn(batch, hq, 128, device=dev, dtype=torch.bfloat16, generator=g)
+        k = torch.randn(batch, hkv, t, 128, device=dev, dtype=torch.bfloat16, generator=g)
+        v = torch.randn(batch, hkv, t, 128, device=dev, dtype=torch.bfloat16, generator=g)
+        lens = torch.full((batch,), t, device=dev, dtype=torch.int32)
+        out = torch.empty_like(q)
+        gb = 2 * k.numel() * k.element_size() / 1e3
+        timer = graph_us if graph else time_us
+        name = "B%dHq%dHkv%dT%d%s" % (batch, hq, hkv, t, ":graph" if graph else "")
+        q4 = q[:, :, None, :]
+        sd = timer(lambda: F.scaled_dot_product_attention(q4, k, v, enable_gqa=True))
+        print("%-28s %-8s %-6s %8.2f us %7.0f GB/s" % (name, "sdpa", "-", sd, gb / sd), flush=True)
+        ref = F.scaled_dot_product_attention(q4, k, v, enable_gqa=True)[:, :, 0].float()
+        for backend in ("cuda", "triton"):
+            for s in splits:
+                fn = lambda: fray.decode_attention(q, k, v, lens, out=out, num_splits=s, backend=backend)
+                fn()
+                err = (out.float() - ref).abs().max().item()
+                us = median([timer(fn) for _ in range(3)])
+                print("%-28s %-8s %-6s %8.2f us %7.0f GB/s  maxerr %.2e" % (name, backend, s, us, gb / us, err),
+                      flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
