@@ -52,11 +52,14 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Split-count heuristic (decode_split_size). Measured on the H200 (bf16, D=128, Hq32/Hkv8, graph
-// replay or L2-flushed medians): B=1 T=4096 with 8/16/32/64 splits 13.0/12.6/16.5/27.8 us, so
-// splits shorter than 256 tokens cost more in partials and combine than they gain in parallelism;
-// B=32 T=4096 (256 CTAs for 264 slots) 1 split 134.0 us, 2 splits 138.7 us, 4 splits 141.8 us.
-constexpr int kTargetSplitTokens = 4096;  // at least ceil(T / 4096) splits: with uneven lens, no CTA
-                                          // keeps one SM busy for long alone
+// replay or L2-flushed medians; bench/micro/decode_split_sweep.py, session 4, with the one-round-
+// trip combine): B=1 T=4096 with 8/16/24/32/48/64 splits 10.3/8.7/8.7/9.2/9.3/12.6 us, so splits
+// shorter than 256 tokens cost more in partials and combine than they gain in parallelism; B=32
+// T=4096 (256 CTAs for 264 slots) 1 split 134.7 us, 2 splits 142.0 us. At least ceil(T / 8192) splits. Measured (L2 flushed, session 4): B=64 Hq64 T=8192 with 1 / 2 / 4
+// splits 497.1 / 512.4 / 516.6 us (SDPA 497.7); lens uniform in [1, 8192] 285.0 / 277.3 / 268.6
+// (SDPA with a mask 505.9). One split per 8192 tokens wins where every sequence is full and costs
+// 3% on uneven lengths, still 1.8x SDPA there.
+constexpr int kTargetSplitTokens = 8192;
 constexpr int kMinSplitTokens = 256;
 constexpr double kWaveSlack = 1.05;       // fewer splits unless more of them save > 5% of wave time
 constexpr int kMaxSplits = 256;           // bounds the partial buffers
@@ -64,13 +67,17 @@ constexpr int kPrefetchTiles = 4;         // splits of <= 4 tiles (contiguous ca
 
 // 16-bit caches (tensor-core kernel). 64 tokens per stage = 16 per warp (one m16n8k16 k-step
 // of P V). Stages: ~96 KB of ring per CTA so two CTAs share an SM (228 KB) at D <= 128.
-template <int D>
+// LAT (latency variant, D = 128 only): 5 stages (160 KB), one CTA per SM, so a split of up to
+// kPrefetchTiles tiles has every tile in flight at once; used when the grid fits one CTA per SM
+// (B = 1 decode), where each split is one or two round trips of memory latency.
+template <int D, bool LAT = false>
 struct MmaConfig {
+  static_assert(!LAT || D == 128, "the latency variant is D = 128 only");
   static constexpr int kTile = 64;
   static constexpr int kRowBytes = D * 2;
   static constexpr int kStageBytes = kTile * kRowBytes;  // one of K, V
-  static constexpr int kStages = D == 64 ? 6 : 3;
-  static constexpr int kMinBlocks = D == 256 ? 1 : 2;
+  static constexpr int kStages = LAT ? 5 : D == 64 ? 6 : 3;
+  static constexpr int kMinBlocks = LAT || D == 256 ? 1 : 2;
   static constexpr int kRingBytes = kStages * 2 * kStageBytes;
   static constexpr int kQBytes = 16 * kRowBytes;
   // the end-of-kernel merge reuses the ring: m, l, coefficients, then 4 x [16][D + 8] floats
@@ -353,9 +360,9 @@ __device__ __forceinline__ void write_empty(const DecodeParams& p, int b, int h0
 // ---------------------------------------------------------------------------------------------
 // 16-bit caches: tensor-core split kernel. blockIdx.x = pair * num_splits + split.
 
-template <typename T, int D, bool PAGED>
-__global__ void __launch_bounds__(kThreads, MmaConfig<D>::kMinBlocks) decode_split_mma_kernel(const DecodeArgs a) {
-  using Cfg = MmaConfig<D>;
+template <typename T, int D, bool PAGED, bool LAT = false>
+__global__ void __launch_bounds__(kThreads, MmaConfig<D, LAT>::kMinBlocks) decode_split_mma_kernel(const DecodeArgs a) {
+  using Cfg = MmaConfig<D, LAT>;
   constexpr int kTile = Cfg::kTile;
   constexpr int kStages = Cfg::kStages;
   constexpr int kRowBytes = Cfg::kRowBytes;
@@ -373,6 +380,9 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D>::kMinBlocks) decode_spl
   const int h0 = kvh * group;
   griddep_launch_dependents();
 
+  // lens[b] is requested first and used only after the Q and K/V copies are in flight. Clamped
+  // so that a bad length reads only inside the cache (FRAY_CHECK_INDICES=1 reports it).
+  const int len_b = __ldg(p.lens + b);
   const int start = split * p.split_size;
   const uint32_t ring = smem_addr(smem);
   const uint32_t q_smem = ring + Cfg::kRingBytes;
@@ -404,8 +414,7 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D>::kMinBlocks) decode_spl
       loader.issue(s, cap_tiles, ks, ks + Cfg::kStageBytes);
     }
   }
-  // Clamped so that a bad length reads only inside the cache (FRAY_CHECK_INDICES=1 reports it).
-  const int seqlen = min(max(__ldg(p.lens + b), 0), p.capacity);
+  const int seqlen = min(max(len_b, 0), p.capacity);
   if (start >= seqlen) {
     cp_async_wait<0>();  // no copy may land in shared memory after the CTA exits
     if (p.num_splits == 1) write_empty<T, D>(p, b, h0, group);
@@ -824,6 +833,18 @@ inline cudaError_t prepare_kernel(int smem_bytes) {
   return err;
 }
 
+// The current device's SM count (cached per device).
+inline int num_sms() {
+  static std::atomic<int> cache[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (dev < 64 && cache[dev].load(std::memory_order_relaxed) > 0) return cache[dev].load(std::memory_order_relaxed);
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
+  if (dev < 64) cache[dev].store(n, std::memory_order_relaxed);
+  return n;
+}
+
 template <auto Kernel>
 inline cudaError_t launch_split(const DecodeArgs& a, int64_t grid, int smem_bytes, cudaStream_t stream) {
   cudaError_t err = prepare_kernel<Kernel>(smem_bytes);
@@ -882,7 +903,14 @@ cudaError_t launch_decode_d(const DecodeArgs& a, cudaStream_t stream) {
   const DecodeParams& p = a.p;
   const int64_t grid = static_cast<int64_t>(p.batch) * p.n_kv_heads * a.head_chunks * p.num_splits;
   cudaError_t err;
-  if constexpr (is_16bit<T>()) {
+  if constexpr (is_16bit<T>() && D == 128 && !PAGED) {
+    // Short splits whose grid fits one CTA per SM: the latency variant (all tiles in flight).
+    if (p.num_splits > 1 && p.split_size <= kPrefetchTiles * MmaConfig<D>::kTile && grid <= num_sms()) {
+      err = launch_split<decode_split_mma_kernel<T, D, PAGED, true>>(a, grid, MmaConfig<D, true>::kSmemBytes, stream);
+    } else {
+      err = launch_split<decode_split_mma_kernel<T, D, PAGED>>(a, grid, MmaConfig<D>::kSmemBytes, stream);
+    }
+  } else if constexpr (is_16bit<T>()) {
     err = launch_split<decode_split_mma_kernel<T, D, PAGED>>(a, grid, MmaConfig<D>::kSmemBytes, stream);
   } else {
     err = launch_split<decode_split_f32_kernel<D, PAGED>>(a, grid, F32Config<D>::kSmemBytes, stream);
@@ -914,7 +942,7 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
 // Split kernels x {64, 128, 256} x {contiguous, paged} plus one combine per head dim.
 template <typename T>
 constexpr int decode_num_kernels() {
-  return 3 * 2 + 3;
+  return 3 * 2 + 3 + (is_16bit<T>() ? 1 : 0);  // + the D = 128 latency variant of 16-bit caches
 }
 
 template <typename T>

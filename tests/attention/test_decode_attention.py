@@ -276,7 +276,7 @@ def test_cuda_extension_imports():
     assert "90a" in ext.archs().split(",")
     assert ext.cuda_runtime_version() >= 13000
     # decode: {f32, f16, bf16} x {D 64, 128, 256} x {contiguous, paged} + 3 combines each; append: 4 words x 2
-    assert ext.num_kernel_instances() == 35
+    assert ext.num_kernel_instances() == 37
     for op in A.OPS:
         assert hasattr(torch.ops.fray, op) and fray.OPS[op] == "attention"
         assert A.B._PREFERENCE[op] == ("cuda", "triton")
@@ -285,7 +285,8 @@ def test_cuda_extension_imports():
 @pytest.mark.parametrize("batch,hkv,capacity,splits", [
     (1, 8, 4096, 16),     # B = 1: split-KV fills the SMs, but splits stay >= 256 tokens
     (32, 8, 4096, 1),     # B * Hkv = 256 CTAs for 264 slots: whole sequences, no combine
-    (64, 8, 8192, 2),     # at least ceil(T / 4096) splits; more would gain < 5% of wave time
+    (64, 8, 8192, 1),     # 512 CTAs: two full waves of whole sequences (2 splits measured 3% slower)
+    (64, 8, 16384, 2),    # at least ceil(T / 8192) splits
     (1, 1, 32768, 103),   # 122 splits within 5% of the best, rounded up to 64-token tiles
     (2, 2, 37, 1),        # short caches: one split
     (3, 4, 300, 1),       # >= 256 tokens per split
@@ -493,6 +494,28 @@ def test_gpu_cuda_unaligned_cache_falls_back_to_triton(cuda):
     y = fray.decode_attention(q, ku, v, lens)  # auto: Triton
     e = _expected(q, k, v, lens)
     assert_close(y, e[0], torch.float16, "unaligned auto", scale=e[2])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("batch,hkv,cap,lens,num_splits", [
+    (1, 8, 4096, [4001], None),          # B = 1: 16 splits of 256 tokens, one CTA per SM
+    (2, 4, 1000, [997, 130], 16),        # 64-token splits
+    (3, 2, 1000, [1, 500, 999], 4),      # 256-token splits (4 tiles)
+])
+def test_gpu_nan_past_lens_short_splits(cuda, backend, dtype, batch, hkv, cap, lens, num_splits):
+    """Short splits of contiguous caches request their first tiles before lens arrives (CUDA):
+    cache rows past lens[b] holding NaN bits must not reach the output."""
+    q, k, v, _ = _gpu_case(cuda, dtype, batch, 4 * hkv, hkv, cap, 128, 40 + batch)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=cuda)
+    e = _expected(q, k, v, lens_t)
+    kp, vp = k.clone(), v.clone()
+    for b, n in enumerate(lens):
+        kp[b, :, n:] = float("nan")
+        vp[b, :, n:] = float("nan")
+    y, lse = fray.decode_attention(q, kp, vp, lens_t, return_lse=True, num_splits=num_splits, backend=backend)
+    _check(y, lse, e, dtype, "%s NaN past lens %s" % (backend, lens))
 
 
 @pytest.mark.gpu
