@@ -1,6 +1,7 @@
-// silu_mul [16384 x 8192 out] bf16 launch-shape sweep: the shipped act_mul kernel with 1 / 2 / 4
-// vectors per thread (finer blocks shrink the last partial wave), and a flat variant with
-// streaming (evict-first) loads and stores. Times are medians of 30 launches with a 256 MB
+// silu_mul [16384 x 8192 out] bf16 launch-shape sweep: the act_mul kernel with 1 / 2 / 4 vectors
+// per thread and several block shapes (finer blocks shrink the last partial wave), and a flat
+// variant with plain or streaming (evict-first) loads and stores. Session 4 measured: 1 vector
+// 189.0 us, 2: 190.8, 4: 190.7, streaming flat variants 202-209. Times are medians of 30 launches with a 256 MB
 // buffer written in between (L2 flushed), as the benchmark does.
 // Build + run on the GPU machine (repo root):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/am bench/micro/act_mul_variants.cu && /tmp/am
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <cstdio>
 #include <vector>
 
@@ -28,7 +30,8 @@ using namespace fray::act_detail;
 
 // Flat: thread i of the grid handles 16-byte vector i of the output (row = i / nv), ITEMS spaced
 // by the grid's thread count inside one block-sized chunk; evict-first hints on all traffic.
-template <int ITEMS, bool STREAM>
+// STREAM: 0 plain, 1 streaming loads and stores, 2 streaming stores only, 3 streaming loads only.
+template <int ITEMS, int STREAM>
 __global__ void __launch_bounds__(256) flat_silu(const T* x, T* out, int64_t rows, int64_t d) {
   const int64_t nv = d / 8;
   const int64_t total = rows * nv;
@@ -41,8 +44,8 @@ __global__ void __launch_bounds__(256) flat_silu(const T* x, T* out, int64_t row
       const int64_t r = v / nv, c = v - r * nv;
       const uint4* gp = reinterpret_cast<const uint4*>(x + r * 2 * d) + c;
       const uint4* up = reinterpret_cast<const uint4*>(x + r * 2 * d + d) + c;
-      g[i] = STREAM ? __ldcs(gp) : *gp;
-      u[i] = STREAM ? __ldcs(up) : *up;
+      g[i] = (STREAM & 1) ? __ldcs(gp) : *gp;
+      u[i] = (STREAM & 1) ? __ldcs(up) : *up;
     }
   }
 #pragma unroll
@@ -54,7 +57,7 @@ __global__ void __launch_bounds__(256) flat_silu(const T* x, T* out, int64_t row
       *reinterpret_cast<uint4*>(uv.val) = u[i];
       act_mul_vec<Activation::kSilu>(gv, uv);
       uint4* op = reinterpret_cast<uint4*>(out) + v;
-      if (STREAM) {
+      if (STREAM == 1 || STREAM == 2) {
         __stcs(op, *reinterpret_cast<uint4*>(gv.val));
       } else {
         *op = *reinterpret_cast<uint4*>(gv.val);
@@ -110,29 +113,39 @@ int main() {
   ka.rows = rows;
   ka.nv = d / 8;
   ka.row_blocks = rows;
-  auto shipped = [&](int items, int tpr) {
+  // The act_mul kernel template at a given vectors-per-thread and block shape (grid sized to the
+  // work as act_mul's launcher does).
+  auto direct = [&](auto items_tag, int tpr) {
+    constexpr int kItems = decltype(items_tag)::value;
     return [=] {
       KernelArgs k2 = ka;
       const int rpb = 256 / tpr;
       k2.row_blocks = (rows + rpb - 1) / rpb;
-      const LaunchConfig c{items, tpr, rpb};
-      const cudaError_t e = launch_kernel<T, Activation::kSilu, 8>(k2, c, nullptr);
-      CK(e);
+      const int64_t chunks = (k2.nv + int64_t(tpr) * kItems - 1) / (int64_t(tpr) * kItems);
+      act_mul_kernel<T, Activation::kSilu, 8, kItems><<<dim3(unsigned(chunks), unsigned(k2.row_blocks)), dim3(tpr, rpb)>>>(k2);
     };
   };
-  shipped(4, 256)();  // the reference output: the shipped config
+  using I1 = std::integral_constant<int, 1>;
+  using I2 = std::integral_constant<int, 2>;
+  using I4 = std::integral_constant<int, 4>;
+  auto shipped = [&] {
+    const cudaError_t e = launch_typed<T, Activation::kSilu>(
+        ActMulParams{Activation::kSilu, x, 2 * d, x + d, 2 * d, out, d, rows, d}, nullptr);
+    CK(e);
+  };
+  shipped();  // the reference output: the shipped launcher
   CK(cudaDeviceSynchronize());
   CK(cudaMemcpy(ref.data(), out, ref.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  const int64_t total = rows * d / 8;
   for (int round = 0; round < 2; ++round) {
-    timeit("shipped items4 tpr256", shipped(4, 256));
-    timeit("shipped items2 tpr256", shipped(2, 256));
-    timeit("shipped items1 tpr256", shipped(1, 256));
-    timeit("shipped items4 tpr128 rpb2", shipped(4, 128));
-    const int64_t total = rows * d / 8;
-    timeit("flat items4 plain", [&] { flat_silu<4, false><<<(total + 1023) / 1024, 256>>>(x, out, rows, d); });
-    timeit("flat items4 stream", [&] { flat_silu<4, true><<<(total + 1023) / 1024, 256>>>(x, out, rows, d); });
-    timeit("flat items2 stream", [&] { flat_silu<2, true><<<(total + 511) / 512, 256>>>(x, out, rows, d); });
-    timeit("flat items1 stream", [&] { flat_silu<1, true><<<(total + 255) / 256, 256>>>(x, out, rows, d); });
+    timeit("shipped launcher (1 item, 256 x 1)", shipped);
+    timeit("items4 tpr256 (previous default)", direct(I4{}, 256));
+    timeit("items2 tpr256", direct(I2{}, 256));
+    timeit("items1 tpr128 rpb2", direct(I1{}, 128));
+    timeit("items1 tpr64 rpb4", direct(I1{}, 64));
+    timeit("flat items1 plain", [&] { flat_silu<1, 0><<<(total + 255) / 256, 256>>>(x, out, rows, d); });
+    timeit("flat items1 streaming stores", [&] { flat_silu<1, 2><<<(total + 255) / 256, 256>>>(x, out, rows, d); });
+    timeit("flat items1 streaming loads", [&] { flat_silu<1, 3><<<(total + 255) / 256, 256>>>(x, out, rows, d); });
   }
   return 0;
 }

@@ -46,6 +46,23 @@ def _lane_online_kernel(X, Y, stride_x, stride_y, n_cols, scale, BLOCK_N: tl.con
         tl.store(y_row + c, _round(y, Y.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _tile_packed_kernel(X, Y, stride_x, stride_y, n_cols, scale, BLOCK_N: tl.constexpr):
+    # The whole row in registers as loaded (16-bit, two per register): the max, then the sum of
+    # exp2, then the output recomputes exp2 from x with the log2 of the sum folded into the
+    # exponent (a different expression, so the fp32 exponentials need not stay live).
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    ok = cols < n_cols
+    x = tl.load(X + row * stride_x + cols, mask=ok, other=float("-inf"))
+    m = tl.max(x.to(tl.float32), axis=0)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.sum(tl.exp2((x.to(tl.float32) - shift) * scale), axis=0)
+    bias = tl.where(m == float("-inf"), float("nan"), -shift * scale - tl.log2(s))
+    y = tl.exp2(x.to(tl.float32) * scale + bias)
+    tl.store(Y + row * stride_y + cols, _round(y, Y.dtype.element_ty), mask=ok)
+
+
 def main():
     dev = "cuda"
     total = 128 * 1024 * 1024  # elements: 256 MiB of bf16
@@ -65,8 +82,16 @@ def main():
 
         report("fray.cuda", lambda: fray.softmax(x, out=y, backend="cuda"))
         report("fray.triton (shipped)", lambda: fray.softmax(x, out=y, backend="triton"))
-        for block, warps, stages in itertools.product((2048, 4096, 8192), (4, 8, 16), (1, 3)):
-            if block // (32 * warps) < 4:
+        if width <= 32768:
+            for warps in (8, 16, 32):
+                def fn(warps=warps):
+                    _tile_packed_kernel[(rows,)](x, y, width, width, width, LOG2E, BLOCK_N=width, num_warps=warps)
+                try:
+                    report("tile-packed w%d" % warps, fn)
+                except Exception as exc:
+                    print("%-8d tile-packed w%d failed: %s" % (width, warps, str(exc)[:100]))
+        for block, warps, stages in itertools.product((4096, 8192, 16384), (8, 16, 32), (1, 3)):
+            if block // (32 * warps) < 8:
                 continue
 
             def fn(block=block, warps=warps, stages=stages):
