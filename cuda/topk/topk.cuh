@@ -15,6 +15,7 @@
 #include "cuda/topk/topk.h"
 #include "cuda/topk/topk_device.cuh"
 #include "cuda/topk/topk_plan.h"
+#include "cuda/topk/topk_stream.cuh"
 
 namespace fray {
 namespace topk_detail {
@@ -379,6 +380,11 @@ constexpr TopkKernelFn topk_kernel_for(bool big_radix, bool cluster) {
                    : (cluster ? &topk_kernel<T, VEC, kSmallRadix, true> : &topk_kernel<T, VEC, kSmallRadix, false>);
 }
 
+template <typename T, int VEC>
+constexpr TopkKernelFn topk_stream_kernel_for(bool cluster) {
+  return cluster ? &topk_stream_kernel<T, VEC, true> : &topk_stream_kernel<T, VEC, false>;
+}
+
 template <typename T>
 cudaError_t launch_topk_typed(const TopkParams& p, cudaStream_t stream) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
@@ -389,8 +395,10 @@ cudaError_t launch_topk_typed(const TopkParams& p, cudaStream_t stream) {
   // 16-byte loads need every row start 16-byte aligned (slices are multiples of 8 elements).
   const bool vec_ok =
       is_aligned(p.x, 16) && (p.rows <= 1 || (p.x_row_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0);
-  const TopkKernelFn fn = vec_ok ? topk_kernel_for<T, kVec>(c.big_radix, c.cluster > 1)
-                                 : topk_kernel_for<T, 1>(c.big_radix, c.cluster > 1);
+  const TopkKernelFn fn = c.stream ? (vec_ok ? topk_stream_kernel_for<T, kVec>(c.cluster > 1)
+                                             : topk_stream_kernel_for<T, 1>(c.cluster > 1))
+                         : vec_ok ? topk_kernel_for<T, kVec>(c.big_radix, c.cluster > 1)
+                                  : topk_kernel_for<T, 1>(c.big_radix, c.cluster > 1);
   err = prepare_kernel(reinterpret_cast<const void*>(fn), device, c.smem, c.cluster);
   if (err != cudaSuccess) return err;
 
@@ -424,10 +432,11 @@ cudaError_t launch_topk(const TopkParams& p, cudaStream_t stream) {
   return topk_detail::launch_topk_typed<T>(p, stream);
 }
 
-// Kernels launch_topk<T> can launch: 2 load widths x 2 digit widths x {CTA, cluster}.
+// Kernels launch_topk<T> can launch: 2 load widths x 2 digit widths x {CTA, cluster}, and the
+// streaming kernel: 2 load widths x {CTA, cluster}.
 template <typename T>
 constexpr int topk_num_kernels() {
-  return 8;
+  return 12;
 }
 
 }  // namespace fray

@@ -74,10 +74,15 @@ void argmax(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t 
 
 // The launch plan of topk for these arguments (CPU tests check every plan is launchable):
 // (cluster CTAs per row, slice elements per CTA, threads per CTA, digit bits, sort size,
-// dynamic shared memory bytes, whether the shared-memory opt-in is set before launching).
-std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool> topk_plan(int64_t rows, int64_t width,
-                                                                               int64_t k, bool sorted, int dtype,
-                                                                               int num_sms);
+// dynamic shared memory bytes, whether the shared-memory opt-in is set before launching,
+// whether the streaming kernel runs).
+std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool> topk_plan(int64_t rows, int64_t width,
+                                                                                     int64_t k, bool sorted,
+                                                                                     int dtype, int num_sms);
+// The streaming kernel's constants: (threads per CTA, CTAs per SM its launch bounds and plan
+// assume, entries per CTA (also its largest k), shared memory per SM, shared memory the runtime
+// reserves per CTA, registers per thread at the launch-bounds cap).
+std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t> stream_limits();
 // (largest cluster, largest portable cluster, shared memory per block without the opt-in,
 // opt-in limit per block (static + dynamic), bound of the kernels' static shared memory,
 // most blocks per launch): the limits the plans are checked against.

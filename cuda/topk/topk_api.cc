@@ -87,13 +87,20 @@ void argmax(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t 
   check_cuda(fray::argmax(p, reinterpret_cast<cudaStream_t>(stream)), "argmax");
 }
 
-std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool> topk_plan(int64_t rows, int64_t width,
-                                                                               int64_t k, bool sorted, int dtype,
-                                                                               int num_sms) {
+std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool> topk_plan(int64_t rows, int64_t width,
+                                                                                     int64_t k, bool sorted,
+                                                                                     int dtype, int num_sms) {
   const int key_bytes = dtype_from_code(dtype, "x") == DType::kFloat32 ? 4 : 2;
   const topk_detail::TopkConfig c = topk_detail::topk_config(rows, width, k, sorted, key_bytes, num_sms);
-  return {c.cluster, c.slice,     c.threads, c.big_radix ? topk_detail::kBigRadix : topk_detail::kSmallRadix,
-          c.sort_size, static_cast<int64_t>(c.smem), topk_detail::needs_smem_optin(c.smem)};
+  const int bits = c.stream ? topk_detail::kStreamRadix : c.big_radix ? topk_detail::kBigRadix : topk_detail::kSmallRadix;
+  return {c.cluster,   c.slice, c.threads, bits, c.sort_size, static_cast<int64_t>(c.smem),
+          topk_detail::needs_smem_optin(c.smem), c.stream};
+}
+
+std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t> stream_limits() {
+  using namespace topk_detail;
+  return {kStreamThreads, kStreamMinBlocks,       kStreamCap, static_cast<int64_t>(kSmemPerSm),
+          static_cast<int64_t>(kSmemReservedPerBlock), kMaxRegsPerThread};
 }
 
 std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t> launch_limits() {

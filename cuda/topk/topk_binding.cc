@@ -18,8 +18,12 @@ PYBIND11_MODULE(_topk, m) {
         py::arg("x_row_stride"), py::arg("dtype"), py::arg("rows"), py::arg("width"), py::arg("out"),
         py::arg("device_index"), py::arg("stream"));
   m.def("topk_plan", &api::topk_plan,
-        "(cluster, slice, threads, digit bits, sort size, dynamic smem bytes, smem opt-in) of a topk launch.",
+        "(cluster, slice, threads, digit bits, sort size, dynamic smem bytes, smem opt-in, streaming kernel) of a "
+        "topk launch.",
         py::arg("rows"), py::arg("width"), py::arg("k"), py::arg("sorted"), py::arg("dtype"), py::arg("num_sms"));
+  m.def("stream_limits", &api::stream_limits,
+        "(threads per CTA, CTAs per SM, entries per CTA = largest k, smem per SM, smem reserved per CTA, registers "
+        "per thread) of the streaming topk kernel.");
   m.def("launch_limits", &api::launch_limits,
         "(max cluster, max portable cluster, smem per block without opt-in, opt-in smem limit per block, static "
         "smem bound, max blocks per launch).");

@@ -128,7 +128,7 @@ def test_extension_metadata():
     ext = _ext()
     assert ext.max_width() == S.TOPK_MAX_WIDTH == 262144
     assert ext.max_sort_k() == S.CUDA_SORT_MAX_K == 4096
-    assert ext.num_kernel_instances() == 36  # 3 dtypes x (8 topk + 4 argmax)
+    assert ext.num_kernel_instances() == 48  # 3 dtypes x (8 topk + 4 streaming topk + 4 argmax)
     assert ext.archs()
 
 
@@ -151,25 +151,51 @@ PLAN_WIDTHS = [1, 2, 7, 8, 9, 255, 256, 999, 2047, 2048, 2049, 4095, 4096, 4097,
                32768, 32769, 65536, 65537, 131071, 131072, 140000, 152064, 200003, 262143, 262144]
 
 
+def _blocks_per_sm(ext, threads, smem):
+    """CTAs per SM as the plan estimates them (threads, registers at the launch-bounds cap, shared memory)."""
+    _, _, _, smem_per_sm, reserved, regs = ext.stream_limits()
+    static_bound = ext.launch_limits()[4]
+    return min(32, 2048 // threads, 65536 // (threads * regs), smem_per_sm // (smem + static_bound + reserved))
+
+
 def _check_plan(ext, rows, width, k, sorted, dtype, num_sms):
     max_cluster, portable, default_smem, max_smem, static_bound, max_blocks = ext.launch_limits()
-    cluster, slice_, threads, bits, sort_size, smem, optin = ext.topk_plan(rows, width, k, sorted, dtype, num_sms)
+    s_threads, s_blocks, s_cap, smem_per_sm, reserved, regs = ext.stream_limits()
+    cluster, slice_, threads, bits, sort_size, smem, optin, stream = ext.topk_plan(rows, width, k, sorted, dtype,
+                                                                                   num_sms)
     key_bytes = 4 if dtype == 0 else 2
     what = "rows %d width %d k %d sorted %s dtype %d sms %d -> %r" % (
-        rows, width, k, sorted, dtype, num_sms, (cluster, slice_, threads, bits, sort_size, smem, optin))
+        rows, width, k, sorted, dtype, num_sms, (cluster, slice_, threads, bits, sort_size, smem, optin, stream))
     assert cluster in (1, 2, 4, 8, 16) and cluster <= max_cluster, what
-    assert slice_ % 8 == 0 and cluster * slice_ >= width and slice_ * key_bytes <= 64 * 1024, what
-    assert threads in (32, 64, 128, 256, 512), what
-    assert bits in (8, 11), what
-    nb, done = [], 0  # every pass's bins split evenly over the cluster (merged 1/C shares)
-    while done < 8 * key_bytes:
-        nb.append(1 << min(bits, 8 * key_bytes - done))
-        done += bits
-    assert all(n % cluster == 0 for n in nb), what
-    hist = 4 * ((1 << bits) + ((1 << bits) // cluster if cluster > 1 else 0))
+    assert slice_ % 8 == 0 and cluster * slice_ >= width, what
     assert sort_size == ((1 << (k - 1).bit_length()) if sorted else 0) and sort_size <= S.CUDA_SORT_MAX_K, what
-    assert smem >= slice_ * key_bytes + max(hist, 8 * sort_size), what
-    assert (slice_ * key_bytes) % 16 == 0, what  # the histograms / sort buffer after the keys stay aligned
+    if stream:
+        # The streaming kernel: only for rows that do not fit one CTA's 64 KB of keys, k <= its
+        # entry buffer, and only when the row-in-shared-memory plan would need more than one wave.
+        assert width * key_bytes > 64 * 1024 and k <= s_cap, what
+        assert threads == s_threads and bits == 11, what
+        assert smem == 8 * s_cap + 4 * (2048 + (2048 // cluster if cluster > 1 else 0)), what
+        # s_blocks CTAs per SM (its launch bounds) fit, and rows x C is one wave (or C is 1).
+        assert s_blocks * (smem + static_bound + reserved) <= smem_per_sm, what
+        assert 65536 // (s_threads * s_blocks) == regs and s_blocks * s_threads <= 2048, what
+        assert cluster == 1 or rows * cluster <= num_sms * s_blocks, what
+        assert cluster == 1 or -(-width // cluster) >= 2048, what
+    else:
+        assert slice_ * key_bytes <= 64 * 1024, what
+        assert threads in (32, 64, 128, 256, 512), what
+        assert bits in (8, 11), what
+        nb, done = [], 0  # every pass's bins split evenly over the cluster (merged 1/C shares)
+        while done < 8 * key_bytes:
+            nb.append(1 << min(bits, 8 * key_bytes - done))
+            done += bits
+        assert all(n % cluster == 0 for n in nb), what
+        hist = 4 * ((1 << bits) + ((1 << bits) // cluster if cluster > 1 else 0))
+        assert smem >= slice_ * key_bytes + max(hist, 8 * sort_size), what
+        assert (slice_ * key_bytes) % 16 == 0, what  # the histograms / sort buffer after the keys stay aligned
+        # The row-in-shared-memory kernel keeps the rows it can run in one wave (and short rows, and k
+        # beyond the streaming kernel's buffer).
+        one_wave = rows * cluster <= num_sms * _blocks_per_sm(ext, threads, smem)
+        assert one_wave or width * key_bytes <= 64 * 1024 or k > s_cap, what
     # Launchable: static + dynamic shared memory within the opt-in limit, and the opt-in is set
     # whenever they may pass the 48 KB default (48 KB of dynamic memory alone already does).
     assert smem + static_bound <= max_smem, what
@@ -194,6 +220,23 @@ def test_topk_plans_are_launchable():
                             _check_plan(ext, rows, width, k, srt, dtype, num_sms)
                             n += 1
     assert n > 10000
+
+
+def test_topk_plan_picks_the_streaming_kernel():
+    ext = _ext()
+    plan = lambda rows, width, k=50, dtype=0, srt=True, sms=132: ext.topk_plan(rows, width, k, srt, dtype, sms)
+    # 64 x 131072 fp32: 32 MB of keys, two waves of the row-in-shared-memory kernel -> streaming,
+    # 8 CTAs per row (512 CTAs <= 132 SMs x 4).
+    assert plan(64, 131072)[7] and plan(64, 131072)[0] == 8
+    assert plan(64, 131072, 1)[7] and plan(64, 131072, 1024)[7] and plan(64, 131072, 4096)[7]
+    assert plan(64, 131072, 50, srt=False)[7] and plan(64, 262144)[7] and plan(48, 150000)[7]
+    assert plan(128, 131072, dtype=1)[7] and plan(64, 262144, dtype=2)[7]
+    # One wave already, short rows, or k above the streaming buffer: the row-in-shared-memory kernel.
+    assert not plan(1, 131072)[7] and not plan(4096, 256, 8)[7] and not plan(3, 131072)[7]
+    assert not plan(64, 131072, dtype=2)[7]  # 64 x 4 CTAs of 64 KB bf16 keys: one wave
+    assert not plan(64, 131072, 5000, srt=False)[7] and not plan(8192, 2048, 8)[7]
+    for args in ((64, 131072), (64, 131072, 4096), (1, 131072), (4096, 256, 8), (300, 131072), (64, 262144)):
+        _check_plan(ext, *(args + (50,))[:3], True, 0, 132)
 
 
 def test_topk_plan_regressions():
