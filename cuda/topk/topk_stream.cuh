@@ -77,19 +77,6 @@ __device__ __forceinline__ uint32_t ld_cluster_u32(uint32_t addr) {
   return v;
 }
 
-// Appends c to ent (slot from a warp-aggregated shared counter) for the lanes with take set.
-// Warp-uniform call. Slots past kStreamCap are counted but never written.
-__device__ __forceinline__ void append_entry(uint64_t* ent, uint32_t* counter, bool take, uint64_t c, int lane) {
-  const unsigned b = __ballot_sync(kFullMask, take);
-  if (b == 0u) return;
-  const int leader = __ffs(b) - 1;
-  uint32_t base = 0u;
-  if (lane == leader) base = atomicAdd(counter, static_cast<uint32_t>(__popc(b)));
-  base = __shfl_sync(kFullMask, base, leader);
-  const uint32_t pos = base + static_cast<uint32_t>(__popc(b & lanemask_lt()));
-  if (take && pos < static_cast<uint32_t>(kStreamCap)) ent[pos] = c;
-}
-
 // Entries of run[0, n) (sorted decreasing, distinct) greater than v.
 __device__ __forceinline__ uint32_t count_greater(const uint64_t* run, uint32_t n, uint64_t v) {
   uint32_t lo = 0u;
@@ -261,20 +248,24 @@ __device__ __forceinline__ void stream_advance(StreamScratch& sh, int off, Digit
 // streams elements [r * slice, (r + 1) * slice) of the row from global memory. On chip: a
 // 2048-bin histogram, the merged share, and ent[kStreamCap] of 8-byte composite keys.
 //
-// Radix select over composite keys (see Digit), most significant digit first; state: the
-// decided digits P (composite >> s) and rem, the winners still to find among the elements
-// whose decided digits equal P ("candidates"; those above P are sure winners).
-// 1. Global pass 1 (HBM): histogram of the top key digit of every element; cluster merge picks
-//    the digit of the k-th element.
-// 2. Global pass (re-read, mostly L2): every element with composite >> s >= P (sure winners
-//    and candidates) is appended to ent; the candidates are counted in the histogram of the
-//    next digit on the way; merge. If some CTA's entries did not fit kStreamCap (or cannot,
-//    by count), repeat the pass with the digit just found (each repeat decides one more digit;
-//    once the chosen bin holds exactly the remaining count, the admitted elements are exactly
-//    the k winners, <= kStreamCap per CTA). Otherwise:
-// 3. Refine on chip: further digits over the entries (histogram + merge per digit) until the
-//    chosen bin holds exactly the remaining count; the composites being distinct, the last
-//    digit always does. Winners: entries with composite >> s >= P, exactly k over the row.
+// Radix select over composite keys (see Digit), most significant digit first. State (sh): the
+// decided digits P = composite >> s of the k-th element, rem = winners still to find among the
+// elements whose composite >> s equals P ("candidates"; those above P are sure winners), cnt =
+// the candidates, done = (cnt == rem): then the elements with composite >> s >= P are exactly
+// the k winners.
+// 1. Global pass 1 (HBM): histogram of the top key digit of every element; the cluster merge
+//    (as in topk_kernel) picks the digit of the k-th element.
+// 2. If the admitted elements (k - rem + cnt over the row) can fit C x kStreamCap: compaction
+//    pass (re-read, mostly from L2): append every element with composite >> s >= P to ent (one
+//    warp scan and one shared atomic per warp and vector). Then, on chip, the histogram of the
+//    next digit over the candidates in ent and the merge, which also tells every CTA whether
+//    any CTA's entries did not fit kStreamCap. Fitted: go to 3. Otherwise (or when they cannot
+//    fit at all: all-equal rows, -inf-masked rows, many NaNs): histogram pass from global
+//    memory for the next digit, merge, and back to 2 with one more digit decided. Once done,
+//    the compaction admits exactly the k winners (<= k <= kStreamCap per CTA): no overflow.
+// 3. Refine on chip: further digits over the entries (histogram + merge per digit) until done;
+//    the composites being distinct, the last digit always is. Winners: entries with
+//    composite >> s >= P, exactly k over the row.
 // 4. Output: each CTA turns its winners into sort keys (rank order: the composite; index
 //    order: the index field above the key), zeroes the rest, and bitonic-sorts its buffer
 //    decreasing. Index order: a winner's position = its local position + the winners of lower
@@ -341,71 +332,29 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) topk_stream_
     stream_advance(sh, off, stream_digit<kKeyBits>(0, ib));
   }
 
-  // ---- 2. global passes: admit composite >> s >= P into ent; count the next digit ----
-  for (int pass = 0; pass < ndigits; ++pass) {
-    const bool done = sh.done != 0u;
+  // ---- 2. global passes; 3. refine on chip ----
+  // Per-element tests of a global pass: composite >> s vs P as (key >> ks, low >> sl) vs
+  // (PK, PL), no 64-bit work per element (s >= ib: only key bits are decided, PL = 0).
+  struct Cmp {
+    int ks, sl;
+    uint32_t PK, PL;
+  };
+  auto cmp_of = [&](int s, uint64_t P) {
+    Cmp c;
+    c.ks = s > ib ? s - ib : 0;
+    c.sl = s < ib ? s : ib;
+    c.PK = static_cast<uint32_t>(P >> (ib - c.sl));
+    c.PL = static_cast<uint32_t>(P & ((uint64_t{1} << (ib - c.sl)) - 1u));
+    return c;
+  };
+  // Histogram of digit nd over the entries matching the decided digits, then the merge (which
+  // also ORs the CTAs' flags: sh.flag must be set). Returns the bin offset for stream_advance.
+  auto refine_select = [&](Digit nd) {
+    const int nb = 1 << nd.bits;
+    const int n_e = static_cast<int>(min(sh.entries, static_cast<uint32_t>(kStreamCap)));
     const int s = static_cast<int>(sh.shift);
     const uint64_t P = sh.prefix;
-    // Admitted over the cluster: k - rem sure winners + cnt candidates. More than C x
-    // kStreamCap cannot fit: count only.
-    const bool compact =
-        static_cast<uint64_t>(static_cast<uint32_t>(a.k) - sh.rem) + sh.cnt <= static_cast<uint64_t>(nctas) * kStreamCap;
-    const Digit nd = stream_digit<kKeyBits>(min(static_cast<int>(sh.digit), ndigits - 1), ib);  // (unused when done)
-    const int nb = 1 << nd.bits;
-    const uint32_t dmask = static_cast<uint32_t>(nb - 1);
-    // composite >> s vs P as (key >> ks, low >> sl) vs (PK, PL); no 64-bit work per element.
-    const int ks = s > ib ? s - ib : 0;
-    const int sl = s < ib ? s : ib;
-    const uint32_t PK = static_cast<uint32_t>(P >> (ib - sl));
-    const uint32_t PL = static_cast<uint32_t>(P & ((uint64_t{1} << (ib - sl)) - 1u));
-    const bool dkey = nd.shift >= ib;
-    const int dsh = dkey ? nd.shift - ib : nd.shift;
-    if (!done) {
-      for (int i = tid; i < nb; i += nthreads) hist[i] = 0u;
-    }
-    if (tid == 0) sh.entries = 0u;
-    __syncthreads();
-    stream_slice<T, VEC>(src, len, (pass & 1) == 0, [&](const uint4& w, int e0) {
-      uint32_t ge = 0u;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const uint32_t low = low0 - static_cast<uint32_t>(e0 + j);
-        const uint32_t hk = vec_key<T, VEC>(w, j, a.flip) >> ks;
-        const uint32_t hl = low >> sl;
-        if (e0 + j < len && (hk > PK || (hk == PK && hl >= PL))) ge |= 1u << j;
-      }
-      if (!__any_sync(kFullMask, ge != 0u)) return;  // most vectors: nothing admitted in the warp
-      // Not unrolled: one element's ballots at a time keeps the registers of the loads in
-      // flight (item j of the vector: a few selects).
-#pragma unroll 1
-      for (int j = 0; j < VEC; ++j) {
-        const uint32_t low = low0 - static_cast<uint32_t>(e0 + j);
-        const uint32_t key = vec_key<T, VEC>(w, j, a.flip);
-        const bool in = (ge >> j) & 1u;
-        if (!done) {
-          const bool eq = in && (key >> ks) == PK && (low >> sl) == PL;
-          hist_add(hist, eq, ((dkey ? key : low) >> dsh) & dmask, lane);
-        }
-        if (compact) append_entry(ent, &sh.entries, in, (static_cast<uint64_t>(key) << ib) | low, lane);
-      }
-    });
-    __syncthreads();
-    if (done) break;  // exactly the k winners were admitted: <= k <= kStreamCap per CTA
-    if (tid == 0) sh.flag = (!compact || sh.entries > static_cast<uint32_t>(kStreamCap)) ? 1u : 0u;
-    const int off = stream_select<CLUSTER>(hist, merged, nb, sh.rem, nctas, rank, sh);
-    stream_advance(sh, off, nd);
-    if (sh.any_flag == 0u) break;  // every CTA holds its entries
-  }
-
-  // ---- 3. refine among the entries on chip ----
-  const int n_e = static_cast<int>(min(sh.entries, static_cast<uint32_t>(kStreamCap)));
-  while (sh.done == 0u && static_cast<int>(sh.digit) < ndigits) {
-    const Digit nd = stream_digit<kKeyBits>(static_cast<int>(sh.digit), ib);
-    const int s = static_cast<int>(sh.shift);
-    const uint64_t P = sh.prefix;
-    const int nb = 1 << nd.bits;
     for (int i = tid; i < nb; i += nthreads) hist[i] = 0u;
-    if (tid == 0) sh.flag = 0u;
     __syncthreads();
     for (int base = 0; base < n_e; base += nthreads) {
       const int i = base + tid;
@@ -413,12 +362,101 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) topk_stream_
       hist_add(hist, i < n_e && (c >> s) == P, static_cast<uint32_t>(c >> nd.shift) & static_cast<uint32_t>(nb - 1),
                lane);
     }
+    return stream_select<CLUSTER>(hist, merged, nb, sh.rem, nctas, rank, sh);
+  };
+
+  bool held = false;  // every CTA holds its entries (composite >> s >= P) in ent
+  bool reverse = true;  // alternate directions: each re-read starts where the last one ended
+  for (int pass = 0; pass < ndigits; ++pass) {
+    const Cmp cm = cmp_of(static_cast<int>(sh.shift), sh.prefix);
+    // Admitted over the cluster: k - rem sure winners + cnt candidates; more than C x
+    // kStreamCap cannot fit.
+    const uint64_t admitted = static_cast<uint64_t>(static_cast<uint32_t>(a.k) - sh.rem) + sh.cnt;
+    if (sh.done != 0u || admitted <= static_cast<uint64_t>(nctas) * kStreamCap) {
+      // Compaction pass: append every element with composite >> s >= P to ent (one warp scan
+      // and one shared atomic per warp and vector; slots past kStreamCap are counted only).
+      if (tid == 0) sh.entries = 0u;
+      __syncthreads();
+      stream_slice<T, VEC>(src, len, reverse, [&](const uint4& w, int e0) {
+        uint32_t ge = 0u;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const uint32_t hk = vec_key<T, VEC>(w, j, a.flip) >> cm.ks;
+          const uint32_t hl = (low0 - static_cast<uint32_t>(e0 + j)) >> cm.sl;
+          if (e0 + j < len && (hk > cm.PK || (hk == cm.PK && hl >= cm.PL))) ge |= 1u << j;
+        }
+        if (!__any_sync(kFullMask, ge != 0u)) return;  // most vectors: nothing admitted in the warp
+        const uint32_t n = static_cast<uint32_t>(__popc(ge));
+        const uint32_t incl = warp_prefix_incl(n, lane);
+        uint32_t slot = 0u;
+        if (lane == kWarp - 1) slot = atomicAdd(&sh.entries, incl);
+        slot = __shfl_sync(kFullMask, slot, kWarp - 1) + incl - n;
+        for (uint32_t m = ge; m != 0u; m &= m - 1u, ++slot) {
+          const int j = __ffs(static_cast<int>(m)) - 1;
+          const uint64_t c = (static_cast<uint64_t>(vec_key<T, VEC>(w, j, a.flip)) << ib) |
+                             (low0 - static_cast<uint32_t>(e0 + j));
+          if (slot < static_cast<uint32_t>(kStreamCap)) ent[slot] = c;
+        }
+      });
+      __syncthreads();
+      reverse = !reverse;
+      if (sh.done != 0u) {  // exactly the k winners were admitted: <= k <= kStreamCap per CTA
+        held = true;
+        break;
+      }
+      if (tid == 0) sh.flag = sh.entries > static_cast<uint32_t>(kStreamCap) ? 1u : 0u;
+      const Digit nd = stream_digit<kKeyBits>(static_cast<int>(sh.digit), ib);
+      const int off = refine_select(nd);
+      if (sh.any_flag == 0u) {
+        stream_advance(sh, off, nd);
+        held = true;
+        break;
+      }
+      // Some CTA's entries did not fit (a skewed row): count the digit from global memory.
+    }
+    // Histogram pass: digit nd of the elements matching the decided digits.
+    if (static_cast<int>(sh.digit) >= ndigits) break;  // never: the last digit leaves done set
+    const Digit nd = stream_digit<kKeyBits>(static_cast<int>(sh.digit), ib);
+    const int nb = 1 << nd.bits;
+    const uint32_t dmask = static_cast<uint32_t>(nb - 1);
+    const bool dkey = nd.shift >= ib;
+    const int dsh = dkey ? nd.shift - ib : nd.shift;
+    for (int i = tid; i < nb; i += nthreads) hist[i] = 0u;
+    if (tid == 0) sh.flag = 0u;
+    __syncthreads();
+    stream_slice<T, VEC>(src, len, reverse, [&](const uint4& w, int e0) {
+      uint32_t eq = 0u;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const uint32_t hk = vec_key<T, VEC>(w, j, a.flip) >> cm.ks;
+        const uint32_t hl = (low0 - static_cast<uint32_t>(e0 + j)) >> cm.sl;
+        if (e0 + j < len && hk == cm.PK && hl == cm.PL) eq |= 1u << j;
+      }
+      if (!__any_sync(kFullMask, eq != 0u)) return;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const uint32_t low = low0 - static_cast<uint32_t>(e0 + j);
+        const uint32_t key = vec_key<T, VEC>(w, j, a.flip);
+        hist_add(hist, (eq >> j) & 1u, ((dkey ? key : low) >> dsh) & dmask, lane);
+      }
+    });
+    reverse = !reverse;
     const int off = stream_select<CLUSTER>(hist, merged, nb, sh.rem, nctas, rank, sh);
+    stream_advance(sh, off, nd);
+  }
+  // (held is always true here: after the last digit the admitted elements are the k winners.)
+  if (!held && tid == 0) sh.entries = 0u;  // never: output nothing rather than garbage
+  __syncthreads();
+  while (held && sh.done == 0u && static_cast<int>(sh.digit) < ndigits) {
+    const Digit nd = stream_digit<kKeyBits>(static_cast<int>(sh.digit), ib);
+    if (tid == 0) sh.flag = 0u;
+    const int off = refine_select(nd);
     stream_advance(sh, off, nd);
   }
 
   // ---- 4. output ----
   const bool rank_order = a.sort_size > 0;
+  const int n_e = static_cast<int>(min(sh.entries, static_cast<uint32_t>(kStreamCap)));
   const int n_sort = n_e <= 1 ? n_e : 1 << (32 - __clz(n_e - 1));  // <= kStreamCap
   const int s = static_cast<int>(sh.shift);
   const uint64_t P = sh.prefix;
