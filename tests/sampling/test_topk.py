@@ -482,3 +482,161 @@ def test_gpu_forced_algorithms_raise_and_workspace(cuda):
     graph.replay()
     torch.cuda.synchronize()
     _assert_topk(x, v, i, 4500, True, "partial k > 4096 in a graph")
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU (H200): the streaming kernel (cuda/topk/topk_stream.cuh). Every shape below is one the plan
+# gives to it on this device (asserted), so these tests cannot silently fall back to the
+# row-in-shared-memory kernel: fp32 64 x 131072 (two waves of 8 x 64 KB slices otherwise), 16-bit
+# rows of twice as many elements per byte need 128 rows or 262144 columns.
+
+_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+STREAM_SHAPES = {  # dtype class -> (rows, width, k)
+    "f32": [(64, 131072, 1), (64, 131072, 50), (64, 131072, 1024), (64, 131072, 4096), (64, 262144, 50),
+            (48, 150000, 50), (48, 150000, 4096)],
+    "f16": [(128, 131072, 50), (128, 131072, 4096), (64, 262144, 50), (48, 150000, 1), (48, 150000, 1024)],
+}
+
+
+def _stream_cases():
+    for dtype in DTYPES:
+        for rows, width, k in STREAM_SHAPES["f32" if dtype == torch.float32 else "f16"]:
+            yield pytest.param(dtype, rows, width, k, id="%s-%dx%d-k%d" % (str(dtype)[6:], rows, width, k))
+
+
+def _assert_stream_plan(x, k, sorted=True):
+    rows, width = x.shape[0] if x.dim() == 2 else x.numel() // x.shape[-1], x.shape[-1]
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    plan = _ext().topk_plan(rows, width, k, sorted, _CODES[x.dtype], sms)
+    assert plan[7], "plan %r for %dx%d k=%d %s on %d SMs is not the streaming kernel" % (
+        plan, rows, width, k, x.dtype, sms)
+
+
+def _check_both_orders(x, k, what):
+    x64 = x.double().cpu().numpy()
+    for largest in (True, False):
+        exp = ref.topk_indices(x64, k, largest)
+        v, i = fray.topk(x, k, largest=largest, backend="cuda")
+        _assert_topk(x, v, i, k, largest, "%s largest=%s" % (what, largest), exp=exp)
+        v, i = fray.topk(x, k, largest=largest, sorted=False, backend="cuda")
+        _assert_topk(x, v, i, k, largest, "%s largest=%s unsorted" % (what, largest), sorted=False,
+                     index_order=True, exp=exp)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,rows,width,k", list(_stream_cases()))
+def test_gpu_stream_vs_reference(cuda, dtype, rows, width, k):
+    # _logits: rounded normals (ties), NaN / +-inf / +-0 sprinkled, an all-NaN row, a constant row and
+    # a half -inf row (the last three overflow the per-CTA entry buffer); then plain normals (few ties,
+    # winners spread over every CTA of a row).
+    x = _logits(rows, width, dtype, cuda, rows * 7919 + width + k)
+    _assert_stream_plan(x, k)
+    _assert_stream_plan(x, k, sorted=False)
+    _check_both_orders(x, k, "stream logits %s %dx%d k=%d" % (dtype, rows, width, k))
+    g = torch.Generator(device=cuda).manual_seed(k)
+    x = torch.randn(rows, width, generator=g, device=cuda).to(dtype)
+    _check_both_orders(x, k, "stream normal %s %dx%d k=%d" % (dtype, rows, width, k))
+
+
+def _adversarial_rows(rows, width, dtype, dev, seed):
+    """Rows that overflow the streaming kernel's entry buffer or end in ties at the k-th key."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    nbits = 32 if dtype == torch.float32 else 16
+    bits = _BITS[dtype]
+    x = (torch.randn(rows, width, generator=g, device=dev) * 4).round()
+    cols = torch.arange(width, device=dev)
+    for r in range(rows):
+        kind = r % 10
+        if kind == 0:    # all equal
+            x[r] = 2.5
+        elif kind == 1:  # -inf-masked vocabulary: a few finite values
+            x[r] = float("-inf")
+            x[r, torch.randint(0, width, (20,), generator=g, device=dev)] = torch.randn(20, generator=g, device=dev)
+        elif kind == 2:  # -inf-masked with more finite values than k
+            x[r] = float("-inf")
+            x[r, torch.randint(0, width, (6000,), generator=g, device=dev)] = 1.0
+        elif kind == 3:  # +0 / -0 mix and a few 1.0
+            x[r] = torch.where(torch.rand(width, generator=g, device=dev) < 0.5, -0.0, 0.0)
+            x[r, torch.randint(0, width, (5,), generator=g, device=dev)] = 1.0
+        elif kind == 4:  # constant blocks of 1000
+            x[r] = ((cols // 1000) % 7 - 3).float()
+        elif kind == 5:  # a block of equal maxima at the start (one CTA's entries overflow)
+            x[r, :20000] = 10.0
+        elif kind == 6:  # half the row ties at one value, a few larger
+            x[r] = torch.where(torch.rand(width, generator=g, device=dev) < 0.5, 1.0, -1.0)
+            x[r, torch.randint(0, width, (20,), generator=g, device=dev)] = 2.0
+    x = x.to(dtype)
+    xb = x.view(bits)
+    for r in range(rows):
+        kind = r % 10
+        if kind in (7, 8):  # many NaNs (kind 8: all), any sign and payload
+            n = width // 2 if kind == 7 else width
+            c = torch.randperm(width, generator=g, device=dev)[:n] if kind == 7 else cols
+            payload = torch.randint(1, 1 << (22 if nbits == 32 else 6), (n,), generator=g, device=dev)
+            exp = (0xFF << 23) if nbits == 32 else (0x1F << 10 if dtype == torch.float16 else 0xFF << 7)
+            sign = torch.randint(0, 2, (n,), generator=g, device=dev) << (nbits - 1)
+            v = (sign | exp | payload).to(torch.int64)
+            v = torch.where(v >= 1 << (nbits - 1), v - (1 << nbits), v)
+            xb[r, c] = v.to(bits)
+    return x
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [1, 50, 4096])
+def test_gpu_stream_adversarial_rows(cuda, dtype, k):
+    rows = 64 if dtype == torch.float32 else 128
+    x = _adversarial_rows(rows, 131072, dtype, cuda, 1000 + k)
+    _assert_stream_plan(x, k)
+    _check_both_orders(x, k, "stream adversarial %s k=%d" % (dtype, k))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_stream_unaligned_and_broadcast_rows(cuda, dtype):
+    rows = 64 if dtype == torch.float32 else 128
+    g = torch.Generator(device=cuda).manual_seed(5)
+    big = (torch.randn(rows, 131080, generator=g, device=cuda) * 3).round().to(dtype)
+    cases = [
+        big[:, 1:131073],                      # rows start off 16-byte alignment: element loads
+        big[0, 3:3 + 131072].expand(rows, 131072),  # row stride 0, odd offset
+        big[0, :131072].expand(rows, 131072),  # row stride 0, aligned
+    ]
+    for j, x in enumerate(cases):
+        # One reference per order (rank-order prefixes serve every k; broadcast rows: one row).
+        x64 = x[:1].double().cpu().numpy() if x.stride(0) == 0 else x.double().cpu().numpy()
+        exp_hi = np.broadcast_to(ref.topk_indices(x64, 1024, True), (rows, 1024))
+        exp_lo = np.broadcast_to(ref.topk_indices(x64, 1024, False), (rows, 1024))
+        for k in (1, 50, 1024):
+            _assert_stream_plan(x, k)
+            v, i = fray.topk(x, k, backend="cuda")
+            _assert_topk(x, v, i, k, True, "stream layout %d %s k=%d" % (j, dtype, k), exp=exp_hi[:, :k])
+            v, i = fray.topk(x, k, largest=False, sorted=False, backend="cuda")
+            _assert_topk(x, v, i, k, False, "stream layout %d %s k=%d unsorted" % (j, dtype, k), sorted=False,
+                         index_order=True, exp=exp_lo[:, :k])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_stream_rank_keys(cuda, dtype):
+    # The extension's rank-key output (index order) from the streaming kernel: fray.topk only asks for
+    # it with k > 4096 (the row-in-shared-memory kernel), so call the extension directly.
+    ext = _ext()
+    rows = 64 if dtype == torch.float32 else 128
+    x = _logits(rows, 131072, dtype, cuda, 77)
+    for k in (50, 4096):
+        _assert_stream_plan(x, k, sorted=False)
+        for largest in (True, False):
+            keys = torch.full((rows, k), -1, dtype=torch.int64, device=cuda)
+            vals = torch.empty((rows, k), dtype=dtype, device=cuda)
+            idx = torch.empty((rows, k), dtype=torch.int64, device=cuda)
+            ext.topk(x.data_ptr(), x.stride(0), _CODES[dtype], rows, 131072, k, largest, False, vals.data_ptr(),
+                     idx.data_ptr(), keys.data_ptr(), cuda.index or 0, torch.cuda.current_stream().cuda_stream)
+            torch.cuda.synchronize()
+            exp = ref.topk_indices(x.double().cpu().numpy(), k, largest)
+            got = keys.cpu().numpy()
+            assert (got >= 0).all()
+            order_idx = S.RANK_KEY_INDEX_MASK - (got & S.RANK_KEY_INDEX_MASK)
+            np.testing.assert_array_equal(order_idx, np.sort(exp, -1), err_msg="rank keys: index order")
+            ranked = np.take_along_axis(order_idx, np.argsort(-got, axis=-1, kind="stable"), -1)
+            np.testing.assert_array_equal(ranked, exp, err_msg="rank keys rank k=%d largest=%s" % (k, largest))
