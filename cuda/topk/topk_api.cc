@@ -92,7 +92,9 @@ std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool> top
                                                                                      int dtype, int num_sms) {
   const int key_bytes = dtype_from_code(dtype, "x") == DType::kFloat32 ? 4 : 2;
   const topk_detail::TopkConfig c = topk_detail::topk_config(rows, width, k, sorted, key_bytes, num_sms);
-  const int bits = c.stream ? topk_detail::kStreamRadix : c.big_radix ? topk_detail::kBigRadix : topk_detail::kSmallRadix;
+  const int bits = c.stream      ? topk_detail::kStreamRadix
+                   : c.big_radix ? topk_detail::kBigRadix
+                                 : topk_detail::kSmallRadix;
   return {c.cluster,   c.slice, c.threads, bits, c.sort_size, static_cast<int64_t>(c.smem),
           topk_detail::needs_smem_optin(c.smem), c.stream};
 }

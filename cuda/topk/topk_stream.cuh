@@ -514,12 +514,13 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) topk_stream_
     }
     // Rank order: the other CTAs' runs behind this CTA's (k <= kStreamCap entries in all),
     // kOutUnroll remote loads in flight per thread.
+    constexpr uint32_t kCap = kStreamCap;
     {
       uint32_t off = nwin;
       for (int r = 0; r < nctas; ++r) {
         if (r == rank) continue;
         const uint64_t* run = cl.map_shared_rank(ent, r);
-        const int n = static_cast<int>(min(sh.runs[r], static_cast<uint32_t>(kStreamCap) - min(off, static_cast<uint32_t>(kStreamCap))));
+        const int n = static_cast<int>(min(sh.runs[r], kCap - min(off, kCap)));  // (never clipped)
         for (int j0 = tid; j0 < n; j0 += kOutUnroll * nthreads) {
           uint64_t v[kOutUnroll];
 #pragma unroll
@@ -544,8 +545,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) topk_stream_
       uint32_t off = nwin;
       for (int r = 0; r < nctas; ++r) {
         if (r == rank) continue;
-        const uint32_t n = min(sh.runs[r], static_cast<uint32_t>(kStreamCap) - min(off, static_cast<uint32_t>(kStreamCap)));
-        pos += count_greater(ent + min(off, static_cast<uint32_t>(kStreamCap)), n, v);
+        pos += count_greater(ent + min(off, kCap), min(sh.runs[r], kCap - min(off, kCap)), v);
         off += sh.runs[r];
       }
       emit(pos, v);
