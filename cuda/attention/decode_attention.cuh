@@ -379,6 +379,7 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D, LAT>::kMinBlocks) decod
   const int group = a.group;
   const int h0 = kvh * group;
   griddep_launch_dependents();
+  griddep_wait();  // launched programmatically: whatever ran before on the stream is complete here
 
   // lens[b] is requested first and used only after the Q and K/V copies are in flight. Clamped
   // so that a bad length reads only inside the cache (FRAY_CHECK_INDICES=1 reports it).
@@ -620,6 +621,7 @@ __global__ void __launch_bounds__(kThreads, F32Config<D>::kMinBlocks) decode_spl
   const int h0 = kvh * a.group + chunk_id * kHeads;
   const int rows = min(kHeads, a.group - chunk_id * kHeads);
   griddep_launch_dependents();
+  griddep_wait();  // launched programmatically: whatever ran before on the stream is complete here
 
   const int seqlen = min(max(__ldg(p.lens + b), 0), p.capacity);
   const int start = split * p.split_size;
@@ -756,6 +758,7 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeAr
   TO* out = static_cast<TO*>(p.out) + b * p.o_sb + h * p.o_sh;
   const float* pl = p.part_lse + row * p.num_splits;
   const float* po = p.part_out + row * p.num_splits * D + lane * kVec;
+  griddep_launch_dependents();  // the next kernel on the stream may launch (it waits for our completion)
   griddep_wait();  // the split kernel's partials are complete and visible past this point
   if (n == 0) {
     for (int d = static_cast<int>(threadIdx.x); d < D; d += kThreads) out[d] = from_float<TO>(0.0f);
@@ -849,8 +852,26 @@ template <auto Kernel>
 inline cudaError_t launch_split(const DecodeArgs& a, int64_t grid, int smem_bytes, cudaStream_t stream) {
   cudaError_t err = prepare_kernel<Kernel>(smem_bytes);
   if (err != cudaSuccess) return err;
-  Kernel<<<static_cast<unsigned>(grid), kThreads, smem_bytes, stream>>>(a);
-  return launch_error();
+  // Programmatic launch: the CTAs may be scheduled while the previous kernel on the stream
+  // finishes (its launch latency hides); each waits (griddepcontrol.wait) before its first global
+  // read, so every earlier write on the stream is visible. Without PDL support: a plain launch.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  err = cudaLaunchKernelEx(&cfg, Kernel, a);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    Kernel<<<static_cast<unsigned>(grid), kThreads, smem_bytes, stream>>>(a);
+    err = launch_error();
+  }
+  return err;
 }
 
 template <auto Kernel>

@@ -121,11 +121,12 @@ def _triton_softmax(x2d, temperature=1.0, out_dtype=None):
 
 @INTERPRETER
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows,cols", [(1, 1), (3, 7), (4, 33), (5, 300), (2, 40000)])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (3, 7), (4, 33), (5, 300), (2, 40000), (1, 70001)])
 def test_triton_interpreter_vs_reference(dtype, rows, cols):
-    # 40000 > MAX_SINGLE_BLOCK (32768): the two-pass kernel, walking the row backwards
+    # 40000 > MAX_SINGLE_BLOCK: the two-pass kernel (per-lane online pass, then the row backwards);
+    # 70001: its wide tile
     from fray_triton import softmax as tsoftmax
-    assert 40000 > tsoftmax.MAX_SINGLE_BLOCK
+    assert 40000 > tsoftmax.MAX_SINGLE_BLOCK and 70001 >= tsoftmax.WIDE_LOOP_FROM > 40000
     g = torch.Generator().manual_seed(rows * 100003 + cols)
     x = (torch.randn(rows, cols, generator=g) * 3).to(dtype)
     assert_close(_triton_softmax(x), _ref(x), dtype, "triton %dx%d" % (rows, cols))
