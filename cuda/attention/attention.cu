@@ -33,7 +33,7 @@ int decode_tile_tokens(DType dtype, int head_dim) {
 }
 
 int decode_split_size(DType dtype, int head_dim, int group, int batch, int n_kv_heads, int capacity,
-                      int num_splits, int num_sms) {
+                      int num_splits, int num_sms, bool paged) {
   using namespace attn_detail;
   const int tile = decode_tile_tokens(dtype, head_dim);
   if (tile <= 0 || capacity <= 0) return tile;
@@ -51,7 +51,8 @@ int decode_split_size(DType dtype, int head_dim, int group, int batch, int n_kv_
     // of a sequence. The smallest s within kWaveSlack of the best s in [lo, hi] wins: split-KV
     // fills the SMs for small batches, while a batch that already fills them keeps whole
     // sequences per CTA (no partials, no combine).
-    const int64_t lo = (static_cast<int64_t>(capacity) + kTargetSplitTokens - 1) / kTargetSplitTokens;
+    const int64_t target = paged ? kTargetSplitTokensPaged : kTargetSplitTokens;
+    const int64_t lo = (static_cast<int64_t>(capacity) + target - 1) / target;
     const int64_t hi = std::max<int64_t>(lo, std::min<int64_t>(std::max<int64_t>(1, capacity / kMinSplitTokens),
                                                                kMaxSplits));
     auto waves = [&](int64_t s) { return static_cast<double>((units * s + slots - 1) / slots) / static_cast<double>(s); };

@@ -69,7 +69,7 @@ int decode_tile_tokens(DType dtype, int head_dim);
 // (sequence, kv head) pairs and the SM count (never from lens). The split count is
 // ceil(capacity / split_size).
 int decode_split_size(DType dtype, int head_dim, int group, int batch, int n_kv_heads, int capacity,
-                      int num_splits, int num_sms);
+                      int num_splits, int num_sms, bool paged = false);
 
 // Enqueues the split kernel (and the combine) on `stream`, whose device is current. Never
 // synchronises, allocates or throws. Returns the launch status.
@@ -111,7 +111,7 @@ int attention_num_kernel_instances();
 namespace attention_api {
 
 int64_t decode_split_size(int dtype, int head_dim, int group, int64_t batch, int64_t n_kv_heads,
-                          int64_t capacity, int64_t num_splits, int num_sms);
+                          int64_t capacity, int64_t num_splits, int num_sms, bool paged = false);
 
 void decode(uintptr_t q, int64_t q_sb, int64_t q_sh, uintptr_t k, int64_t k_sb, int64_t k_sh, int64_t k_st,
             uintptr_t v, int64_t v_sb, int64_t v_sh, int64_t v_st, uintptr_t lens, uintptr_t block_table,

@@ -45,7 +45,7 @@ int64_t esize(DType d) { return d == DType::kFloat32 ? 4 : 2; }
 }  // namespace
 
 int64_t decode_split_size(int dtype, int head_dim, int group, int64_t batch, int64_t n_kv_heads, int64_t capacity,
-                          int64_t num_splits, int num_sms) {
+                          int64_t num_splits, int num_sms, bool paged) {
   const DType d = dtype_from_code(dtype, "q");
   require(head_dim == 64 || head_dim == 128 || head_dim == 256,
           "decode_attention head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
@@ -53,7 +53,7 @@ int64_t decode_split_size(int dtype, int head_dim, int group, int64_t batch, int
               capacity <= INT_MAX && num_splits >= 0 && num_splits <= INT_MAX,
           "decode_split_size: sizes out of range");
   return fray::decode_split_size(d, head_dim, group, static_cast<int>(batch), static_cast<int>(n_kv_heads),
-                                 static_cast<int>(capacity), static_cast<int>(num_splits), num_sms);
+                                 static_cast<int>(capacity), static_cast<int>(num_splits), num_sms, paged);
 }
 
 void decode(uintptr_t q, int64_t q_sb, int64_t q_sh, uintptr_t k, int64_t k_sb, int64_t k_sh, int64_t k_st,

@@ -11,7 +11,7 @@ PYBIND11_MODULE(_attention, m) {
   m.def("decode_split_size", &api::decode_split_size,
         "Tokens per KV split for a decode launch (num_splits 0: the heuristic); splits = ceil(T / it).",
         py::arg("dtype"), py::arg("head_dim"), py::arg("group"), py::arg("batch"), py::arg("n_kv_heads"),
-        py::arg("capacity"), py::arg("num_splits"), py::arg("num_sms"));
+        py::arg("capacity"), py::arg("num_splits"), py::arg("num_sms"), py::arg("paged") = false);
   m.def("decode", &api::decode,
         "Split-KV decode attention over a contiguous (block_table 0) or paged cache, on the given stream.",
         py::arg("q"), py::arg("q_sb"), py::arg("q_sh"), py::arg("k"), py::arg("k_sb"), py::arg("k_sh"),

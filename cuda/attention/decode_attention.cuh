@@ -60,6 +60,11 @@ constexpr float kLn2 = 0.6931471805599453f;
 // (SDPA with a mask 505.9). One split per 8192 tokens wins where every sequence is full and costs
 // 3% on uneven lengths, still 1.8x SDPA there.
 constexpr int kTargetSplitTokens = 8192;
+// Paged caches keep ceil(T / 4096): their loader looks page ids up one tile ahead, so a long split
+// running alone at the end of an uneven batch is slower than a contiguous one (B=64 lens uniform
+// in [1, 8192], P16: 307.5 us with one split per 8192 tokens against 278.6 contiguous; 296.7 with
+// two splits, session 3).
+constexpr int kTargetSplitTokensPaged = 4096;
 constexpr int kMinSplitTokens = 256;
 constexpr double kWaveSlack = 1.05;       // fewer splits unless more of them save > 5% of wave time
 constexpr int kMaxSplits = 256;           // bounds the partial buffers
@@ -926,6 +931,8 @@ cudaError_t launch_decode_d(const DecodeArgs& a, cudaStream_t stream) {
   cudaError_t err;
   if constexpr (is_16bit<T>() && D == 128 && !PAGED) {
     // Short splits whose grid fits one CTA per SM: the latency variant (all tiles in flight).
+    // (Paged caches measured slower with it: B1 P16 8.80 vs 8.31 us, its page ids read into
+    // shared memory before the prologue; without early loads the fifth stage does not pay.)
     if (p.num_splits > 1 && p.split_size <= kPrefetchTiles * MmaConfig<D>::kTile && grid <= num_sms()) {
       err = launch_split<decode_split_mma_kernel<T, D, PAGED, true>>(a, grid, MmaConfig<D, true>::kSmemBytes, stream);
     } else {

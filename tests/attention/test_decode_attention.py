@@ -298,6 +298,9 @@ def test_cuda_split_plan(batch, hkv, capacity, splits):
     # never from lens, and an explicit count is honoured up to whole 64-token tiles
     assert -(-3001 // ext.decode_split_size(2, 128, 4, 3, 4, 3001, 7, 132)) == 7
     assert ext.decode_split_size(2, 64, 2, 2, 2, 37, 3, 132) == 64
+    # paged caches keep at least ceil(T / 4096) splits (long page-walking splits end unevenly)
+    assert -(-8192 // ext.decode_split_size(2, 128, 8, 64, 8, 8192, 0, 132, True)) == 2
+    assert -(-8192 // ext.decode_split_size(2, 128, 8, 64, 8, 8192, 0, 132, paged=False)) == 1
 
 
 def test_cuda_adapter_rejects_what_the_kernels_cannot_take():

@@ -297,15 +297,16 @@ def _aligned16(t, strides):
 
 
 @functools.lru_cache(maxsize=1024)
-def _cuda_split_size(dtype_code, head_dim, group, batch, hkv, capacity, num_splits, num_sms):
+def _cuda_split_size(dtype_code, head_dim, group, batch, hkv, capacity, num_splits, num_sms, paged):
     return B.load_extension(FAMILY).decode_split_size(dtype_code, head_dim, group, batch, hkv, capacity,
-                                                      num_splits, num_sms)
+                                                      num_splits, num_sms, paged)
 
 
 def _decode_cuda(q3, k, v, lens, block_table, o3, lse, scale, ks, vs, hkv, capacity, page, num_splits, dev):
     batch, hq, d = q3.shape
     code = V.DTYPE_CODES[q3.dtype]
-    split = _cuda_split_size(code, d, hq // hkv, batch, hkv, capacity, num_splits, _num_sms(dev))
+    split = _cuda_split_size(code, d, hq // hkv, batch, hkv, capacity, num_splits, _num_sms(dev),
+                             block_table is not None)
     splits = -(-capacity // split)
     po = pl = None
     if splits > 1:  # the combine's inputs; from the caching allocator (a graph's pool while capturing)
