@@ -9,20 +9,13 @@
 
 #include <algorithm>
 #include <cstring>
-#include <type_traits>
 #include <cstdio>
+#include <type_traits>
 #include <vector>
 
+#include "bench/micro/micro.h"
 #include "cuda/activation/act_mul.cuh"
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);  \
-      exit(1);                                                                         \
-    }                                                                                  \
-  } while (0)
 
 using T = __nv_bfloat16;
 using namespace fray;
@@ -78,9 +71,6 @@ int main() {
   CK(cudaMemcpy(x, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   const double bytes = (rows * 2 * d + rows * d) * 2.0;
   std::vector<T> ref(rows * d), got(rows * d);
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
   auto timeit = [&](const char* name, auto launch) {
     launch();
     CK(cudaGetLastError());
@@ -88,18 +78,7 @@ int main() {
     CK(cudaMemcpy(got.data(), out, got.size() * sizeof(T), cudaMemcpyDeviceToHost));
     int bad = 0;
     for (size_t i = 0; i < got.size(); ++i) bad += memcmp(&got[i], &ref[i], sizeof(T)) != 0;
-    std::vector<float> t;
-    for (int rep = 0; rep < 40; ++rep) {
-      CK(cudaMemsetAsync(flush, rep, 256 << 20));
-      CK(cudaEventRecord(a));
-      launch();
-      CK(cudaEventRecord(b));
-      CK(cudaEventSynchronize(b));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, a, b));
-      t.push_back(ms * 1000.0f);
-    }
-    std::sort(t.begin(), t.end());
+    const std::vector<float> t = event_times_us(launch, 40, flush, 256 << 20);
     printf("%-34s %8.1f us  %6.3f TB/s  (p10 %.1f p90 %.1f)  mismatches vs shipped %d\n", name, t[20],
            bytes / t[20] * 1e-6, t[4], t[36], bad);
   };

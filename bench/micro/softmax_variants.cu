@@ -10,16 +10,9 @@
 #include <cstdio>
 #include <vector>
 
+#include "bench/micro/micro.h"
 #include "cuda/softmax/softmax.cuh"
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);  \
-      exit(1);                                                                         \
-    }                                                                                  \
-  } while (0)
 
 using T = __nv_bfloat16;
 using namespace fray::softmax_detail;
@@ -45,9 +38,6 @@ int main() {
   a.scale = static_cast<float>(kLog2e);
   a.inv_temperature = 1.0f;
   std::vector<T> ref(rows * cols), got(rows * cols);
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   const LaunchConfig shipped = softmax_config(a.nv, 8);
   printf("shipped config: items %d tpr %d rpb %d cluster %d slice %lld\n", shipped.items, shipped.tpr, shipped.rpb,
          shipped.cluster, static_cast<long long>(shipped.slice));
@@ -66,18 +56,7 @@ int main() {
     CK(cudaMemcpy(got.data(), y, got.size() * sizeof(T), cudaMemcpyDeviceToHost));
     double md = 0;
     for (size_t i = 0; i < got.size(); ++i) md = std::max(md, (double)std::fabs(__bfloat162float(got[i]) - __bfloat162float(ref[i])));
-    std::vector<float> t;
-    for (int rep = 0; rep < 40; ++rep) {
-      CK(cudaMemsetAsync(flush, rep, 256 << 20));
-      CK(cudaEventRecord(e0));
-      run(c);
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      t.push_back(ms * 1000.0f);
-    }
-    std::sort(t.begin(), t.end());
+    const std::vector<float> t = event_times_us([&] { run(c); }, 40, flush, 256 << 20);
     printf("%-36s %8.1f us  %6.3f TB/s  (p10 %.1f p90 %.1f)  max |diff| vs shipped %.3g\n", name, t[20],
            bytes / t[20] * 1e-6, t[4], t[36], md);
   };

@@ -4,7 +4,7 @@
 // bulk-copy ring (cp.async.bulk, one 16 KB copy per tile and tensor, mbarrier completion).
 // Shapes: B32 Hkv8 T4096 (256 CTAs x 4096 tokens) and B64 Hkv8 T8192 split in 2 (1024 CTAs x 4096).
 // Build + run on the GPU machine:
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/sr bench/micro/stream_read.cu && /tmp/sr
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/sr bench/micro/stream_read.cu && /tmp/sr
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,14 +12,8 @@
 #include <cstdio>
 #include <vector>
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);          \
-      exit(1);                                                                                 \
-    }                                                                                          \
-  } while (0)
+#include "bench/micro/micro.h"
+
 
 constexpr int kThreads = 128;
 constexpr int kTile = 64;
@@ -159,25 +153,12 @@ __global__ void __launch_bounds__(kThreads) plain_ldg(const uint4* k, const uint
   if (acc == 0x12345678u) sink[0] = acc;
 }
 
+// Median of 30 launches after 3 warm-up launches, no L2 flush (the data is 10x the L2).
 template <typename F>
-float time_us(F launch, int reps = 30) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
+float time_us(F launch) {
   for (int i = 0; i < 3; ++i) launch();
   CK(cudaGetLastError());
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a));
-    launch();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000.0f);
-  }
-  CK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
+  const std::vector<float> t = event_times_us(launch, 30);
   return t[t.size() / 2];
 }
 

@@ -1,8 +1,9 @@
 """Wide-row Triton softmax variants (bf16, 256 MiB per tensor, L2 flushed per call) next to the
-shipped Triton and CUDA backends, in one process. Variant: one program per row, per-lane online
-(max, sum) over BLOCK_N tiles with no cross-lane reduction inside the loop (the shipped loop kernel
-reduces the tile max across the program every step), one reduction after the loop, then the
-normalising pass (last tile first). Swept over BLOCK_N, num_warps and num_stages.
+shipped Triton and CUDA backends, in one process: the shipped two-pass kernel
+(fray_triton.softmax._softmax_loop_kernel, per-lane online first pass) swept over its tile and
+num_warps, and a whole-row single tile held as loaded 16-bit values. Session 4 also swept
+num_stages 3 on the per-lane kernel (slower at most widths) and a per-tile-reduction loop (the
+kernel before): bench/NOTES.md has the figures.
 Run on the GPU machine with the bundle's PYTHONPATH:  python3 bench/micro/triton_softmax_wide.py
 """
 import itertools
@@ -14,36 +15,9 @@ import triton.language as tl
 import fray
 from fray.bench import time_us
 from fray_triton.norm import _round
+from fray_triton.softmax import _softmax_loop_kernel
 
 LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _lane_online_kernel(X, Y, stride_x, stride_y, n_cols, scale, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    x_row = X + row * stride_x
-    y_row = Y + row * stride_y
-    m = tl.full([BLOCK_N], float("-inf"), tl.float32)
-    s = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
-        c = start + cols
-        x = tl.load(x_row + c, mask=c < n_cols, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, x)
-        sh = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp2((m - sh) * scale) + tl.exp2((x - sh) * scale)
-        m = m_new
-    mx = tl.max(m, axis=0)
-    shift = tl.where(mx == float("-inf"), 0.0, mx)
-    total = tl.sum(s * tl.exp2((m - shift) * scale), axis=0)
-    inv = tl.where(mx == float("-inf"), float("nan"), 1.0 / total)
-    n_tiles = tl.cdiv(n_cols, BLOCK_N)
-    for i in tl.range(0, n_tiles, num_stages=NUM_STAGES):
-        c = (n_tiles - 1 - i) * BLOCK_N + cols
-        ok = c < n_cols
-        x = tl.load(x_row + c, mask=ok, other=float("-inf")).to(tl.float32)
-        y = tl.exp2((x - shift) * scale) * inv
-        tl.store(y_row + c, _round(y, Y.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -90,17 +64,17 @@ def main():
                     report("tile-packed w%d" % warps, fn)
                 except Exception as exc:
                     print("%-8d tile-packed w%d failed: %s" % (width, warps, str(exc)[:100]))
-        for block, warps, stages in itertools.product((4096, 8192, 16384), (8, 16, 32), (1, 3)):
+        for block, warps in itertools.product((4096, 8192, 16384), (8, 16, 32)):
             if block // (32 * warps) < 8:
                 continue
 
-            def fn(block=block, warps=warps, stages=stages):
-                _lane_online_kernel[(rows,)](x, y, width, width, width, LOG2E, BLOCK_N=block, NUM_STAGES=stages,
-                                             num_warps=warps)
+            def fn(block=block, warps=warps):
+                _softmax_loop_kernel[(rows,)](x, y, y, y, width, width, width, LOG2E, 1.0, STATS=False,
+                                              BLOCK_N=block, num_warps=warps)
             try:
-                report("lane-online B%d w%d s%d" % (block, warps, stages), fn)
+                report("two-pass B%d w%d" % (block, warps), fn)
             except Exception as exc:  # a config that fails to compile or launch
-                print("%-8d lane-online B%d w%d s%d failed: %s" % (width, block, warps, stages, str(exc)[:100]))
+                print("%-8d two-pass B%d w%d failed: %s" % (width, block, warps, str(exc)[:100]))
         del x, y, ref
         torch.cuda.empty_cache()
 

@@ -69,6 +69,11 @@ constexpr int kMinSplitTokens = 256;
 constexpr double kWaveSlack = 1.05;       // fewer splits unless more of them save > 5% of wave time
 constexpr int kMaxSplits = 256;           // bounds the partial buffers
 constexpr int kPrefetchTiles = 4;         // splits of <= 4 tiles (contiguous caches) load before lens
+// Measurement probes of the 16-bit split kernel (bench/micro/decode_variants.cu times the kernel
+// with parts switched off); every production launch uses PROBE = 0.
+constexpr int kProbeNoMath = 1;    // loads and barriers only: no QK^T, softmax or PV
+constexpr int kProbeNoFinish = 2;  // no merge of the warps, nothing written
+constexpr int kProbeNoLens = 4;    // lens[b] taken as the capacity: no lens read
 
 // 16-bit caches (tensor-core kernel). 64 tokens per stage = 16 per warp (one m16n8k16 k-step
 // of P V). Stages: ~96 KB of ring per CTA so two CTAs share an SM (228 KB) at D <= 128.
@@ -365,7 +370,7 @@ __device__ __forceinline__ void write_empty(const DecodeParams& p, int b, int h0
 // ---------------------------------------------------------------------------------------------
 // 16-bit caches: tensor-core split kernel. blockIdx.x = pair * num_splits + split.
 
-template <typename T, int D, bool PAGED, bool LAT = false>
+template <typename T, int D, bool PAGED, bool LAT = false, int PROBE = 0>
 __global__ void __launch_bounds__(kThreads, MmaConfig<D, LAT>::kMinBlocks) decode_split_mma_kernel(const DecodeArgs a) {
   using Cfg = MmaConfig<D, LAT>;
   constexpr int kTile = Cfg::kTile;
@@ -388,7 +393,7 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D, LAT>::kMinBlocks) decod
 
   // lens[b] is requested first and used only after the Q and K/V copies are in flight. Clamped
   // so that a bad length reads only inside the cache (FRAY_CHECK_INDICES=1 reports it).
-  const int len_b = __ldg(p.lens + b);
+  const int len_b = (PROBE & kProbeNoLens) != 0 ? p.capacity : __ldg(p.lens + b);
   const int start = split * p.split_size;
   const uint32_t ring = smem_addr(smem);
   const uint32_t q_smem = ring + Cfg::kRingBytes;
@@ -485,6 +490,7 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D, LAT>::kMinBlocks) decod
     const int t_warp = start + it * kTile + warp * 16;
     if (t_warp >= end) continue;  // this warp's 16 rows are all past the end
     const int wrow = warp * 16;
+    if constexpr ((PROBE & kProbeNoMath) != 0) continue;
 
     // S = Q K^T for the warp's 16 tokens: two 16x8 tiles (tokens 0-7, 8-15), each accumulated
     // in two chains (even / odd k-steps) and summed: half the dependent-mma latency per tile.
@@ -568,6 +574,10 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D, LAT>::kMinBlocks) decod
     }
   }
 
+  if constexpr ((PROBE & kProbeNoFinish) != 0) {
+    cp_async_wait<0>();
+    return;
+  }
   // Merge the four warps' states (the ring is reused: wait for the trailing empty groups).
   cp_async_wait<0>();
   __syncthreads();
@@ -853,15 +863,14 @@ inline int num_sms() {
   return n;
 }
 
+// Programmatic (PDL) launch of a decode kernel: its CTAs may be scheduled while the previous
+// kernel on the stream finishes (that launch latency hides); each waits (griddepcontrol.wait)
+// before its first dependent global read, so every earlier write on the stream is visible.
+// Without PDL support: an ordinary stream-ordered launch.
 template <auto Kernel>
-inline cudaError_t launch_split(const DecodeArgs& a, int64_t grid, int smem_bytes, cudaStream_t stream) {
-  cudaError_t err = prepare_kernel<Kernel>(smem_bytes);
-  if (err != cudaSuccess) return err;
-  // Programmatic launch: the CTAs may be scheduled while the previous kernel on the stream
-  // finishes (its launch latency hides); each waits (griddepcontrol.wait) before its first global
-  // read, so every earlier write on the stream is visible. Without PDL support: a plain launch.
+inline cudaError_t launch_pdl(const DecodeArgs& a, unsigned grid, int smem_bytes, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
   cfg.stream = stream;
@@ -870,35 +879,25 @@ inline cudaError_t launch_split(const DecodeArgs& a, int64_t grid, int smem_byte
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  err = cudaLaunchKernelEx(&cfg, Kernel, a);
+  cudaError_t err = cudaLaunchKernelEx(&cfg, Kernel, a);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    Kernel<<<static_cast<unsigned>(grid), kThreads, smem_bytes, stream>>>(a);
+    Kernel<<<grid, kThreads, smem_bytes, stream>>>(a);
     err = launch_error();
   }
   return err;
 }
 
 template <auto Kernel>
+inline cudaError_t launch_split(const DecodeArgs& a, int64_t grid, int smem_bytes, cudaStream_t stream) {
+  const cudaError_t err = prepare_kernel<Kernel>(smem_bytes);
+  if (err != cudaSuccess) return err;
+  return launch_pdl<Kernel>(a, static_cast<unsigned>(grid), smem_bytes, stream);
+}
+
+template <auto Kernel>
 inline cudaError_t launch_combine(const DecodeArgs& a, cudaStream_t stream) {
-  const unsigned grid = static_cast<unsigned>(static_cast<int64_t>(a.p.batch) * a.p.n_heads);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cudaError_t err = cudaLaunchKernelEx(&cfg, Kernel, a);
-  if (err != cudaSuccess) {  // no programmatic launch here: an ordinary stream-ordered launch
-    (void)cudaGetLastError();
-    Kernel<<<grid, kThreads, 0, stream>>>(a);
-    err = launch_error();
-  }
-  return err;
+  return launch_pdl<Kernel>(a, static_cast<unsigned>(static_cast<int64_t>(a.p.batch) * a.p.n_heads), 0, stream);
 }
 
 template <typename T>
