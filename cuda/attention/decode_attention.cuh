@@ -388,8 +388,11 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D, LAT>::kMinBlocks) decod
   const int kvh = pair % p.n_kv_heads;
   const int group = a.group;
   const int h0 = kvh * group;
+  // Launched programmatically: wait until whatever ran before on the stream is complete, and only
+  // then let the combine launch (it reads lens before its own wait; lens may have been written by
+  // the kernel before this one).
+  griddep_wait();
   griddep_launch_dependents();
-  griddep_wait();  // launched programmatically: whatever ran before on the stream is complete here
 
   // lens[b] is requested first and used only after the Q and K/V copies are in flight. Clamped
   // so that a bad length reads only inside the cache (FRAY_CHECK_INDICES=1 reports it).
@@ -635,8 +638,11 @@ __global__ void __launch_bounds__(kThreads, F32Config<D>::kMinBlocks) decode_spl
   const int kvh = pair % p.n_kv_heads;
   const int h0 = kvh * a.group + chunk_id * kHeads;
   const int rows = min(kHeads, a.group - chunk_id * kHeads);
+  // Launched programmatically: wait until whatever ran before on the stream is complete, and only
+  // then let the combine launch (it reads lens before its own wait; lens may have been written by
+  // the kernel before this one).
+  griddep_wait();
   griddep_launch_dependents();
-  griddep_wait();  // launched programmatically: whatever ran before on the stream is complete here
 
   const int seqlen = min(max(__ldg(p.lens + b), 0), p.capacity);
   const int start = split * p.split_size;
