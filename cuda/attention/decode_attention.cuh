@@ -952,6 +952,17 @@ cudaError_t launch_decode_d(const DecodeArgs& a, cudaStream_t stream) {
   return launch_combine<decode_combine_kernel<T, D>>(a, stream);
 }
 
+// f(std::integral_constant<int, D>{}) for head_dim D in {64, 128, 256}; `otherwise` for any other.
+template <typename R, typename F>
+R dispatch_head_dim(int head_dim, R otherwise, F&& f) {
+  switch (head_dim) {
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+  }
+  return otherwise;
+}
+
 // The dtype's launcher (instantiated once per dtype in decode_attention_{f32,f16,bf16}.cu).
 template <typename T>
 cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
@@ -964,12 +975,10 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   a.scale_log2 = p.scale * kLog2e;
   a.q_async = is_16bit<T>() && is_aligned(p.q, 16) && p.q_sb % 8 == 0 && p.q_sh % 8 == 0;
   const bool paged = p.block_table != nullptr;
-  switch (p.head_dim) {
-    case 64: return paged ? launch_decode_d<T, 64, true>(a, stream) : launch_decode_d<T, 64, false>(a, stream);
-    case 128: return paged ? launch_decode_d<T, 128, true>(a, stream) : launch_decode_d<T, 128, false>(a, stream);
-    case 256: return paged ? launch_decode_d<T, 256, true>(a, stream) : launch_decode_d<T, 256, false>(a, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_head_dim(p.head_dim, cudaErrorInvalidValue, [&](auto d) {
+    return paged ? launch_decode_d<T, decltype(d)::value, true>(a, stream)
+                 : launch_decode_d<T, decltype(d)::value, false>(a, stream);
+  });
 }
 
 // Split kernels x {64, 128, 256} x {contiguous, paged} plus one combine per head dim.
@@ -980,22 +989,12 @@ constexpr int decode_num_kernels() {
 
 template <typename T>
 int decode_tile_tokens_t(int head_dim) {
-  switch (head_dim) {
-    case 64: return tile_tokens<T, 64>();
-    case 128: return tile_tokens<T, 128>();
-    case 256: return tile_tokens<T, 256>();
-  }
-  return 0;
+  return dispatch_head_dim(head_dim, 0, [](auto d) { return tile_tokens<T, decltype(d)::value>(); });
 }
 
 template <typename T>
 int decode_ctas_per_sm_t(int head_dim) {
-  switch (head_dim) {
-    case 64: return ctas_per_sm<T, 64>();
-    case 128: return ctas_per_sm<T, 128>();
-    case 256: return ctas_per_sm<T, 256>();
-  }
-  return 1;
+  return dispatch_head_dim(head_dim, 1, [](auto d) { return ctas_per_sm<T, decltype(d)::value>(); });
 }
 
 }  // namespace attn_detail

@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <type_traits>
 #include <utility>
 
 namespace fray {
@@ -58,6 +59,17 @@ inline cudaError_t dispatch_dtype(DType d, F&& f) {
     case DType::kFloat32: return std::forward<F>(f)(TypeTag<float>{});
     case DType::kFloat16: return std::forward<F>(f)(TypeTag<__half>{});
     case DType::kBFloat16: return std::forward<F>(f)(TypeTag<__nv_bfloat16>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+// Calls f(TypeTag<W>{}) for a weight dtype `w` allowed next to activations of type T: T itself,
+// or fp32 when T is 16-bit. Any other weight dtype returns cudaErrorInvalidValue without calling f.
+template <typename T, class F>
+inline cudaError_t dispatch_weight_dtype(DType w, F&& f) {
+  if (w == DTypeOf<T>::value) return std::forward<F>(f)(TypeTag<T>{});
+  if constexpr (!std::is_same_v<T, float>) {
+    if (w == DType::kFloat32) return std::forward<F>(f)(TypeTag<float>{});
   }
   return cudaErrorInvalidValue;
 }

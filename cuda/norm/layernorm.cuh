@@ -474,11 +474,9 @@ constexpr int count_kernels() {
 template <typename T>
 cudaError_t launch_layernorm(const LayerNormParams& p, cudaStream_t stream) {
   if (p.rows <= 0 || p.hidden <= 0) return cudaSuccess;
-  if (p.weight_dtype == DTypeOf<T>::value) return layernorm_detail::launch_typed<T, T>(p, stream);
-  if constexpr (!std::is_same_v<T, float>) {
-    if (p.weight_dtype == DType::kFloat32) return layernorm_detail::launch_typed<T, float>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_weight_dtype<T>(p.weight_dtype, [&](auto w) {
+    return layernorm_detail::launch_typed<T, typename decltype(w)::type>(p, stream);
+  });
 }
 
 // Number of kernels launch_layernorm<T> can launch (all compiled with it).

@@ -158,17 +158,30 @@ def available(op, family, device):
     return {b: unavailable_reason(b, family, device) for b in ("cuda", "triton")}
 
 
+def cpu_check_cases(label, hand, ops, run, rows=3, cols=100):
+    """`fray check` rows without a GPU: the hand-computed reference check, then each op through the
+    Triton interpreter in fp32 and bf16 at rows x cols, the thunk calling run(op, dtype, rows, cols)."""
+    from fray._validate import DTYPE_NAMES
+    cases = [(label, "reference", "fp64", "hand", hand)]
+    for op in ops:
+        for dtype in (torch.float32, torch.bfloat16):
+            cases.append((op, "triton-interpreter", DTYPE_NAMES[dtype], "%dx%d" % (rows, cols),
+                          lambda o=op, d=dtype: run(o, d, rows, cols)))
+    return cases
+
+
 def gpu_check_cases(family, ops, device, shapes, run, dtypes=None):
     """`fray check` rows for a GPU: (op, backend, dtype, shape label, thunk) for every available
     backend x dtype x shape, the thunk calling run(op, backend, dtype, *shape, device) and raising
-    on a mismatch; an unavailable backend gives one row whose thunk is the reason (an exception)."""
+    on a mismatch; an unavailable backend gives one row whose thunk is the reason (an exception).
+    family: the CUDA family of every op, or a function op -> family."""
     import functools
 
     from fray._validate import DTYPE_NAMES
     dtypes = dtypes or (torch.float32, torch.float16, torch.bfloat16)
     cases = []
     for op in ops:
-        for backend, reason in available(op, family, device).items():
+        for backend, reason in available(op, family(op) if callable(family) else family, device).items():
             if reason is not None:
                 cases.append((op, backend, "-", "-", RuntimeError("unavailable: " + reason)))
                 continue

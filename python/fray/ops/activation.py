@@ -255,12 +255,7 @@ def check_cases(device):
         np.testing.assert_allclose(gelu_mul(np.array([1.0]), np.array([1.0]), approximate="tanh"),
                                    [0.8411919906], rtol=1e-10)
 
-    cases = []
     if device.type != "cuda":
-        cases.append(("silu_mul+gelu_mul", "reference", "fp64", "hand", hand))
-        for op in OPS:
-            for dtype in (torch.float32, torch.bfloat16):
-                cases.append((op, "triton-interpreter", V.DTYPE_NAMES[dtype], "3x100",
-                              lambda o=op, d=dtype: run(o, "triton-interpreter", d, 3, 100, "cpu")))
-        return cases
+        return B.cpu_check_cases("silu_mul+gelu_mul", hand, OPS,
+                                 lambda op, d, rows, cols: run(op, "triton-interpreter", d, rows, cols, "cpu"))
     return B.gpu_check_cases(FAMILY, OPS, device, ((1, 1), (7, 4097), (1024, 8192)), run)

@@ -412,12 +412,7 @@ def check_cases(device):
         y = layernorm(np.array([[1.0, 3.0]]), np.array([1.0, 2.0]), np.array([0.5, 0.0]), eps=0.0)
         np.testing.assert_allclose(y, [[-0.5, 2.0]], rtol=1e-12)
 
-    cases = []
     if device.type != "cuda":
-        cases.append(("rmsnorm+add+ln", "reference", "fp64", "hand", hand))
-        for op in OPS:
-            for dtype in (torch.float32, torch.bfloat16):
-                cases.append((op, "triton-interpreter", V.DTYPE_NAMES[dtype], "3x100",
-                              lambda o=op, d=dtype: run(o, "triton-interpreter", d, 3, 100, "cpu")))
-        return cases
+        return B.cpu_check_cases("rmsnorm+add+ln", hand, OPS,
+                                 lambda op, d, rows, cols: run(op, "triton-interpreter", d, rows, cols, "cpu"))
     return B.gpu_check_cases(FAMILY, OPS, device, ((1, 1), (7, 4097), (1024, 8192)), run)

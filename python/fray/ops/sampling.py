@@ -800,22 +800,9 @@ def check_cases(device):
         np.testing.assert_array_equal(ref.topk_indices(x, 6), [[1, 2, 5, 0, 3, 4]])
         np.testing.assert_array_equal(ref.topk_indices(x, 6, largest=False), [[3, 4, 0, 2, 5, 1]])
 
-    cases = []
     if device.type != "cuda":
-        cases.append(("sampling", "reference", "fp64", "hand", hand))
-        for op in OPS:
-            for dtype in (torch.float32, torch.bfloat16):
-                cases.append((op, "triton-interpreter", V.DTYPE_NAMES[dtype], "3x100",
-                              lambda o=op, d=dtype: _run_case(o, d, 3, 100, "cpu", True)))
-        return cases
-    for op in OPS:
-        for backend, reason in B.available(op, CUDA_FAMILIES.get(op, FAMILY), device).items():
-            if reason is not None:
-                cases.append((op, backend, "-", "-", RuntimeError("unavailable: " + reason)))
-                continue
-            for dtype in (torch.float32, torch.bfloat16):
-                for rows, width in ((1, 1), (7, 4097), (4, 32000)):
-                    cases.append((op, backend, V.DTYPE_NAMES[dtype], "%dx%d" % (rows, width),
-                              lambda o=op, b=backend, d=dtype, r=rows, w=width:
-                              _run_case(o, d, r, w, device, False, b)))
-    return cases
+        return B.cpu_check_cases("sampling", hand, OPS,
+                                 lambda op, d, rows, cols: _run_case(op, d, rows, cols, "cpu", True))
+    return B.gpu_check_cases(lambda op: CUDA_FAMILIES.get(op, FAMILY), OPS, device, ((1, 1), (7, 4097), (4, 32000)),
+                             lambda op, b, d, rows, width, dev: _run_case(op, d, rows, width, dev, False, b),
+                             dtypes=(torch.float32, torch.bfloat16))
