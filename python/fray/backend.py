@@ -70,6 +70,12 @@ def _arch_matches(archs, cap):
 
 
 @functools.lru_cache(maxsize=None)
+def num_sms(index):
+    """The SM count of CUDA device `index` (cached)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
 def _capability(index):
     return torch.cuda.get_device_capability(index)
 

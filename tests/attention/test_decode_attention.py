@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import fray
+from fray import backend as B
 from fray.ops import attention as A
 from fray.reference import attention as ref
 from fray.testing import assert_close
@@ -166,7 +167,7 @@ def test_ops_layer_wiring_under_interpreter(monkeypatch):
     monkeypatch.setattr(A.B, "resolve", lambda *a: "triton")
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(A, "_num_sms", lambda i: 4)
+    monkeypatch.setattr(B, "num_sms", lambda i: 4)
     q, k, v, kp, vp, bt, lens = A._random_case(torch.bfloat16, "cpu", lens=(37, 16))
     e = _expected(q, k, v, lens)
     for layout in ("HND", "NHD", "paged"):
@@ -349,7 +350,7 @@ def test_ops_layer_cuda_wiring(monkeypatch):
     monkeypatch.setattr(A.B, "current_stream", lambda device: 1234)
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(A, "_num_sms", lambda i: 132)
+    monkeypatch.setattr(B, "num_sms", lambda i: 132)
     q, k, v, kp, vp, bt, lens = A._random_case(torch.bfloat16, "cpu", lens=(37, 16))
     out = torch.empty(2, 4, 1, 64, dtype=q.dtype)
     lse = torch.empty(2, 4)

@@ -273,11 +273,6 @@ def _cpu_backend(backend, device):
 # ---------------------------------------------------------------------------------------------
 # GPU implementations (called directly in eager mode, through the custom ops under torch.compile)
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(index):
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _three(t):
     return t if t.dim() == 3 else t.select(2, 0)
 
@@ -305,7 +300,7 @@ def _cuda_split_size(dtype_code, head_dim, group, batch, hkv, capacity, num_spli
 def _decode_cuda(q3, k, v, lens, block_table, o3, lse, scale, ks, vs, hkv, capacity, page, num_splits, dev):
     batch, hq, d = q3.shape
     code = V.DTYPE_CODES[q3.dtype]
-    split = _cuda_split_size(code, d, hq // hkv, batch, hkv, capacity, num_splits, _num_sms(dev),
+    split = _cuda_split_size(code, d, hq // hkv, batch, hkv, capacity, num_splits, B.num_sms(dev),
                              block_table is not None)
     splits = -(-capacity // split)
     po = pl = None
@@ -361,7 +356,7 @@ def _decode_impl(op, q, k, v, lens, block_table, out, lse, scale, nhd, num_split
                      bt_stride=block_table.stride(0) if block_table is not None else 0,
                      out_strides=(o3.stride(0), o3.stride(1)), lse_stride=lse.stride(0),
                      n_kv_heads=hkv, capacity=capacity, page_size=page,
-                     num_splits=num_splits or None, num_sms=_num_sms(dev))
+                     num_splits=num_splits or None, num_sms=B.num_sms(dev))
 
 
 def _append_impl(op, k, v, k_new, v_new, lens, block_table, nhd, backend):
