@@ -74,6 +74,7 @@ constexpr int kPrefetchTiles = 4;         // splits of <= 4 tiles (contiguous ca
 constexpr int kProbeNoMath = 1;    // loads and barriers only: no QK^T, softmax or PV
 constexpr int kProbeNoFinish = 2;  // no merge of the warps, nothing written
 constexpr int kProbeNoLens = 4;    // lens[b] taken as the capacity: no lens read
+constexpr int kProbeSerialPages = 8;  // paged: prologue page ids looked up one tile at a time, after lens
 
 // 16-bit caches (tensor-core kernel). 64 tokens per stage = 16 per warp (one m16n8k16 k-step
 // of P V). Stages: ~96 KB of ring per CTA so two CTAs share an SM (228 KB) at D <= 128.
@@ -265,22 +266,24 @@ struct TileLoader {
     }
   }
 
-  // Page ids of this thread's rows of `tile` (rows past the end: never read).
-  __device__ __forceinline__ void fetch_pages(int tile) {
+  // Page ids of this thread's rows of `tile` into `out` (rows past the end: never read).
+  __device__ __forceinline__ void lookup_pages(int tile, int* out) const {
     if constexpr (PAGED) {
       const int t0 = start + tile * kTile + row0;
 #pragma unroll
       for (int j = 0; j < kRows; ++j) {
         const int t = t0 + j * kRpp;
-        pages[j] = t < end ? __ldg(bt_row + (t >> page_shift)) : 0;
+        out[j] = t < end ? __ldg(bt_row + (t >> page_shift)) : 0;
       }
     }
   }
+  __device__ __forceinline__ void fetch_pages(int tile) { lookup_pages(tile, pages); }
 
   // Copies tile `tile` into ring stage `stage` (K at k_smem, V at k_smem + stage bytes) and, for
-  // paged caches, fetches the next tile's pages. Always commits one group (empty past the end)
-  // so that cp.async.wait_group counts stay uniform.
-  __device__ __forceinline__ void issue(int tile, int n_tiles, uint32_t k_smem, uint32_t v_smem) {
+  // paged caches, fetches the next tile's pages (unless `fetch_next` is false). Always commits one
+  // group (empty past the end) so that cp.async.wait_group counts stay uniform.
+  __device__ __forceinline__ void issue(int tile, int n_tiles, uint32_t k_smem, uint32_t v_smem,
+                                        bool fetch_next = true) {
     if (tile < n_tiles) {
       const int t0 = start + tile * kTile;
 #pragma unroll
@@ -301,7 +304,7 @@ struct TileLoader {
         cp_async_16(k_smem + off, ok ? kbase + ko : kbase, ok);
         cp_async_16(v_smem + off, ok ? vbase + vo : vbase, ok);
       }
-      fetch_pages(tile + 1);
+      if (fetch_next) fetch_pages(tile + 1);
     }
     cp_async_commit();
   }
@@ -428,6 +431,17 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D, LAT>::kMinBlocks) decod
       loader.issue(s, cap_tiles, ks, ks + Cfg::kStageBytes);
     }
   }
+  // Paged caches: the page ids of every prologue tile are requested now, all at once, bounded by
+  // the capacity (entries inside the block table whatever lens[b] is; only the K/V copies, which
+  // go through them, wait for lens). The lookups overlap the lens read instead of following it
+  // one tile at a time. (Not at D = 256: its 16 page ids per tile and thread would spill.)
+  using Loader = TileLoader<T, D, kTile, PAGED>;
+  constexpr bool kEarlyPages = PAGED && D <= 128 && (PROBE & kProbeSerialPages) == 0;
+  int pro_pages[kEarlyPages ? kStages - 1 : 1][kEarlyPages ? Loader::kRows : 1];
+  if constexpr (kEarlyPages) {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) loader.lookup_pages(s, pro_pages[s]);
+  }
   const int seqlen = min(max(len_b, 0), p.capacity);
   if (start >= seqlen) {
     cp_async_wait<0>();  // no copy may land in shared memory after the CTA exits
@@ -437,7 +451,15 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D, LAT>::kMinBlocks) decod
   const int end = min(start + p.split_size, seqlen);
   const int n_tiles = (end - start + kTile - 1) / kTile;
   loader.end = end;
-  if (!early) {
+  if constexpr (kEarlyPages) {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      const uint32_t ks = ring + s * 2 * Cfg::kStageBytes;
+#pragma unroll
+      for (int j = 0; j < Loader::kRows; ++j) loader.pages[j] = pro_pages[s][j];
+      loader.issue(s, n_tiles, ks, ks + Cfg::kStageBytes, s == kStages - 2);
+    }
+  } else if (!early) {
     loader.fetch_pages(0);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {

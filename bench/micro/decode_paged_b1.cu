@@ -1,0 +1,165 @@
+// B = 1 decode, paged against contiguous (bf16, D = 128, Hq 32, Hkv 8, T 4096, 16 splits of 256
+// tokens, as the production plan picks): graph replays of split + combine, L2 flushed before each
+// replay like the benchmark. Variants: the production launcher (contiguous; paged P16 / P64) and
+// the paged split kernel in its 5-stage latency form (decode_split_mma_kernel<..., PAGED, LAT>),
+// and the split kernel with its prologue page ids looked up one tile at a time after lens (the
+// code before session 5, PROBE kProbeSerialPages); every output must be bit-equal to contiguous.
+// Build + run on the GPU machine (repo root):
+//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/dp bench/micro/decode_paged_b1.cu && /tmp/dp
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "bench/micro/micro.h"
+#include "cuda/attention/decode_attention.cuh"
+
+using namespace fray;
+using namespace fray::attn_detail;
+using T = __nv_bfloat16;
+
+__global__ void fill_random(T* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+    x[i] = __float2bfloat16((h & 0xffff) / 16384.0f - 2.0f);
+  }
+}
+
+// Copies the contiguous HND cache [Hkv, T, D] of sequence 0 into pages [num_blocks, P, Hkv, D].
+__global__ void scatter_pages(const T* src, T* dst, const int* bt, int Hkv, int Tcap, int D, int P) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < size_t(Hkv) * Tcap * D; i += size_t(gridDim.x) * blockDim.x) {
+    const int d = int(i % D), t = int((i / D) % Tcap), h = int(i / (size_t(D) * Tcap));
+    dst[(size_t(bt[t / P]) * P + t % P) * Hkv * D + size_t(h) * D + d] = src[i];
+  }
+}
+
+int main() {
+  const int B = 1, Hq = 32, Hkv = 8, Tcap = 4096, D = 128, splits = 16;
+  char* flush;
+  CK(cudaMalloc(&flush, 256 << 20));
+  const size_t kv = size_t(B) * Hkv * Tcap * D, n_out = size_t(B) * Hq * D;
+  T *q, *k, *v, *kp, *vp, *out;
+  float *lse, *po, *pl;
+  int *lens, *bt;
+  CK(cudaMalloc(&q, n_out * 2));
+  CK(cudaMalloc(&k, kv * 2));
+  CK(cudaMalloc(&v, kv * 2));
+  CK(cudaMalloc(&kp, 2 * kv * 2));  // pool of twice the blocks, shuffled
+  CK(cudaMalloc(&vp, 2 * kv * 2));
+  CK(cudaMalloc(&out, n_out * 2));
+  CK(cudaMalloc(&lse, n_out / D * 4));
+  CK(cudaMalloc(&po, n_out * splits * 4));
+  CK(cudaMalloc(&pl, n_out / D * splits * 4));
+  CK(cudaMalloc(&lens, B * 4));
+  CK(cudaMalloc(&bt, 2 * Tcap * 4));
+  fill_random<<<1024, 256>>>(q, n_out, 1);
+  fill_random<<<1024, 256>>>(k, kv, 2);
+  fill_random<<<1024, 256>>>(v, kv, 3);
+  const int len_h = Tcap;
+  CK(cudaMemcpy(lens, &len_h, 4, cudaMemcpyHostToDevice));
+  DecodeParams p;
+  p.q = q; p.q_sb = Hq * D; p.q_sh = D;
+  p.k = k; p.k_sb = size_t(Hkv) * Tcap * D; p.k_sh = size_t(Tcap) * D; p.k_st = D;
+  p.v = v; p.v_sb = p.k_sb; p.v_sh = p.k_sh; p.v_st = D;
+  p.lens = lens; p.out = out; p.o_sb = Hq * D; p.o_sh = D; p.lse = lse; p.lse_sb = Hq;
+  p.part_out = po; p.part_lse = pl;
+  p.batch = B; p.n_heads = Hq; p.n_kv_heads = Hkv; p.head_dim = D; p.capacity = Tcap;
+  p.num_splits = splits; p.split_size = Tcap / splits; p.scale = 0.088f; p.dtype = DType::kBFloat16;
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::vector<uint16_t> ref(n_out), got(n_out);
+  CK(launch_decode<T>(p, st));
+  CK(cudaStreamSynchronize(st));
+  CK(cudaMemcpy(ref.data(), out, n_out * 2, cudaMemcpyDeviceToHost));
+
+  // Times `launch` (split + combine on stream st) replayed from a CUDA graph, L2 flushed before each.
+  auto graph_time = [&](const char* name, auto launch) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    launch();
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaStreamSynchronize(st));
+    std::vector<float> all;
+    for (int rep = 0; rep < 3; ++rep) {
+      cudaEvent_t e0, e1;
+      CK(cudaEventCreate(&e0));
+      CK(cudaEventCreate(&e1));
+      for (int r = 0; r < 40; ++r) {
+        CK(cudaMemsetAsync(flush, r, 256 << 20, st));
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        all.push_back(ms * 1000.0f);
+      }
+    }
+    std::sort(all.begin(), all.end());
+    printf("%-44s median %6.2f us  p10 %6.2f  p90 %6.2f\n", name, all[all.size() / 2], all[all.size() / 10],
+           all[all.size() * 9 / 10]);
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+  };
+  auto check = [&](const char* name) {
+    CK(cudaStreamSynchronize(st));
+    CK(cudaMemcpy(got.data(), out, n_out * 2, cudaMemcpyDeviceToHost));
+    printf("%-44s bit-equal to contiguous: %s\n", name, got == ref ? "yes" : "NO");
+  };
+  for (int round = 0; round < 2; ++round) {
+    graph_time("contiguous, production", [&] { CK(launch_decode<T>(p, st)); });
+    for (int P : {16, 64}) {
+      const int nb = Tcap / P;
+      std::vector<int> perm(2 * nb);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), std::mt19937(P));
+      CK(cudaMemcpy(bt, perm.data(), nb * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemset(kp, 0xff, 2 * kv * 2));  // unused pages hold NaN
+      CK(cudaMemset(vp, 0xff, 2 * kv * 2));
+      scatter_pages<<<1024, 256>>>(k, kp, bt, Hkv, Tcap, D, P);
+      scatter_pages<<<1024, 256>>>(v, vp, bt, Hkv, Tcap, D, P);
+      CK(cudaDeviceSynchronize());
+      DecodeParams pp = p;
+      pp.k = kp; pp.v = vp;
+      pp.k_sb = size_t(P) * Hkv * D; pp.k_sh = D; pp.k_st = size_t(Hkv) * D;
+      pp.v_sb = pp.k_sb; pp.v_sh = pp.k_sh; pp.v_st = pp.k_st;
+      pp.block_table = bt; pp.bt_sb = nb; pp.page_size = P;
+      DecodeArgs a;
+      a.p = pp; a.group = Hq / Hkv; a.head_chunks = 1; a.page_shift = 0;
+      while ((1 << a.page_shift) < P) ++a.page_shift;
+      a.scale_log2 = p.scale * kLog2e; a.q_async = true;
+      char name[64];
+      snprintf(name, sizeof name, "paged P%d, production", P);
+      CK(cudaMemset(out, 0, n_out * 2));
+      CK(launch_decode<T>(pp, st));
+      check(name);
+      graph_time(name, [&] { CK(launch_decode<T>(pp, st)); });
+      snprintf(name, sizeof name, "paged P%d, serial page lookups (before)", P);
+      auto serial = [&] {
+        CK(launch_split<decode_split_mma_kernel<T, 128, true, false, kProbeSerialPages>>(a, Hkv * splits, MmaConfig<128>::kSmemBytes, st));
+        CK(launch_combine<decode_combine_kernel<T, 128>>(a, st));
+      };
+      CK(cudaMemset(out, 0, n_out * 2));
+      serial();
+      check(name);
+      graph_time(name, serial);
+      snprintf(name, sizeof name, "paged P%d, latency variant (5 stages)", P);
+      auto lat = [&] {
+        CK(launch_split<decode_split_mma_kernel<T, 128, true, true>>(a, Hkv * splits, MmaConfig<128, true>::kSmemBytes, st));
+        CK(launch_combine<decode_combine_kernel<T, 128>>(a, st));
+      };
+      CK(cudaMemset(out, 0, n_out * 2));
+      lat();
+      check(name);
+      graph_time(name, lat);
+    }
+  }
+  return 0;
+}
