@@ -125,6 +125,21 @@ def test_gpu_vs_reference(cuda, backend, dtype, cols, rows):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("cols", [8193, 32768])
+def test_gpu_many_rows_persistent(cuda, backend, dtype, cols):
+    # More rows than the Triton persistent kernel has programs: each program walks several rows.
+    rows = 700
+    g = torch.Generator(device=cuda).manual_seed(cols + 11)
+    x = (torch.randn(rows, cols, device=cuda, generator=g) * 3).to(dtype)
+    x[::97] = NEG_INF
+    x[1::89, : cols // 3] = NEG_INF
+    y, m, lse = fray.online_softmax(x, backend=backend)
+    _check(y, m, lse, x, dtype, "%s %dx%d" % (backend, rows, cols))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cols", [16388, 16392, 32776, 131080, 262152, 458756, 917504])
 def test_gpu_wide_row_thresholds(cuda, backend, dtype, cols):

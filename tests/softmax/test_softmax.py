@@ -112,10 +112,11 @@ def test_cpu_neg_inf_rows_and_empty():
 # ---------------------------------------------------------------------------------------------
 # CPU: the Triton kernels under TRITON_INTERPRET=1 (set by the Bazel CPU target)
 
-def _triton_softmax(x2d, temperature=1.0, out_dtype=None):
+def _triton_softmax(x2d, temperature=1.0, out_dtype=None, num_sms=None):
     from fray_triton import softmax as tsoftmax
     out = torch.full(x2d.shape, float("nan"), dtype=out_dtype or x2d.dtype)
-    tsoftmax.softmax(x2d, out, temperature, x2d.stride(0), out.stride(0), x2d.shape[0], x2d.shape[1])
+    tsoftmax.softmax(x2d, out, temperature, x2d.stride(0), out.stride(0), x2d.shape[0], x2d.shape[1],
+                     num_sms=num_sms)
     return out
 
 
@@ -131,6 +132,22 @@ def test_triton_interpreter_vs_reference(dtype, rows, cols):
     x = (torch.randn(rows, cols, generator=g) * 3).to(dtype)
     assert_close(_triton_softmax(x), _ref(x), dtype, "triton %dx%d" % (rows, cols))
     assert_close(_triton_softmax(x, temperature=2.5), _ref(x, 2.5), dtype, "triton T=2.5")
+
+
+@INTERPRETER
+def test_triton_interpreter_persistent():
+    # 16-bit rows of 8193..32768 with an SM count: the persistent kernel, here 2 programs over 5
+    # rows (each walks several), a strided view, -inf rows and a temperature
+    from fray_triton import softmax as tsoftmax
+    cols = 8200
+    assert tsoftmax.PERSIST_FROM <= cols <= tsoftmax.PERSIST_MAX
+    g = torch.Generator().manual_seed(cols)
+    big = (torch.randn(5, cols + 8, generator=g) * 3).to(torch.bfloat16)
+    x = big[:, :cols]
+    x[1] = float("-inf")
+    x[3, : cols // 2] = float("-inf")
+    y = _triton_softmax(x, temperature=0.8, out_dtype=torch.float32, num_sms=1)
+    _assert_softmax(y, x, torch.float32, "triton persistent", temperature=0.8)
 
 
 @INTERPRETER
@@ -253,6 +270,28 @@ def test_gpu_wide_row_thresholds(cuda, backend, dtype, cols):
     y = torch.full(x.shape, float("nan"), dtype=odt, device=cuda)
     fray.softmax(x, temperature=0.7, out_dtype=odt, out=y, backend=backend)
     _assert_softmax(y, x, odt, "%s %s -> %s T=0.7 %d" % (backend, dtype, odt, cols), temperature=0.7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("cols", [8193, 16384, 20000, 32768])
+def test_gpu_many_rows_persistent(cuda, backend, dtype, cols):
+    # More rows than the Triton persistent kernel's programs (1-2 per SM), so each program walks
+    # several rows with the next ones' loads in flight: strided rows, -inf rows spread over the
+    # batch, a temperature and an fp32 output.
+    rows = 700
+    big = _randn((rows, cols + 16), cuda, cols * 5 + 3, dtype)
+    x = big[:, 8:8 + cols]
+    x[::97] = float("-inf")
+    x[1::89, : cols // 3] = float("-inf")
+    out = torch.full_like(x, float("nan"))
+    fray.softmax(x, out=out, backend=backend)
+    _assert_softmax(out, x, dtype, "%s %s %dx%d" % (backend, dtype, rows, cols))
+    y = torch.full(x.shape, float("nan"), dtype=torch.float32, device=cuda)
+    fray.softmax(x, temperature=0.7, out_dtype=torch.float32, out=y, backend=backend)
+    _assert_softmax(y, x, torch.float32, "%s %s -> fp32 T=0.7 %dx%d" % (backend, dtype, rows, cols),
+                    temperature=0.7)
 
 
 @pytest.mark.gpu

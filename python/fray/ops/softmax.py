@@ -156,7 +156,7 @@ def _softmax_impl(x, out, dim, temperature, backend):
     else:
         from fray_triton import softmax as tsoftmax
         with torch.cuda.device(x.device):
-            tsoftmax.softmax(xv, ov, temperature, sx, so, rows, cols)
+            tsoftmax.softmax(xv, ov, temperature, sx, so, rows, cols, num_sms=B.num_sms(x.device.index))
 
 
 def _online_softmax_impl(x, out, row_max, row_lse, backend):
@@ -176,7 +176,8 @@ def _online_softmax_impl(x, out, row_max, row_lse, backend):
     else:
         from fray_triton import softmax as tsoftmax
         with torch.cuda.device(x.device):
-            tsoftmax.softmax(x, out, 1.0, sx, so, rows, cols, row_max=row_max, row_lse=row_lse)
+            tsoftmax.softmax(x, out, 1.0, sx, so, rows, cols, row_max=row_max, row_lse=row_lse,
+                             num_sms=B.num_sms(x.device.index))
 
 
 @torch.library.custom_op("fray::softmax", mutates_args=("out",))
