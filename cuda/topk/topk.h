@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "cuda/common/dtype.h"
 
@@ -60,6 +61,9 @@ cudaError_t argmax(const ArgmaxParams& p, cudaStream_t stream);
 
 // Number of distinct kernels compiled into the library.
 int topk_num_kernel_instances();
+// Clusters of the streaming kernel the device holds at once, for cluster sizes 1, 2, 4, 8, 16 (0:
+// not queried or failed); the plan's StreamFit (topk_plan.h).
+std::vector<int> topk_stream_fit(int device);
 
 // Python adapters (topk_api.cc): plain integer arguments; throw
 // std::invalid_argument for bad arguments and std::runtime_error for CUDA
@@ -78,11 +82,14 @@ void argmax(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t 
 // whether the streaming kernel runs).
 std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool> topk_plan(int64_t rows, int64_t width,
                                                                                      int64_t k, bool sorted,
-                                                                                     int dtype, int num_sms);
+                                                                                     int dtype, int num_sms,
+                                                                                     const std::vector<int>& max_clusters);
 // The streaming kernel's constants: (threads per CTA, CTAs per SM its launch bounds and plan
 // assume, entries per CTA (also its largest k), shared memory per SM, shared memory the runtime
 // reserves per CTA, registers per thread at the launch-bounds cap).
-std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t> stream_limits();
+std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t> stream_limits();
+// topk_stream_fit on device `device_index`: what the launcher's plan uses.
+std::vector<int> stream_fit(int device_index);
 // (largest cluster, largest portable cluster, shared memory per block without the opt-in,
 // opt-in limit per block (static + dynamic), bound of the kernels' static shared memory,
 // most blocks per launch): the limits the plans are checked against.

@@ -7,6 +7,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "cuda/common/dtype.h"
 #include "cuda/common/launch.h"
@@ -89,9 +90,17 @@ void argmax(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t 
 
 std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool> topk_plan(int64_t rows, int64_t width,
                                                                                      int64_t k, bool sorted,
-                                                                                     int dtype, int num_sms) {
+                                                                                     int dtype, int num_sms,
+                                                                                     const std::vector<int>& max_clusters) {
   const int key_bytes = dtype_from_code(dtype, "x") == DType::kFloat32 ? 4 : 2;
-  const topk_detail::TopkConfig c = topk_detail::topk_config(rows, width, k, sorted, key_bytes, num_sms);
+  if (!max_clusters.empty() && max_clusters.size() != 5) {
+    throw std::invalid_argument("fray: topk_plan: max_clusters must list 5 counts (cluster sizes 1, 2, 4, 8, 16) or "
+                                "none, got " + std::to_string(max_clusters.size()));
+  }
+  topk_detail::StreamFit fit{};
+  for (size_t i = 0; i < max_clusters.size(); ++i) fit.max_clusters[i] = max_clusters[i];
+  const topk_detail::TopkConfig c = topk_detail::topk_config(rows, width, k, sorted, key_bytes, num_sms,
+                                                             max_clusters.empty() ? nullptr : &fit);
   const int bits = c.stream      ? topk_detail::kStreamRadix
                    : c.big_radix ? topk_detail::kBigRadix
                                  : topk_detail::kSmallRadix;
@@ -99,10 +108,16 @@ std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool> top
           topk_detail::needs_smem_optin(c.smem), c.stream};
 }
 
-std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t> stream_limits() {
+std::vector<int> stream_fit(int device_index) {
+  DeviceGuard guard(device_index);
+  return topk_stream_fit(device_index);
+}
+
+std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t> stream_limits() {
   using namespace topk_detail;
   return {kStreamThreads, kStreamMinBlocks,       kStreamCap, static_cast<int64_t>(kSmemPerSm),
-          static_cast<int64_t>(kSmemReservedPerBlock), kMaxRegsPerThread};
+          static_cast<int64_t>(kSmemReservedPerBlock), kMaxRegsPerThread,
+          static_cast<int64_t>(kStreamStaticSmemBound)};
 }
 
 std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t> launch_limits() {

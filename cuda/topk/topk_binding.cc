@@ -1,5 +1,6 @@
 // Fray topk family: Python module _topk (bindings only; logic in topk_api.cc).
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "cuda/topk/topk.h"
 
@@ -20,10 +21,15 @@ PYBIND11_MODULE(_topk, m) {
   m.def("topk_plan", &api::topk_plan,
         "(cluster, slice, threads, digit bits, sort size, dynamic smem bytes, smem opt-in, streaming kernel) of a "
         "topk launch.",
-        py::arg("rows"), py::arg("width"), py::arg("k"), py::arg("sorted"), py::arg("dtype"), py::arg("num_sms"));
+        py::arg("rows"), py::arg("width"), py::arg("k"), py::arg("sorted"), py::arg("dtype"), py::arg("num_sms"),
+        py::arg("max_clusters") = std::vector<int>{});
+  m.def("stream_fit", &api::stream_fit,
+        "Clusters of the streaming topk kernel the device holds at once, for cluster sizes 1, 2, 4, 8, 16 (0: not "
+        "queried); the launcher's plan takes them.",
+        py::arg("device_index"));
   m.def("stream_limits", &api::stream_limits,
         "(threads per CTA, CTAs per SM, entries per CTA = largest k, smem per SM, smem reserved per CTA, registers "
-        "per thread) of the streaming topk kernel.");
+        "per thread, static smem bound) of the streaming topk kernel.");
   m.def("launch_limits", &api::launch_limits,
         "(max cluster, max portable cluster, smem per block without opt-in, opt-in smem limit per block, static "
         "smem bound, max blocks per launch).");

@@ -34,9 +34,14 @@ constexpr int kMaxRegsPerThread = 64;
 // The streaming kernel (topk_stream.cuh): rows the row-in-shared-memory plan cannot run in one
 // wave. Each CTA streams its slice from global memory and keeps only histograms and a buffer
 // of kStreamCap composite keys (key << index bits | ~index) on chip, so several CTAs share an SM.
-constexpr int kStreamThreads = 256;
-constexpr int kStreamMinBlocks = 4;   // __launch_bounds__(256, 4): 64 registers, 4 CTAs per SM
+// 6 warps per CTA, 5 CTAs per SM (64 registers): 8 warps and 4 CTAs per SM held only 62 clusters of
+// 8 on the H200 (whole clusters must fit in one GPC), so 64 rows ran as two waves.
+constexpr int kStreamThreads = 192;
+constexpr int kStreamMinBlocks = 5;   // __launch_bounds__(192, 5): 64 registers, 5 CTAs per SM
 constexpr int kStreamRadix = 11;      // digit bits (2048-bin histograms)
+// The streaming kernel's static shared memory bound (static_assert'ed there; 272 B): with the
+// general 1 KB bound, 5 CTAs with 2-CTA clusters' histograms would not seem to fit an SM.
+constexpr size_t kStreamStaticSmemBound = 512;
 constexpr int kStreamCap = 4096;      // entries per CTA (power of two, >= every k it serves)
 constexpr int kStreamMaxK = kStreamCap;
 
@@ -61,11 +66,11 @@ constexpr bool needs_smem_optin(size_t dynamic_smem) { return dynamic_smem + kSt
 // CTAs of `threads` threads, `regs` registers each and `dynamic_smem` bytes (plus the static
 // bound) that one SM holds at once: the smallest of the thread, block, register and
 // shared-memory limits (registers at the launch-bounds cap, an upper bound of the real use).
-constexpr int blocks_per_sm(int threads, int regs, size_t dynamic_smem) {
+constexpr int blocks_per_sm(int threads, int regs, size_t dynamic_smem, size_t static_bound = kStaticSmemBound) {
   int b = kMaxBlocksPerSm;
   if (kMaxThreadsPerSm / threads < b) b = kMaxThreadsPerSm / threads;
   if (kRegsPerSm / (threads * regs) < b) b = kRegsPerSm / (threads * regs);
-  const int by_smem = static_cast<int>(kSmemPerSm / (dynamic_smem + kStaticSmemBound + kSmemReservedPerBlock));
+  const int by_smem = static_cast<int>(kSmemPerSm / (dynamic_smem + static_bound + kSmemReservedPerBlock));
   if (by_smem < b) b = by_smem;
   return b;
 }
@@ -79,9 +84,11 @@ constexpr size_t stream_smem(int cluster) {
 }
 
 static_assert(kRegsPerSm / (kMaxThreads * 2) == kMaxRegsPerThread, "topk_kernel: __launch_bounds__(kMaxThreads, 2)");
-static_assert(kRegsPerSm / (kStreamThreads * kStreamMinBlocks) == kMaxRegsPerThread,
+// (the register cap of __launch_bounds__ is allocated in multiples of 8 per thread)
+static_assert(kRegsPerSm / (kStreamThreads * kStreamMinBlocks) / 8 * 8 == kMaxRegsPerThread,
               "topk_stream_kernel: __launch_bounds__(kStreamThreads, kStreamMinBlocks)");
-static_assert(blocks_per_sm(kStreamThreads, kMaxRegsPerThread, stream_smem(2)) == kStreamMinBlocks,
+static_assert(blocks_per_sm(kStreamThreads, kMaxRegsPerThread, stream_smem(2), kStreamStaticSmemBound) ==
+                  kStreamMinBlocks,
               "the stream plan's shared memory admits kStreamMinBlocks CTAs per SM");
 
 struct TopkConfig {
@@ -94,12 +101,21 @@ struct TopkConfig {
   bool stream;    // the streaming kernel (topk_stream.cuh) instead of the row-in-shared-memory one
 };
 
+// Clusters of the streaming kernel that the device holds at once, per cluster size 2^i (i = 0..4):
+// whole clusters must fit inside one GPC, so fewer than SMs x 4 / C are resident (132-SM H200:
+// 77 clusters of 8 stream CTAs, not 82). The launcher fills it from cudaOccupancyMaxActiveClusters;
+// without it (null, or an entry <= 0) the plan assumes SMs x kStreamMinBlocks / C.
+struct StreamFit {
+  int max_clusters[5];
+};
+
 // Cluster size: the fewest CTAs whose 64 KB key slices hold the row, doubled
 // while rows x CTAs leave SMs idle and slices stay >= 2048 elements (one row of
 // 131072 takes 16 SMs instead of 8). Threads: one per 16 slice elements, 32 to
 // 512. Histograms: 2048 bins (11-bit digits) from 4096-element slices, 256
 // bins below that (zeroing 2048 bins per pass would dominate short rows).
-inline TopkConfig topk_config(int64_t rows, int64_t width, int64_t k, bool sorted, int key_bytes, int num_sms) {
+inline TopkConfig topk_config(int64_t rows, int64_t width, int64_t k, bool sorted, int key_bytes, int num_sms,
+                              const StreamFit* fit = nullptr) {
   TopkConfig c{};
   const int64_t max_slice = kSliceBytes / key_bytes;
   int64_t cl = 1;
@@ -120,13 +136,31 @@ inline TopkConfig topk_config(int64_t rows, int64_t width, int64_t k, bool sorte
   // (the keys of all rows exceed the SMs' shared memory), the row does not fit one CTA's slice
   // (short rows run as plain batched CTAs, where waves are cheap), and k <= kStreamMaxK (every
   // CTA can hold all k winners). Its C: the most CTAs per row (power of two <= 16, slices >=
-  // 2048) with rows x C within one wave of stream CTAs (4 per SM); 1 when the rows alone exceed it.
+  // 2048) whose rows x C CTAs run in one wave: every row's cluster resident at once (`fit`, else
+  // within SMs x 5 CTAs); 1 when the rows alone exceed it. (The H200 holds 81 clusters of 8 with
+  // the load-balancing policy the launcher asks for, 77 without, so 64 x 131072 fp32 runs at C 8;
+  // with 256-thread CTAs, 4 per SM, it held 62, and the last 2 rows' clusters ran as a second
+  // wave: 68 us against 58 at C 4 and 47 for 62 rows.)
+  // 16-bit rows also stream when the row-in-shared-memory plan already spreads a row over >= 4
+  // CTAs and the streaming plan fills the GPU twice over (64 x 131072 bf16 k 50: 54.6 against
+  // 68.8 us): they have half the bytes of fp32 rows and the same on-chip work.
   const int64_t slots = static_cast<int64_t>(num_sms) * blocks_per_sm(c.threads, kMaxRegsPerThread, c.smem);
-  if (rows * c.cluster > slots && width * key_bytes > kSliceBytes && k <= kStreamMaxK) {
+  const bool wide16 = key_bytes == 2 && c.cluster >= 4;
+  if ((rows * c.cluster > slots || wide16) && width * key_bytes > kSliceBytes && k <= kStreamMaxK) {
     const int64_t stream_slots =
-        static_cast<int64_t>(num_sms) * blocks_per_sm(kStreamThreads, kMaxRegsPerThread, stream_smem(2));
+        static_cast<int64_t>(num_sms) *
+        blocks_per_sm(kStreamThreads, kMaxRegsPerThread, stream_smem(2), kStreamStaticSmemBound);
+    auto resident = [&](int64_t cl, int log2_cl) {
+      const int f = fit != nullptr ? fit->max_clusters[log2_cl] : 0;
+      return f > 0 ? static_cast<int64_t>(f) : stream_slots / cl;
+    };
     int64_t sc = 1;
-    while (sc < kMaxCluster && rows * 2 * sc <= stream_slots && ceil_div(width, 2 * sc) >= kMinSplitSlice) sc *= 2;
+    int lg = 0;
+    while (sc < kMaxCluster && rows <= resident(2 * sc, lg + 1) && ceil_div(width, 2 * sc) >= kMinSplitSlice) {
+      sc *= 2;
+      ++lg;
+    }
+    if (rows * c.cluster <= slots && rows * sc < 2 * static_cast<int64_t>(num_sms)) return c;  // wide16 only
     c.stream = true;
     c.cluster = static_cast<int>(sc);
     c.slice = static_cast<int>(ceil_div(ceil_div(width, sc), kSliceAlign) * kSliceAlign);

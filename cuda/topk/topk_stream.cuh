@@ -36,7 +36,8 @@ struct StreamScratch {
   uint64_t prefix;
   uint32_t shift, rem, cnt, digit, done;
 };
-static_assert(sizeof(StreamScratch) <= kStaticSmemBound, "topk_stream: static shared memory above the plan's bound");
+static_assert(sizeof(StreamScratch) <= kStreamStaticSmemBound, "topk_stream: static shared memory above the plan's bound");
+static_assert(kStreamThreads % kWarp == 0 && kStreamThreads / kWarp <= kWarp, "topk_stream: whole warps, at most 32");
 
 // Composite keys: comp = key << ib | (2^ib - 1 - index), ib = bit length of the width (so the
 // low field is >= 1 and comp > 0). Distinct within a row, and comp order = rank order (key
@@ -457,22 +458,41 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) topk_stream_
   // ---- 4. output ----
   const bool rank_order = a.sort_size > 0;
   const int n_e = static_cast<int>(min(sh.entries, static_cast<uint32_t>(kStreamCap)));
-  const int n_sort = n_e <= 1 ? n_e : 1 << (32 - __clz(n_e - 1));  // <= kStreamCap
   const int s = static_cast<int>(sh.shift);
   const uint64_t P = sh.prefix;
+  // Winners packed to the front of ent, in place (a chunk is read whole before any of it is
+  // written, and writes land at or below the chunk's own positions), so that the sort spans
+  // next_pow2(winners) keys, not next_pow2(entries).
   uint32_t nwin = 0u;
-  for (int i = tid; i < n_sort; i += nthreads) {
-    uint64_t v = 0ull;  // below every sort key
-    if (i < n_e) {
-      const uint64_t c = ent[i];
-      if ((c >> s) >= P) {
-        ++nwin;
+  {
+    const int lane = tid % kWarp;
+    const int warp = tid / kWarp;
+    constexpr int kWarpsPerCta = nthreads / kWarp;
+    for (int base = 0; base < n_e; base += nthreads) {
+      const int i = base + tid;
+      uint64_t v = 0ull;
+      bool win = false;
+      if (i < n_e) {
+        const uint64_t c = ent[i];
+        win = (c >> s) >= P;
         v = rank_order ? c : ((c & imask) << 32) | (c >> ib);  // index order: decreasing index field
       }
+      const unsigned bal = __ballot_sync(kFullMask, win);
+      if (lane == 0) sh.scan[warp] = static_cast<uint32_t>(__popc(bal));
+      __syncthreads();  // the chunk is read; per-warp counts published
+      uint32_t before = nwin;
+      for (int w = 0; w < warp; ++w) before += sh.scan[w];
+      uint32_t total = 0u;
+#pragma unroll
+      for (int w = 0; w < kWarpsPerCta; ++w) total += sh.scan[w];
+      if (win) ent[before + static_cast<uint32_t>(__popc(bal & lanemask_lt()))] = v;
+      nwin += total;
+      __syncthreads();  // sh.scan is reused by the next chunk
     }
-    ent[i] = v;
   }
-  nwin = block_sum(nwin, sh.scan);
+  const int n_sort = nwin <= 1u ? static_cast<int>(nwin) : 1 << (32 - __clz(static_cast<int>(nwin) - 1));
+  for (int i = static_cast<int>(nwin) + tid; i < n_sort; i += nthreads) ent[i] = 0ull;  // below every sort key
+  __syncthreads();
   bitonic_sort_desc(ent, n_sort);
 
   const int k = a.k;

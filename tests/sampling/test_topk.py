@@ -153,14 +153,14 @@ PLAN_WIDTHS = [1, 2, 7, 8, 9, 255, 256, 999, 2047, 2048, 2049, 4095, 4096, 4097,
 
 def _blocks_per_sm(ext, threads, smem):
     """CTAs per SM as the plan estimates them (threads, registers at the launch-bounds cap, shared memory)."""
-    _, _, _, smem_per_sm, reserved, regs = ext.stream_limits()
+    _, _, _, smem_per_sm, reserved, regs, _ = ext.stream_limits()
     static_bound = ext.launch_limits()[4]
     return min(32, 2048 // threads, 65536 // (threads * regs), smem_per_sm // (smem + static_bound + reserved))
 
 
 def _check_plan(ext, rows, width, k, sorted, dtype, num_sms):
     max_cluster, portable, default_smem, max_smem, static_bound, max_blocks = ext.launch_limits()
-    s_threads, s_blocks, s_cap, smem_per_sm, reserved, regs = ext.stream_limits()
+    s_threads, s_blocks, s_cap, smem_per_sm, reserved, regs, s_static = ext.stream_limits()
     cluster, slice_, threads, bits, sort_size, smem, optin, stream = ext.topk_plan(rows, width, k, sorted, dtype,
                                                                                    num_sms)
     key_bytes = 4 if dtype == 0 else 2
@@ -171,13 +171,14 @@ def _check_plan(ext, rows, width, k, sorted, dtype, num_sms):
     assert sort_size == ((1 << (k - 1).bit_length()) if sorted else 0) and sort_size <= S.CUDA_SORT_MAX_K, what
     if stream:
         # The streaming kernel: only for rows that do not fit one CTA's 64 KB of keys, k <= its
-        # entry buffer, and only when the row-in-shared-memory plan would need more than one wave.
+        # entry buffer, and only when the row-in-shared-memory plan would need more than one wave
+        # (or, for 16-bit rows, spreads a row over >= 4 CTAs while streaming fills 2 x SMs).
         assert width * key_bytes > 64 * 1024 and k <= s_cap, what
         assert threads == s_threads and bits == 11, what
         assert smem == 8 * s_cap + 4 * (2048 + (2048 // cluster if cluster > 1 else 0)), what
         # s_blocks CTAs per SM (its launch bounds) fit, and rows x C is one wave (or C is 1).
-        assert s_blocks * (smem + static_bound + reserved) <= smem_per_sm, what
-        assert 65536 // (s_threads * s_blocks) == regs and s_blocks * s_threads <= 2048, what
+        assert s_static <= static_bound and s_blocks * (smem + s_static + reserved) <= smem_per_sm, what
+        assert 65536 // (s_threads * s_blocks) // 8 * 8 == regs and s_blocks * s_threads <= 2048, what
         assert cluster == 1 or rows * cluster <= num_sms * s_blocks, what
         assert cluster == 1 or -(-width // cluster) >= 2048, what
     else:
@@ -226,17 +227,41 @@ def test_topk_plan_picks_the_streaming_kernel():
     ext = _ext()
     plan = lambda rows, width, k=50, dtype=0, srt=True, sms=132: ext.topk_plan(rows, width, k, srt, dtype, sms)
     # 64 x 131072 fp32: 32 MB of keys, two waves of the row-in-shared-memory kernel -> streaming,
-    # 8 CTAs per row (512 CTAs <= 132 SMs x 4).
+    # 8 CTAs per row (512 CTAs <= 132 SMs x 5).
     assert plan(64, 131072)[7] and plan(64, 131072)[0] == 8
     assert plan(64, 131072, 1)[7] and plan(64, 131072, 1024)[7] and plan(64, 131072, 4096)[7]
     assert plan(64, 131072, 50, srt=False)[7] and plan(64, 262144)[7] and plan(48, 150000)[7]
     assert plan(128, 131072, dtype=1)[7] and plan(64, 262144, dtype=2)[7]
     # One wave already, short rows, or k above the streaming buffer: the row-in-shared-memory kernel.
     assert not plan(1, 131072)[7] and not plan(4096, 256, 8)[7] and not plan(3, 131072)[7]
-    assert not plan(64, 131072, dtype=2)[7]  # 64 x 4 CTAs of 64 KB bf16 keys: one wave
+    # 16-bit rows the row-in-shared-memory plan spreads over >= 4 CTAs stream when the streaming
+    # plan fills the GPU twice over: 64 x 131072 bf16 (C 8, 512 CTAs), not 3 x 131072 (48 CTAs).
+    assert plan(64, 131072, dtype=2)[7] and plan(64, 131072, dtype=2)[0] == 8
+    assert not plan(3, 131072, dtype=2)[7] and not plan(8, 131072, dtype=1)[7]
     assert not plan(64, 131072, 5000, srt=False)[7] and not plan(8192, 2048, 8)[7]
     for args in ((64, 131072), (64, 131072, 4096), (1, 131072), (4096, 256, 8), (300, 131072), (64, 262144)):
         _check_plan(ext, *(args + (50,))[:3], True, 0, 132)
+
+
+def test_topk_plan_fits_stream_clusters_in_one_wave():
+    # Whole clusters must fit in a GPC, so the device holds fewer than SMs x 5 / C of them (the
+    # H200 held 62 clusters of 8 when the kernel ran 4 CTAs per SM: these counts). With the counts
+    # the plan takes the largest C whose clusters for all rows are resident at once.
+    ext = _ext()
+    h200 = [528, 264, 124, 62, 28]  # cluster sizes 1, 2, 4, 8, 16
+    plan = lambda rows, width, fit, k=50: ext.topk_plan(rows, width, k, True, 0, 132, fit)
+    assert plan(64, 131072, [])[0] == 8            # no counts: SMs x 5 / C (82 clusters of 8)
+    assert plan(64, 131072, h200)[0] == 4          # 64 clusters of 8 > 62: C 4
+    assert plan(62, 131072, h200)[0] == 8          # 62 fit
+    assert plan(64, 262144, h200)[0] == 4 and plan(64, 131072, h200, 4096)[0] == 4
+    assert plan(128, 131072, h200)[0] == 2 and plan(300, 131072, h200)[0] == 1
+    assert plan(64, 131072, [0, 0, 0, 0, 0])[0] == 8  # failed queries: the estimate
+    for rows, width in ((64, 131072), (62, 131072), (64, 262144), (128, 131072)):
+        c = plan(rows, width, h200)
+        assert c[7] and rows <= h200[c[0].bit_length() - 1]
+        _check_plan(ext, rows, width, 50, True, 0, 132)
+    with pytest.raises(ValueError, match="max_clusters must list 5 counts"):
+        plan(64, 131072, [1, 2])
 
 
 def test_topk_plan_regressions():
@@ -494,7 +519,8 @@ _CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 STREAM_SHAPES = {  # dtype class -> (rows, width, k)
     "f32": [(64, 131072, 1), (64, 131072, 50), (64, 131072, 1024), (64, 131072, 4096), (64, 262144, 50),
             (48, 150000, 50), (48, 150000, 4096)],
-    "f16": [(128, 131072, 50), (128, 131072, 4096), (64, 262144, 50), (48, 150000, 1), (48, 150000, 1024)],
+    "f16": [(128, 131072, 50), (128, 131072, 4096), (64, 262144, 50), (48, 150000, 1), (48, 150000, 1024),
+            (64, 131072, 50)],
 }
 
 
@@ -502,6 +528,18 @@ def _stream_cases():
     for dtype in DTYPES:
         for rows, width, k in STREAM_SHAPES["f32" if dtype == torch.float32 else "f16"]:
             yield pytest.param(dtype, rows, width, k, id="%s-%dx%d-k%d" % (str(dtype)[6:], rows, width, k))
+
+
+@pytest.mark.gpu
+def test_gpu_stream_plan_is_one_wave(cuda):
+    # The launcher's cluster counts (cudaOccupancyMaxActiveClusters): every row's cluster of the
+    # 64-row shapes is resident at once.
+    fit = _ext().stream_fit(cuda.index if cuda.index is not None else torch.cuda.current_device())
+    assert len(fit) == 5 and all(n > 0 for n in fit[1:]), fit
+    sms = torch.cuda.get_device_properties(cuda).multi_processor_count
+    for rows, width, k in ((64, 131072, 50), (64, 131072, 4096), (64, 262144, 50)):
+        plan = _ext().topk_plan(rows, width, k, True, 0, sms, fit)
+        assert plan[7] and rows <= fit[plan[0].bit_length() - 1], (rows, width, k, plan, fit)
 
 
 def _assert_stream_plan(x, k, sorted=True):
