@@ -8,7 +8,10 @@
 // 64 rows ran as two waves (64x131072 k50: 68.2 us; 62 rows: 46.6); C 4 fit (58.8). 192 threads x
 // 5 CTAs per SM (now the kernel's shape) hold 77: 57.7 us at C 8. Pass 1's histogram adds grouped
 // by __match_any_sync (one atomic per distinct digit of a warp) measured 101 us against 57.5:
-// not kept.
+// not kept. run_policies: the cluster scheduling policy preference; load-balancing (several CTAs of
+// a cluster may share an SM) held 81 clusters of 8 and took 51.7 us at 64x131072 k50 (spread /
+// default: 77, 57.2), k4096 89.2 (97.1), 64x262144 78.7 (88.6), bf16 54.6 (62.5): now the
+// launcher's policy for the streaming kernel.
 // Build + run on the GPU machine (repo root):
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/tc bench/micro/topk_stream_clusters.cu && /tmp/tc
 #include <cuda_bf16.h>
