@@ -21,14 +21,6 @@ using namespace fray;
 using namespace fray::attn_detail;
 using T = __nv_bfloat16;
 
-__global__ void fill_random(T* x, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
-    x[i] = __float2bfloat16((h & 0xffff) / 16384.0f - 2.0f);
-  }
-}
-
 // Copies the contiguous HND cache [Hkv, T, D] of sequence 0 into pages [num_blocks, P, Hkv, D].
 __global__ void scatter_pages(const T* src, T* dst, const int* bt, int Hkv, int Tcap, int D, int P) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < size_t(Hkv) * Tcap * D; i += size_t(gridDim.x) * blockDim.x) {
@@ -56,9 +48,9 @@ int main() {
   CK(cudaMalloc(&pl, n_out / D * splits * 4));
   CK(cudaMalloc(&lens, B * 4));
   CK(cudaMalloc(&bt, 2 * Tcap * 4));
-  fill_random<<<1024, 256>>>(q, n_out, 1);
-  fill_random<<<1024, 256>>>(k, kv, 2);
-  fill_random<<<1024, 256>>>(v, kv, 3);
+  fill_hash_uniform<<<1024, 256>>>(q, n_out, 1);
+  fill_hash_uniform<<<1024, 256>>>(k, kv, 2);
+  fill_hash_uniform<<<1024, 256>>>(v, kv, 3);
   const int len_h = Tcap;
   CK(cudaMemcpy(lens, &len_h, 4, cudaMemcpyHostToDevice));
   DecodeParams p;

@@ -20,14 +20,6 @@ using namespace fray::attn_detail;
 constexpr int kNoMath = kProbeNoMath, kNoFinish = kProbeNoFinish, kNoLens = kProbeNoLens;
 using T = __nv_bfloat16;
 
-__global__ void fill_random(T* x, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
-    x[i] = __float2bfloat16((h & 0xffff) / 16384.0f - 2.0f);
-  }
-}
-
 int main() {
   struct Shape { const char* name; int B, Hq, Hkv, Tcap, splits; };
   const Shape shapes[] = {{"B32Hq32Hkv8T4096 s1", 32, 32, 8, 4096, 1},
@@ -51,9 +43,9 @@ int main() {
     CK(cudaMalloc(&po, size_t(s.B) * s.Hq * s.splits * D * 4));
     CK(cudaMalloc(&pl, size_t(s.B) * s.Hq * s.splits * 4));
     CK(cudaMalloc(&lens, s.B * 4));
-    fill_random<<<1024, 256>>>(q, size_t(s.B) * s.Hq * D, 1);
-    fill_random<<<1024, 256>>>(k, kv, 2);
-    fill_random<<<1024, 256>>>(v, kv, 3);
+    fill_hash_uniform<<<1024, 256>>>(q, size_t(s.B) * s.Hq * D, 1);
+    fill_hash_uniform<<<1024, 256>>>(k, kv, 2);
+    fill_hash_uniform<<<1024, 256>>>(v, kv, 3);
     std::vector<int> hl(s.B, s.Tcap);
     CK(cudaMemcpy(lens, hl.data(), s.B * 4, cudaMemcpyHostToDevice));
     DecodeParams p;

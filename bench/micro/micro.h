@@ -43,3 +43,27 @@ std::vector<float> event_times_us(F launch, int reps, void* flush = nullptr, siz
   std::sort(t.begin(), t.end());
   return t;
 }
+
+// Fills x[0, n) with hash-based pseudo-random values (x[i] depends on i and seed only):
+// uniform in [-2, 2) (fill_hash_uniform) or standard normal by Box-Muller (fill_hash_normal).
+__device__ __forceinline__ uint32_t micro_hash(uint32_t h) {
+  h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
+  return h;
+}
+
+template <typename T>
+__global__ void fill_hash_uniform(T* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    x[i] = T((micro_hash(uint32_t(i) * 2654435761u ^ seed) & 0xffff) / 16384.0f - 2.0f);
+  }
+}
+
+template <typename T>
+__global__ void fill_hash_normal(T* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint32_t h = micro_hash(uint32_t(i) * 2654435761u ^ seed);
+    const uint32_t g = micro_hash(uint32_t(i >> 32) * 0x9E3779B9u + uint32_t(i) * 40503u + seed + 0x7feb352du);
+    const float u1 = (h + 1.0f) * 2.3283064e-10f, u2 = g * 2.3283064e-10f;
+    x[i] = T(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
+  }
+}

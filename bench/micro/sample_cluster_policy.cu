@@ -16,16 +16,6 @@
 using namespace fray;
 using namespace fray::sampling_detail;
 
-__global__ void fill_normal(float* x, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed, g = uint32_t(i >> 32) * 0x9E3779B9u + uint32_t(i) * 40503u + seed;
-    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
-    g ^= g >> 16; g *= 0x7feb352du; g ^= g >> 15; g *= 0x846ca68bu; g ^= g >> 16;
-    const float u1 = (h + 1.0f) * 2.3283064e-10f, u2 = g * 2.3283064e-10f;
-    x[i] = sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
-  }
-}
-
 int main() {
   char* flush;
   CK(cudaMalloc(&flush, 256 << 20));
@@ -41,7 +31,7 @@ int main() {
       CK(cudaMalloc(&x, size_t(s.rows) * s.cols * 4));
       CK(cudaMalloc(&tok, s.rows * 8));
       CK(cudaMalloc(&lp, s.rows * 4));
-      fill_normal<<<1024, 256>>>(x, size_t(s.rows) * s.cols, 11);
+      fill_hash_normal<<<1024, 256>>>(x, size_t(s.rows) * s.cols, 11);
       SampleParams p;
       p.logits = x; p.row_stride = s.cols; p.rows = s.rows; p.cols = s.cols;
       p.temperature_value = 0.8f; p.top_p_value = 0.9f; p.seed_value = 1234; p.tokens = tok; p.logprobs = lp;

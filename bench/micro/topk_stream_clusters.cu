@@ -26,17 +26,6 @@
 using namespace fray;
 using namespace fray::topk_detail;
 
-template <typename T>
-__global__ void fill_normal(T* x, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed, g = uint32_t(i >> 32) * 0x9E3779B9u + uint32_t(i) * 40503u + seed;
-    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
-    g ^= g >> 16; g *= 0x7feb352du; g ^= g >> 15; g *= 0x846ca68bu; g ^= g >> 16;
-    const float u1 = (h + 1.0f) * 2.3283064e-10f, u2 = g * 2.3283064e-10f;
-    x[i] = T(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
-  }
-}
-
 struct Shape { int rows, width, k; };
 
 // One clustered launch with a cluster scheduling policy preference (Default: as launch_clustered).
@@ -60,24 +49,38 @@ cudaError_t launch_policy(void (*fn)(Args), const Args& args, dim3 grid, size_t 
   return cudaLaunchKernelEx(&cfg, fn, args);
 }
 
+// Standard-normal rows [rows, width] and the outputs of one shape, freed with the object.
+template <typename T>
+struct Bufs {
+  T* x = nullptr;
+  T* vals = nullptr;
+  int64_t* inds = nullptr;
+  explicit Bufs(const Shape& s) {
+    CK(cudaMalloc(&x, size_t(s.rows) * s.width * sizeof(T)));
+    CK(cudaMalloc(&vals, size_t(s.rows) * s.k * sizeof(T)));
+    CK(cudaMalloc(&inds, size_t(s.rows) * s.k * 8));
+    fill_hash_normal<<<1024, 256>>>(x, size_t(s.rows) * s.width, 7);
+  }
+  ~Bufs() { cudaFree(x); cudaFree(vals); cudaFree(inds); }
+  // Sorted top-k args of the stream kernel at cluster size C (its shared memory prepared).
+  TopkArgs args(const Shape& s, int C, TopkKernelFn fn) const {
+    CK(prepare_kernel(reinterpret_cast<const void*>(fn), 0, stream_smem(C), C));
+    TopkArgs a{};
+    a.x = x; a.x_stride = s.width; a.values = vals; a.indices = inds; a.rank_keys = nullptr;
+    a.rows = s.rows; a.width = s.width; a.k = s.k; a.sort_size = int(next_pow2(s.k)); a.flip = 0;
+    a.slice = int(ceil_div(ceil_div(s.width, C), kSliceAlign) * kSliceAlign);
+    return a;
+  }
+};
+
 template <typename T>
 void run_policies(const char* dt, const Shape& s, char* flush) {
   const TopkKernelFn fn = topk_stream_kernel_for<T, 16 / int(sizeof(T))>(true);
-  T* x;
-  T* vals;
-  int64_t* inds;
-  CK(cudaMalloc(&x, size_t(s.rows) * s.width * sizeof(T)));
-  CK(cudaMalloc(&vals, size_t(s.rows) * s.k * sizeof(T)));
-  CK(cudaMalloc(&inds, size_t(s.rows) * s.k * 8));
-  fill_normal<<<1024, 256>>>(x, size_t(s.rows) * s.width, 7);
+  const Bufs<T> b(s);
   const char* names[3] = {"default", "spread", "load-balancing"};
   for (int C : {8, 4}) {
-    const int slice = int(ceil_div(ceil_div(s.width, C), kSliceAlign) * kSliceAlign);
     const size_t smem = stream_smem(C);
-    CK(prepare_kernel(reinterpret_cast<const void*>(fn), 0, smem, C));
-    TopkArgs a{};
-    a.x = x; a.x_stride = s.width; a.values = vals; a.indices = inds; a.rank_keys = nullptr;
-    a.rows = s.rows; a.width = s.width; a.k = s.k; a.slice = slice; a.sort_size = int(next_pow2(s.k)); a.flip = 0;
+    const TopkArgs a = b.args(s, C, fn);
     for (int pol = 0; pol < 3; ++pol) {
       const auto policy = static_cast<cudaClusterSchedulingPolicy>(pol);
       int maxc = -1;
@@ -90,60 +93,37 @@ void run_policies(const char* dt, const Shape& s, char* flush) {
              maxc, t[15]);
     }
   }
-  cudaFree(x); cudaFree(vals); cudaFree(inds);
 }
 
 template <typename T>
 void run_shapes(const char* dt, const std::vector<Shape>& shapes, char* flush, std::vector<int> cls = {8, 2, 4, 16}) {
   const TopkKernelFn fn = topk_stream_kernel_for<T, 16 / int(sizeof(T))>(true);
   for (const Shape& s : shapes) {
-    T* x;
-    T* vals;
-    int64_t* inds;
-    CK(cudaMalloc(&x, size_t(s.rows) * s.width * sizeof(T)));
-    CK(cudaMalloc(&vals, size_t(s.rows) * s.k * sizeof(T)));
-    CK(cudaMalloc(&inds, size_t(s.rows) * s.k * 8));
-    fill_normal<<<1024, 256>>>(x, size_t(s.rows) * s.width, 7);
+    const Bufs<T> b(s);
     std::vector<T> v8;
     std::vector<int64_t> i8;
     for (int C : cls) {
-      const int slice = int(ceil_div(ceil_div(s.width, C), kSliceAlign) * kSliceAlign);
-      if (slice < 2048) continue;
+      const TopkArgs a = b.args(s, C, fn);
+      if (a.slice < 2048) continue;
       const size_t smem = stream_smem(C);
-      CK(prepare_kernel(reinterpret_cast<const void*>(fn), 0, smem, C));
-      cudaLaunchConfig_t cfg = {};
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = C;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.gridDim = dim3(s.rows * C);
-      cfg.blockDim = dim3(kStreamThreads);
-      cfg.dynamicSmemBytes = smem;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
       int maxc = -1;
-      CK(cudaOccupancyMaxActiveClusters(&maxc, fn, &cfg));
-      TopkArgs a{};
-      a.x = x; a.x_stride = s.width; a.values = vals; a.indices = inds; a.rank_keys = nullptr;
-      a.rows = s.rows; a.width = s.width; a.k = s.k; a.slice = slice; a.sort_size = int(next_pow2(s.k)); a.flip = 0;
+      CK(launch_policy(fn, a, dim3(s.rows * C), smem, C, cudaClusterSchedulingPolicyDefault, &maxc));
       auto launch = [&] { CK(launch_clustered(fn, a, dim3(s.rows * C), dim3(kStreamThreads), smem, C, nullptr)); };
-      CK(cudaMemset(vals, 0, size_t(s.rows) * s.k * sizeof(T)));
+      CK(cudaMemset(b.vals, 0, size_t(s.rows) * s.k * sizeof(T)));
       launch();
       CK(cudaDeviceSynchronize());
       std::vector<T> v(size_t(s.rows) * s.k);
       std::vector<int64_t> ix(size_t(s.rows) * s.k);
-      CK(cudaMemcpy(v.data(), vals, v.size() * sizeof(T), cudaMemcpyDeviceToHost));
-      CK(cudaMemcpy(ix.data(), inds, ix.size() * 8, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(v.data(), b.vals, v.size() * sizeof(T), cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(ix.data(), b.inds, ix.size() * 8, cudaMemcpyDeviceToHost));
       if (C == 8) { v8 = v; i8 = ix; }
       const std::vector<float> t = event_times_us(launch, 30, flush, 256 << 20);
       char name[40];
       snprintf(name, sizeof name, "%dx%dk%d %s", s.rows, s.width, s.k, dt);
       const bool same = ix == i8 && memcmp(v.data(), v8.data(), v.size() * sizeof(T)) == 0;
-      printf("%-24s %3d %8d %6d %9s %9.1f %s\n", name, C, slice, maxc, s.rows <= maxc ? "one wave" : "waves", t[15],
+      printf("%-24s %3d %8d %6d %9s %9.1f %s\n", name, C, a.slice, maxc, s.rows <= maxc ? "one wave" : "waves", t[15],
              same ? "yes" : "NO");
     }
-    cudaFree(x); cudaFree(vals); cudaFree(inds);
   }
 }
 

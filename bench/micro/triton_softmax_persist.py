@@ -119,91 +119,68 @@ def _loop_evict_kernel(X, Y, stride_x, n_cols, scale, BLOCK_N: tl.constexpr, EV1
         tl.store(y_row + c, _round(y, Y.dtype.element_ty), mask=ok, eviction_policy=EVS)
 
 
-def main_wide():
-    dev = "cuda"
+def _sweep(widths, variants):
+    """For each width (bf16 rows, 256 MiB): the shipped backends, then variants(x, y, rows, width, sms)
+    -> [(name, fn)]; every fn is checked against torch.softmax and timed (L2 flushed)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    total = 128 * 1024 * 1024
-    for width in (131072, 262144):
-        rows = total // width
-        x = torch.randn(rows, width, device=dev, dtype=torch.bfloat16)
-        y = torch.empty_like(x)
-        ref = torch.softmax(x.float(), -1)
-        nbytes = 2 * x.numel() * 2
-
-        def report(name, fn):
-            y.zero_()
-            fn()
-            err = (y.float() - ref).abs().max().item()
-            us = min(time_us(fn) for _ in range(2))
-            print("%-8d %-40s %9.1f %8.2f %10.2e" % (width, name, us, nbytes / us / 1e6, err), flush=True)
-
-        report("fray.cuda", lambda: fray.softmax(x, out=y, backend="cuda"))
-        report("fray.triton (shipped)", lambda: fray.softmax(x, out=y, backend="triton"))
-        for ev1, ev2, evs in (("", "", ""), ("evict_last", "evict_first", "evict_first"),
-                              ("evict_last", "", ""), ("", "evict_first", "evict_first"),
-                              ("evict_last", "evict_first", ""), ("", "", "evict_first")):
-            for block, warps in ((8192, 32), (4096, 16)):
-                def fn(block=block, warps=warps, ev1=ev1, ev2=ev2, evs=evs):
-                    _loop_evict_kernel[(rows,)](x, y, width, width, LOG2E, BLOCK_N=block, EV1=ev1, EV2=ev2, EVS=evs,
-                                                num_warps=warps)
-                report("evict %s/%s/%s B%d w%d" % (ev1 or "-", ev2 or "-", evs or "-", block, warps), fn)
-        for block, warps in ((8192, 16),):
-            for per_sm in (2, 4):
-                grid = (min(rows, sms * per_sm),)
-
-                def fn(block=block, warps=warps, grid=grid):
-                    _loop_persist_kernel[grid](x, y, width, width, rows, width, LOG2E, BLOCK_N=block, num_warps=warps)
-                try:
-                    report("loop-persist B%d w%d grid %dxSM" % (block, warps, per_sm), fn)
-                except Exception as exc:
-                    print("%-8d loop-persist B%d w%d x%d failed: %s" % (width, block, warps, per_sm, str(exc)[:120]))
-        del x, y, ref
-        torch.cuda.empty_cache()
-
-
-def main():
-    dev = "cuda"
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    total = 128 * 1024 * 1024
     print("%-8s %-40s %9s %8s %10s" % ("width", "impl", "us", "TB/s", "max|err|"))
-    for width in (32768, 16384, 65536):
-        rows = total // width
-        x = torch.randn(rows, width, device=dev, dtype=torch.bfloat16)
+    for width in widths:
+        rows = 128 * 1024 * 1024 // width
+        x = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
         y = torch.empty_like(x)
         ref = torch.softmax(x.float(), -1)
         nbytes = 2 * x.numel() * 2
-
-        def report(name, fn):
-            y.zero_()
-            fn()
-            err = (y.float() - ref).abs().max().item()
-            us = min(time_us(fn) for _ in range(2))
-            print("%-8d %-40s %9.1f %8.2f %10.2e" % (width, name, us, nbytes / us / 1e6, err), flush=True)
-
-        report("fray.cuda", lambda: fray.softmax(x, out=y, backend="cuda"))
-        report("fray.triton (shipped)", lambda: fray.softmax(x, out=y, backend="triton"))
-        for warps in (16, 32):
-            for per_sm in (1, 2):
-                grid = (min(rows, sms * per_sm),)
-
-                def fn(warps=warps, grid=grid):
-                    _prefetch_kernel[grid](x, y, width, width, rows, width, LOG2E, BLOCK_N=width, num_warps=warps)
-                try:
-                    report("prefetch w%d grid %dxSM" % (warps, per_sm), fn)
-                except Exception as exc:
-                    print("%-8d prefetch w%d x%d failed: %s" % (width, warps, per_sm, str(exc)[:120]))
-                for stages in (2, 3):
-                    def fn2(warps=warps, grid=grid, stages=stages):
-                        _pipelined_kernel[grid](x, y, width, width, rows, width, LOG2E, BLOCK_N=width,
-                                                STAGES=stages, num_warps=warps)
-                    try:
-                        report("pipelined s%d w%d grid %dxSM" % (stages, warps, per_sm), fn2)
-                    except Exception as exc:
-                        print("%-8d pipelined s%d w%d x%d failed: %s" % (width, stages, warps, per_sm, str(exc)[:120]))
+        impls = [("fray.cuda", lambda: fray.softmax(x, out=y, backend="cuda")),
+                 ("fray.triton (shipped)", lambda: fray.softmax(x, out=y, backend="triton"))]
+        for name, fn in impls + variants(x, y, rows, width, sms):
+            try:
+                y.zero_()
+                fn()
+                err = (y.float() - ref).abs().max().item()
+                us = min(time_us(fn) for _ in range(2))
+                print("%-8d %-40s %9.1f %8.2f %10.2e" % (width, name, us, nbytes / us / 1e6, err), flush=True)
+            except Exception as exc:  # a config that fails to compile or launch
+                print("%-8d %-40s failed: %s" % (width, name, str(exc)[:120]), flush=True)
         del x, y, ref
         torch.cuda.empty_cache()
+
+
+def _wide_variants(x, y, rows, width, sms):
+    out = []
+    for ev1, ev2, evs in (("", "", ""), ("evict_last", "evict_first", "evict_first"),
+                          ("evict_last", "", ""), ("", "evict_first", "evict_first"),
+                          ("evict_last", "evict_first", ""), ("", "", "evict_first")):
+        for block, warps in ((8192, 32), (4096, 16)):
+            out.append(("evict %s/%s/%s B%d w%d" % (ev1 or "-", ev2 or "-", evs or "-", block, warps),
+                        lambda block=block, warps=warps, ev1=ev1, ev2=ev2, evs=evs: _loop_evict_kernel[(rows,)](
+                            x, y, width, width, LOG2E, BLOCK_N=block, EV1=ev1, EV2=ev2, EVS=evs, num_warps=warps)))
+    for per_sm in (2, 4):
+        grid = (min(rows, sms * per_sm),)
+        out.append(("loop-persist B8192 w16 grid %dxSM" % per_sm,
+                    lambda grid=grid: _loop_persist_kernel[grid](x, y, width, width, rows, width, LOG2E,
+                                                                 BLOCK_N=8192, num_warps=16)))
+    return out
+
+
+def _row_variants(x, y, rows, width, sms):
+    out = []
+    for warps in (16, 32):
+        for per_sm in (1, 2):
+            grid = (min(rows, sms * per_sm),)
+            out.append(("prefetch w%d grid %dxSM" % (warps, per_sm),
+                        lambda warps=warps, grid=grid: _prefetch_kernel[grid](
+                            x, y, width, width, rows, width, LOG2E, BLOCK_N=width, num_warps=warps)))
+            for stages in (2, 3):
+                out.append(("pipelined s%d w%d grid %dxSM" % (stages, warps, per_sm),
+                            lambda warps=warps, grid=grid, stages=stages: _pipelined_kernel[grid](
+                                x, y, width, width, rows, width, LOG2E, BLOCK_N=width, STAGES=stages,
+                                num_warps=warps)))
+    return out
 
 
 if __name__ == "__main__":
     import sys
-    main_wide() if "wide" in sys.argv[1:] else main()
+    if "wide" in sys.argv[1:]:
+        _sweep((131072, 262144), _wide_variants)
+    else:
+        _sweep((32768, 16384, 65536), _row_variants)
