@@ -387,30 +387,42 @@ constexpr TopkKernelFn topk_stream_kernel_for(bool cluster) {
 
 // Resident clusters of the streaming kernel (16-byte loads) per cluster size
 // (cudaOccupancyMaxActiveClusters, with the load-balancing policy it launches with), queried once
-// per device; entries stay 0 (the plan's estimate) where a query fails. The element-load variant has the same launch bounds, threads and
-// shared memory.
+// per device on `stream`; entries stay 0 (the plan's estimate) where a query fails. The
+// element-load variant has the same launch bounds, threads and shared memory. While `stream` is
+// capturing a CUDA graph nothing is queried (null until a call outside capture has queried): the
+// capture stays free of calls it may not allow, and the plan falls back to its estimate.
 template <typename T>
-const StreamFit* stream_fit(int device) {
+const StreamFit* stream_fit(int device, cudaStream_t stream) {
   struct Cache {
-    std::once_flag once;
+    std::atomic<bool> ready{false};
+    std::mutex mu;
     StreamFit fit{};
   };
   static Cache cache[kMaxDevices];
   if (device < 0 || device >= kMaxDevices) return nullptr;
   Cache& c = cache[device];
-  std::call_once(c.once, [&] {
+  if (c.ready.load(std::memory_order_acquire)) return &c.fit;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  if (status != cudaStreamCaptureStatusNone) return nullptr;
+  const std::lock_guard<std::mutex> lock(c.mu);
+  if (!c.ready.load(std::memory_order_relaxed)) {
     const TopkKernelFn fn = topk_stream_kernel_for<T, 16 / static_cast<int>(sizeof(T))>(true);
     for (int lg = 1; lg <= 4; ++lg) {
       const int cl = 1 << lg;
       if (prepare_kernel(reinterpret_cast<const void*>(fn), device, stream_smem(cl), cl) != cudaSuccess) break;
       cudaLaunchAttribute attr[2];
       const cudaLaunchConfig_t cfg =
-          cluster_config(attr, dim3(static_cast<unsigned>(cl)), dim3(kStreamThreads), stream_smem(cl), cl, true, nullptr);
+          cluster_config(attr, dim3(static_cast<unsigned>(cl)), dim3(kStreamThreads), stream_smem(cl), cl, true, stream);
       int n = 0;
       if (cudaOccupancyMaxActiveClusters(&n, fn, &cfg) == cudaSuccess) c.fit.max_clusters[lg] = n;
     }
-    (void)cudaGetLastError();  // a failed query leaves no sticky error for the caller
-  });
+    (void)cudaGetLastError();  // a failed query leaves no error for the caller
+    c.ready.store(true, std::memory_order_release);
+  }
   return &c.fit;
 }
 
@@ -421,7 +433,7 @@ cudaError_t launch_topk_typed(const TopkParams& p, cudaStream_t stream) {
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   const TopkConfig c = topk_config(p.rows, p.width, p.k, p.sorted, static_cast<int>(sizeof(T)), sm_count(device),
-                                   stream_fit<T>(device));
+                                   stream_fit<T>(device, stream));
   // 16-byte loads need every row start 16-byte aligned (slices are multiples of 8 elements).
   const bool vec_ok =
       is_aligned(p.x, 16) && (p.rows <= 1 || (p.x_row_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0);

@@ -542,6 +542,37 @@ def test_gpu_stream_plan_is_one_wave(cuda):
         assert plan[7] and rows <= fit[plan[0].bit_length() - 1], (rows, width, k, plan, fit)
 
 
+_FIRST_CALL_CAPTURED = r"""
+import torch, fray
+x = torch.randn(64, 131072, device="cuda", generator=torch.Generator("cuda").manual_seed(5))
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):  # the process's first topk call: no cluster counts queried yet
+    v, i = fray.topk(x, 50, backend="cuda")
+g.replay()
+ev, ei = fray.topk(x, 50, backend="cuda")  # eager: queries the counts, may pick another C
+torch.cuda.synchronize()
+assert torch.equal(v, ev) and torch.equal(i, ei)
+x.copy_(torch.randn(64, 131072, device="cuda", generator=torch.Generator("cuda").manual_seed(6)))
+g.replay()
+ev, ei = fray.topk(x, 50, backend="cuda")
+torch.cuda.synchronize()
+assert torch.equal(v, ev) and torch.equal(i, ei)
+print("ok")
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_stream_first_call_under_graph_capture(cuda):
+    # A fresh process whose first streaming topk call is captured: the launcher must not query
+    # the occupancy API inside the capture (it uses the plan's estimate), and the graph must
+    # replay the same results as eager calls made afterwards with the queried counts.
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _FIRST_CALL_CAPTURED], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ))
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]
+
+
 def _assert_stream_plan(x, k, sorted=True):
     rows, width = x.shape[0] if x.dim() == 2 else x.numel() // x.shape[-1], x.shape[-1]
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
