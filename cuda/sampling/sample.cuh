@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/common/dtype.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/common/vec.cuh"
 #include "cuda/sampling/philox.cuh"
@@ -801,21 +802,11 @@ cudaError_t launch_sample_typed(const SampleParams& p, cudaStream_t stream) {
     SampleArgs part = a;
     part.logits = static_cast<const T*>(p.logits) + done * p.row_stride;
     part.row0 = done;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(plan.cluster);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(rows * plan.cluster));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    err = cudaLaunchKernelEx(&cfg, fn, part);
-    const cudaError_t last = launch_error();  // never leave a stale error for the next caller
-    if (err == cudaSuccess) err = last;
+    // Always a cluster launch (also of 1 CTA): the kernel's cluster barriers and DSMEM reads
+    // assume one.
+    cudaLaunchAttribute attr[2];
+    err = launch_ex(fn, part, cluster_config(attr, dim3(static_cast<unsigned>(rows * plan.cluster)), dim3(kThreads),
+                                             smem, plan.cluster, false, stream));
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "cuda/common/dtype.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/common/reduce.cuh"
 #include "cuda/common/vec.cuh"
@@ -722,27 +723,8 @@ cudaError_t launch_kernel(const KernelArgs& a, const LaunchConfig& c, cudaStream
       part.row_max = a.row_max + done;
       part.row_lse = a.row_lse + done;
     }
-    cudaError_t err;
-    if (c.cluster > 1) {
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = static_cast<unsigned>(c.cluster);
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(static_cast<unsigned>(part.rows * c.cluster));
-      cfg.blockDim = block;
-      cfg.dynamicSmemBytes = smem;
-      cfg.stream = stream;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      err = cudaLaunchKernelEx(&cfg, fn, part);
-      const cudaError_t last = launch_error();  // never leave a stale error for the next caller
-      if (err == cudaSuccess) err = last;
-    } else {
-      fn<<<dim3(static_cast<unsigned>(ceil_div(part.rows, c.rpb))), block, smem, stream>>>(part);
-      err = launch_error();
-    }
+    const dim3 grid(static_cast<unsigned>(c.cluster > 1 ? part.rows * c.cluster : ceil_div(part.rows, c.rpb)));
+    const cudaError_t err = launch_clustered(fn, part, grid, block, smem, c.cluster, stream);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;

@@ -207,7 +207,7 @@ cudaError_t launch_argmax_typed(const ArgmaxParams& p, cudaStream_t stream) {
     a.x = static_cast<const T*>(p.x) + done * p.x_row_stride;
     a.out = p.out + done;
     const int64_t blocks = ceil_div(a.rows, rows_per_block) * c.cluster;
-    err = topk_detail::launch_clustered(fn, a, dim3(static_cast<unsigned>(blocks)),
+    err = launch_clustered(fn, a, dim3(static_cast<unsigned>(blocks)),
                                         dim3(static_cast<unsigned>(c.threads), static_cast<unsigned>(c.rows_per_block)),
                                         0, c.cluster, stream);
     if (err != cudaSuccess) return err;

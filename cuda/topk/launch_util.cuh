@@ -11,6 +11,7 @@
 #include <mutex>
 #include <utility>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/topk/topk_plan.h"
 
@@ -65,44 +66,6 @@ inline cudaError_t prepare_kernel(const void* fn, int device, size_t smem, int c
     st.big_cluster = true;
   }
   return cudaSuccess;
-}
-
-// Launch configuration of a 1-D cluster of `cluster` CTAs along x; `balance` asks for the
-// load-balancing cluster scheduling policy (the hardware may place several CTAs of one cluster on
-// one SM; the default spreads them over distinct SMs). attr must outlive cfg.
-inline cudaLaunchConfig_t cluster_config(cudaLaunchAttribute (&attr)[2], dim3 grid, dim3 block, size_t smem,
-                                         int cluster, bool balance, cudaStream_t stream) {
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
-  attr[1].val.clusterSchedulingPolicyPreference =
-      balance ? cudaClusterSchedulingPolicyLoadBalancing : cudaClusterSchedulingPolicyDefault;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = balance ? 2 : 1;
-  return cfg;
-}
-
-// One launch; a 1-D cluster of `cluster` CTAs along x when cluster > 1 (see cluster_config).
-template <typename Args>
-cudaError_t launch_clustered(void (*fn)(Args), const Args& args, dim3 grid, dim3 block, size_t smem, int cluster,
-                             cudaStream_t stream, bool balance = false) {
-  if (cluster <= 1) {
-    fn<<<grid, block, smem, stream>>>(args);
-    return launch_error();
-  }
-  cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = cluster_config(attr, grid, block, smem, cluster, balance, stream);
-  cudaError_t err = cudaLaunchKernelEx(&cfg, fn, args);
-  const cudaError_t last = launch_error();  // never leave a stale error for the next caller
-  if (err == cudaSuccess) err = last;
-  return err;
 }
 
 }  // namespace topk_detail
