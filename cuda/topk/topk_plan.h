@@ -144,9 +144,7 @@ inline TopkConfig topk_config(int64_t rows, int64_t width, int64_t k, bool sorte
   // 16-bit rows also stream when the row-in-shared-memory plan already spreads a row over >= 4
   // CTAs and the streaming plan fills the GPU twice over (64 x 131072 bf16 k 50: 54.6 against
   // 68.8 us): they have half the bytes of fp32 rows and the same on-chip work.
-  const int64_t slots = static_cast<int64_t>(num_sms) * blocks_per_sm(c.threads, kMaxRegsPerThread, c.smem);
-  const bool wide16 = key_bytes == 2 && c.cluster >= 4;
-  if ((rows * c.cluster > slots || wide16) && width * key_bytes > kSliceBytes && k <= kStreamMaxK) {
+  if (width * key_bytes > kSliceBytes && k <= kStreamMaxK) {
     const int64_t stream_slots =
         static_cast<int64_t>(num_sms) *
         blocks_per_sm(kStreamThreads, kMaxRegsPerThread, stream_smem(2), kStreamStaticSmemBound);
@@ -160,7 +158,10 @@ inline TopkConfig topk_config(int64_t rows, int64_t width, int64_t k, bool sorte
       sc *= 2;
       ++lg;
     }
-    if (rows * c.cluster <= slots && rows * sc < 2 * static_cast<int64_t>(num_sms)) return c;  // wide16 only
+    const int64_t slots = static_cast<int64_t>(num_sms) * blocks_per_sm(c.threads, kMaxRegsPerThread, c.smem);
+    const bool waves = rows * c.cluster > slots;
+    const bool wide16 = key_bytes == 2 && c.cluster >= 4 && rows * sc >= 2 * static_cast<int64_t>(num_sms);
+    if (!waves && !wide16) return c;
     c.stream = true;
     c.cluster = static_cast<int>(sc);
     c.slice = static_cast<int>(ceil_div(ceil_div(width, sc), kSliceAlign) * kSliceAlign);
