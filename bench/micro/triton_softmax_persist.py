@@ -4,7 +4,8 @@ reductions (manual prefetch), or left to Triton's pipeliner (tl.range num_stages
 shipped Triton and CUDA backends in one process.
 With the argument `wide`: the 131072 / 262144 wide two-pass kernel with L2 eviction hints
 (evict_last on the first pass's loads, evict_first on the second pass's loads and stores: the one
-now shipped) and walking rows persistently (grids of 1-4 programs per SM: slower).
+now shipped). Session 5 also timed the two-pass kernel walking rows persistently (grids of 1-4
+programs per SM): slower at every grid (bench/NOTES.md), not kept here.
 Run on the GPU machine with the bundle's PYTHONPATH:  python3 bench/micro/triton_softmax_persist.py [wide]
 """
 import torch
@@ -52,40 +53,6 @@ def _pipelined_kernel(X, Y, stride_x, stride_y, n_rows, n_cols, scale, BLOCK_N: 
         s = tl.sum(e, axis=0)
         inv = tl.where(m == float("-inf"), float("nan"), 1.0 / s)
         tl.store(Y + r.to(tl.int64) * stride_y + cols, _round(e * inv, Y.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def _loop_persist_kernel(X, Y, stride_x, stride_y, n_rows, n_cols, scale, BLOCK_N: tl.constexpr):
-    # The shipped two-pass kernel (per-lane online pass, then the row backwards) walking rows
-    # persistently: with few programs resident, the rows in flight fit the L2, so the second pass
-    # re-reads from L2 instead of HBM.
-    cols = tl.arange(0, BLOCK_N)
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    for i in range(0, tl.cdiv(n_rows - pid, nprog)):
-        row = pid.to(tl.int64) + i * nprog
-        x_row = X + row * stride_x
-        y_row = Y + row * stride_y
-        m_l = tl.full([BLOCK_N], float("-inf"), tl.float32)
-        s_l = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in tl.range(0, n_cols, BLOCK_N, num_stages=1):
-            c = start + cols
-            x = tl.load(x_row + c, mask=c < n_cols, other=float("-inf")).to(tl.float32)
-            m_new = tl.maximum(m_l, x)
-            sh = tl.where(m_new == float("-inf"), 0.0, m_new)
-            s_l = s_l * tl.exp2((m_l - sh) * scale) + tl.exp2((x - sh) * scale)
-            m_l = m_new
-        m = tl.max(m_l, axis=0)
-        shift = tl.where(m == float("-inf"), 0.0, m)
-        total = tl.sum(s_l * tl.exp2((m_l - shift) * scale), axis=0)
-        inv = tl.where(m == float("-inf"), float("nan"), 1.0 / total)
-        n_tiles = tl.cdiv(n_cols, BLOCK_N)
-        for j in tl.range(0, n_tiles, num_stages=1):
-            c = (n_tiles - 1 - j) * BLOCK_N + cols
-            ok = c < n_cols
-            x = tl.load(x_row + c, mask=ok, other=float("-inf")).to(tl.float32)
-            y = tl.exp2((x - shift) * scale) * inv
-            tl.store(y_row + c, _round(y, Y.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -154,11 +121,6 @@ def _wide_variants(x, y, rows, width, sms):
             out.append(("evict %s/%s/%s B%d w%d" % (ev1 or "-", ev2 or "-", evs or "-", block, warps),
                         lambda block=block, warps=warps, ev1=ev1, ev2=ev2, evs=evs: _loop_evict_kernel[(rows,)](
                             x, y, width, width, LOG2E, BLOCK_N=block, EV1=ev1, EV2=ev2, EVS=evs, num_warps=warps)))
-    for per_sm in (2, 4):
-        grid = (min(rows, sms * per_sm),)
-        out.append(("loop-persist B8192 w16 grid %dxSM" % per_sm,
-                    lambda grid=grid: _loop_persist_kernel[grid](x, y, width, width, rows, width, LOG2E,
-                                                                 BLOCK_N=8192, num_warps=16)))
     return out
 
 
