@@ -451,6 +451,7 @@ cudaError_t launch_topk_typed(const TopkParams& p, cudaStream_t stream) {
   a.slice = c.slice;
   a.sort_size = c.sort_size;
   a.flip = p.largest ? 0u : OrderKey<T>::kAll;
+  a.prefilter = c.stream && stream_prefilter(p.width, p.k, vec_ok) ? 1 : 0;
   const int64_t rows_per_launch = kMaxBlocksPerLaunch / c.cluster;
   for (int64_t done = 0; done < p.rows; done += rows_per_launch) {
     a.rows = p.rows - done < rows_per_launch ? p.rows - done : rows_per_launch;

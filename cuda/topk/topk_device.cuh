@@ -37,6 +37,7 @@ struct TopkArgs {
   int slice;      // elements per CTA (multiple of kSliceAlign); CTA r holds [r * slice, ...)
   int sort_size;  // next_pow2(k) for rank-ordered output, 0 for index-ordered output
   uint32_t flip;  // 0 (largest) or the key mask (smallest)
+  int prefilter;  // streaming kernel: pass 1 counts vector maxima (stream_prefilter)
 };
 
 __device__ __forceinline__ uint32_t lanemask_lt() {

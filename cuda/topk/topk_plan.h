@@ -44,6 +44,14 @@ constexpr int kStreamRadix = 11;      // digit bits (2048-bin histograms)
 constexpr size_t kStreamStaticSmemBound = 512;
 constexpr int kStreamCap = 4096;      // entries per CTA (power of two, >= every k it serves)
 constexpr int kStreamMaxK = kStreamCap;
+// The streaming kernel's prefilter (topk_stream.cuh, step 1a: the first pass counts each 16-byte
+// vector's largest key instead of every key): for k <= 1024 and rows of >= 16 k elements, where
+// the k-th largest vector maximum sits in the k-th largest element's top-digit bin or close
+// below it, so the compaction it bounds stays small.
+constexpr int kStreamPrefilterMaxK = 1024;
+constexpr bool stream_prefilter(int64_t width, int64_t k, bool vec_loads) {
+  return vec_loads && k <= kStreamPrefilterMaxK && k * 16 <= width;
+}
 
 // sm_90 per-SM resources the wave estimate uses.
 constexpr int kRegsPerSm = 65536;

@@ -20,6 +20,12 @@ static_assert(kStreamMaxK <= kTopkMaxSortK, "topk_stream: serves only k the kern
 static_assert(kStreamRadix == 11, "topk_stream: the digit schedule assumes 11-bit digits");
 static_assert(int64_t{1} << 19 > kTopkMaxWidth, "topk_stream: index fields of <= 19 bits");
 
+// Prefilter path: when the compaction admitted at most this many elements over the whole row,
+// the cluster's first CTA gathers them and finishes the row alone (one sort on chip) instead of
+// further cluster-wide radix digits and the cross-CTA rank merge.
+constexpr int kGatherMax = 1024;
+static_assert(kGatherMax <= kStreamCap, "topk_stream: the gathered entries fit one CTA's buffer");
+
 struct StreamScratch {
   uint32_t scan[kWarp];
   uint32_t runs[kMaxCluster];  // winners held by every CTA of the cluster (final step)
@@ -312,28 +318,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) topk_stream_
   const uint32_t low0 = imask - static_cast<uint32_t>(start);  // index field of slice offset 0
   const int ndigits = kKeyDigits + (ib + kStreamRadix - 1) / kStreamRadix;
 
-  // ---- 1. global pass 1: histogram of the top key digit ----
-  for (int i = tid; i < (1 << kStreamRadix); i += nthreads) hist[i] = 0u;
-  if (tid == 0) {
-    sh.prefix = 0ull;
-    sh.shift = static_cast<uint32_t>(ib + kKeyBits);
-    sh.rem = static_cast<uint32_t>(a.k);
-    sh.digit = 0u;
-    sh.flag = 0u;
-  }
-  __syncthreads();
-  stream_slice<T, VEC>(src, len, false, [&](const uint4& w, int e0) {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      hist_add(hist, e0 + j < len, vec_key<T, VEC>(w, j, a.flip) >> (kKeyBits - kStreamRadix), lane);
-    }
-  });
-  {
-    const int off = stream_select<CLUSTER>(hist, merged, 1 << kStreamRadix, sh.rem, nctas, rank, sh);
-    stream_advance(sh, off, stream_digit<kKeyBits>(0, ib));
-  }
-
-  // ---- 2. global passes; 3. refine on chip ----
+  // ---- 2. global passes; 3. refine on chip (helpers) ----
   // Per-element tests of a global pass: composite >> s vs P as (key >> ks, low >> sl) vs
   // (PK, PL), no 64-bit work per element (s >= ib: only key bits are decided, PL = 0).
   struct Cmp {
@@ -347,6 +332,42 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) topk_stream_
     c.PK = static_cast<uint32_t>(P >> (ib - c.sl));
     c.PL = static_cast<uint32_t>(P & ((uint64_t{1} << (ib - c.sl)) - 1u));
     return c;
+  };
+  // Compaction pass: append every element with composite >> s >= P to ent (one warp scan and
+  // one shared atomic per warp and vector; slots past kStreamCap are counted only). While only
+  // key bits are decided (sl == ib, PL == 0) the test is key >> ks >= PK alone.
+  auto compact = [&](const Cmp& cm, bool rev) {
+    if (tid == 0) sh.entries = 0u;
+    __syncthreads();
+    const bool key_only = cm.sl == ib;
+    stream_slice<T, VEC>(src, len, rev, [&](const uint4& w, int e0) {
+      uint32_t ge = 0u;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const uint32_t hk = vec_key<T, VEC>(w, j, a.flip) >> cm.ks;
+        bool in;
+        if (key_only) {
+          in = hk >= cm.PK;
+        } else {
+          const uint32_t hl = (low0 - static_cast<uint32_t>(e0 + j)) >> cm.sl;
+          in = hk > cm.PK || (hk == cm.PK && hl >= cm.PL);
+        }
+        if (e0 + j < len && in) ge |= 1u << j;
+      }
+      if (!__any_sync(kFullMask, ge != 0u)) return;  // most vectors: nothing admitted in the warp
+      const uint32_t n = static_cast<uint32_t>(__popc(ge));
+      const uint32_t incl = warp_prefix_incl(n, lane);
+      uint32_t slot = 0u;
+      if (lane == kWarp - 1) slot = atomicAdd(&sh.entries, incl);
+      slot = __shfl_sync(kFullMask, slot, kWarp - 1) + incl - n;
+      for (uint32_t m = ge; m != 0u; m &= m - 1u, ++slot) {
+        const int j = __ffs(static_cast<int>(m)) - 1;
+        const uint64_t c = (static_cast<uint64_t>(vec_key<T, VEC>(w, j, a.flip)) << ib) |
+                           (low0 - static_cast<uint32_t>(e0 + j));
+        if (slot < static_cast<uint32_t>(kStreamCap)) ent[slot] = c;
+      }
+    });
+    __syncthreads();
   };
   // Histogram of digit nd over the entries matching the decided digits, then the merge (which
   // also ORs the CTAs' flags: sh.flag must be set). Returns the bin offset for stream_advance.
@@ -366,40 +387,100 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) topk_stream_
     return stream_select<CLUSTER>(hist, merged, nb, sh.rem, nctas, rank, sh);
   };
 
+  auto init_state = [&]() {
+    for (int i = tid; i < (1 << kStreamRadix); i += nthreads) hist[i] = 0u;
+    if (tid == 0) {
+      sh.prefix = 0ull;
+      sh.shift = static_cast<uint32_t>(ib + kKeyBits);
+      sh.rem = static_cast<uint32_t>(a.k);
+      sh.digit = 0u;
+      sh.flag = 0u;
+    }
+    __syncthreads();
+  };
   bool held = false;  // every CTA holds its entries (composite >> s >= P) in ent
+  int gathered = 0;   // > 0: this CTA alone holds the row's `gathered` admitted entries (1a)
   bool reverse = true;  // alternate directions: each re-read starts where the last one ended
-  for (int pass = 0; pass < ndigits; ++pass) {
+
+  // ---- 1a. Prefilter (small k, 16-byte vectors): global pass 1 counts the top digit of each
+  // vector's largest key only (one shared atomic per vector, not per element). The bin b
+  // holding the k-th largest vector maximum bounds the k-th largest element from below (k
+  // vectors have an element with digit >= b), so the compaction of every element with digit
+  // >= b holds all k winners; the exact top-digit histogram over those entries then continues
+  // the radix select on chip. Entries past kStreamCap in some CTA (heavy ties, skewed rows):
+  // start over with 1b.
+  if (VEC > 1 && a.prefilter) {
+    init_state();
+    stream_slice<T, VEC>(src, len, false, [&](const uint4& w, int e0) {
+      uint32_t mx = 0u;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const uint32_t key = vec_key<T, VEC>(w, j, a.flip);
+        mx = e0 + j < len && key > mx ? key : mx;
+      }
+      hist_add(hist, e0 < len, mx >> (kKeyBits - kStreamRadix), lane);
+    });
+    const int off = stream_select<CLUSTER>(hist, merged, 1 << kStreamRadix, sh.rem, nctas, rank, sh);
+    const Digit d0 = stream_digit<kKeyBits>(0, ib);
+    compact(cmp_of(d0.shift, static_cast<uint64_t>(off) + sh.res_bin), reverse);
+    reverse = !reverse;
+    // Few admitted over the row (the usual case): the first CTA gathers them all.
+    uint32_t n_all = sh.entries;
+    bool fit = n_all <= static_cast<uint32_t>(kGatherMax);
+    if constexpr (CLUSTER) {
+      const cg::cluster_group cl = cg::this_cluster();
+      cl.sync();  // every CTA's entries and count are complete
+      const uint32_t e = lane < nctas ? *cl.map_shared_rank(&sh.entries, lane) : 0u;
+      n_all = warp_sum_u32(e);
+      fit = !__any_sync(kFullMask, e > static_cast<uint32_t>(kStreamCap)) && n_all <= static_cast<uint32_t>(kGatherMax);
+      if (fit) {
+        if (rank == 0) {
+          uint32_t at = __shfl_sync(kFullMask, e, 0);
+          for (int r = 1; r < nctas; ++r) {
+            const uint32_t nr = __shfl_sync(kFullMask, e, r);
+            const uint64_t* run = cl.map_shared_rank(ent, r);
+            for (int j = tid; j < static_cast<int>(nr); j += nthreads) ent[at + j] = run[j];
+            at += nr;
+          }
+        }
+        cl.sync();  // the first CTA's remote reads are done
+        if (rank != 0) return;
+      }
+    }
+    if (fit) {
+      gathered = static_cast<int>(n_all);  // >= k: the admitted elements hold the k winners
+      held = true;
+    } else {
+      if (tid == 0) sh.flag = sh.entries > static_cast<uint32_t>(kStreamCap) ? 1u : 0u;
+      const int off0 = refine_select(d0);  // state as at the start: every entry counts
+      if (sh.any_flag == 0u) {
+        stream_advance(sh, off0, d0);
+        held = true;
+      }
+    }
+  }
+
+  // ---- 1b. global pass 1: histogram of the top key digit ----
+  if (!held) {
+    init_state();
+    stream_slice<T, VEC>(src, len, false, [&](const uint4& w, int e0) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        hist_add(hist, e0 + j < len, vec_key<T, VEC>(w, j, a.flip) >> (kKeyBits - kStreamRadix), lane);
+      }
+    });
+    const int off = stream_select<CLUSTER>(hist, merged, 1 << kStreamRadix, sh.rem, nctas, rank, sh);
+    stream_advance(sh, off, stream_digit<kKeyBits>(0, ib));
+  }
+
+  // ---- 2. global passes ----
+  for (int pass = 0; pass < ndigits && !held; ++pass) {
     const Cmp cm = cmp_of(static_cast<int>(sh.shift), sh.prefix);
     // Admitted over the cluster: k - rem sure winners + cnt candidates; more than C x
     // kStreamCap cannot fit.
     const uint64_t admitted = static_cast<uint64_t>(static_cast<uint32_t>(a.k) - sh.rem) + sh.cnt;
     if (sh.done != 0u || admitted <= static_cast<uint64_t>(nctas) * kStreamCap) {
-      // Compaction pass: append every element with composite >> s >= P to ent (one warp scan
-      // and one shared atomic per warp and vector; slots past kStreamCap are counted only).
-      if (tid == 0) sh.entries = 0u;
-      __syncthreads();
-      stream_slice<T, VEC>(src, len, reverse, [&](const uint4& w, int e0) {
-        uint32_t ge = 0u;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const uint32_t hk = vec_key<T, VEC>(w, j, a.flip) >> cm.ks;
-          const uint32_t hl = (low0 - static_cast<uint32_t>(e0 + j)) >> cm.sl;
-          if (e0 + j < len && (hk > cm.PK || (hk == cm.PK && hl >= cm.PL))) ge |= 1u << j;
-        }
-        if (!__any_sync(kFullMask, ge != 0u)) return;  // most vectors: nothing admitted in the warp
-        const uint32_t n = static_cast<uint32_t>(__popc(ge));
-        const uint32_t incl = warp_prefix_incl(n, lane);
-        uint32_t slot = 0u;
-        if (lane == kWarp - 1) slot = atomicAdd(&sh.entries, incl);
-        slot = __shfl_sync(kFullMask, slot, kWarp - 1) + incl - n;
-        for (uint32_t m = ge; m != 0u; m &= m - 1u, ++slot) {
-          const int j = __ffs(static_cast<int>(m)) - 1;
-          const uint64_t c = (static_cast<uint64_t>(vec_key<T, VEC>(w, j, a.flip)) << ib) |
-                             (low0 - static_cast<uint32_t>(e0 + j));
-          if (slot < static_cast<uint32_t>(kStreamCap)) ent[slot] = c;
-        }
-      });
-      __syncthreads();
+      compact(cm, reverse);
       reverse = !reverse;
       if (sh.done != 0u) {  // exactly the k winners were admitted: <= k <= kStreamCap per CTA
         held = true;
@@ -448,7 +529,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) topk_stream_
   // (held is always true here: after the last digit the admitted elements are the k winners.)
   if (!held && tid == 0) sh.entries = 0u;  // never: output nothing rather than garbage
   __syncthreads();
-  while (held && sh.done == 0u && static_cast<int>(sh.digit) < ndigits) {
+  while (gathered == 0 && held && sh.done == 0u && static_cast<int>(sh.digit) < ndigits) {
     const Digit nd = stream_digit<kKeyBits>(static_cast<int>(sh.digit), ib);
     if (tid == 0) sh.flag = 0u;
     const int off = refine_select(nd);
@@ -457,6 +538,42 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) topk_stream_
 
   // ---- 4. output ----
   const bool rank_order = a.sort_size > 0;
+  const int k = a.k;
+  Bits* vals = static_cast<Bits*>(a.values) + row * k;
+  int64_t* inds = a.indices + row * k;
+  int64_t* rkeys = a.rank_keys != nullptr ? a.rank_keys + row * k : nullptr;
+  auto emit = [&](uint32_t pos, uint64_t v) {
+    if (pos >= static_cast<uint32_t>(k)) return;  // never (exactly k winners); no write out of bounds
+    const uint32_t low = rank_order ? static_cast<uint32_t>(v) & imask : static_cast<uint32_t>(v >> 32);
+    const uint32_t key = rank_order ? static_cast<uint32_t>(v >> ib) : static_cast<uint32_t>(v);
+    const uint32_t idx = imask - low;
+    if (rkeys != nullptr) {
+      rkeys[pos] = static_cast<int64_t>((static_cast<uint64_t>(key) << kRankKeyIndexBits) | (kRankKeyIndexMask - idx));
+    } else {
+      inds[pos] = idx;
+      vals[pos] = src[static_cast<int>(idx) - start];
+    }
+  };
+
+  if (gathered > 0) {
+    // The gathered entries (composites, distinct) sorted decreasing: the first k are the
+    // winners in rank order; index order re-sorts those k by their index field.
+    const int ns = static_cast<int>(next_pow2(gathered));
+    for (int i = gathered + tid; i < ns; i += nthreads) ent[i] = 0ull;  // below every composite
+    __syncthreads();
+    bitonic_sort_desc(ent, ns);
+    if (!rank_order) {
+      const int nk = static_cast<int>(next_pow2(k));
+      for (int i = tid; i < nk; i += nthreads) {
+        const uint64_t c = ent[i];
+        ent[i] = i < k ? ((c & imask) << 32) | (c >> ib) : 0ull;
+      }
+      __syncthreads();
+      bitonic_sort_desc(ent, nk);
+    }
+    for (int j = tid; j < k; j += nthreads) emit(static_cast<uint32_t>(j), ent[j]);
+    return;
+  }
   const int n_e = static_cast<int>(min(sh.entries, static_cast<uint32_t>(kStreamCap)));
   const int s = static_cast<int>(sh.shift);
   const uint64_t P = sh.prefix;
@@ -494,23 +611,6 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) topk_stream_
   for (int i = static_cast<int>(nwin) + tid; i < n_sort; i += nthreads) ent[i] = 0ull;  // below every sort key
   __syncthreads();
   bitonic_sort_desc(ent, n_sort);
-
-  const int k = a.k;
-  Bits* vals = static_cast<Bits*>(a.values) + row * k;
-  int64_t* inds = a.indices + row * k;
-  int64_t* rkeys = a.rank_keys != nullptr ? a.rank_keys + row * k : nullptr;
-  auto emit = [&](uint32_t pos, uint64_t v) {
-    if (pos >= static_cast<uint32_t>(k)) return;  // never (exactly k winners); no write out of bounds
-    const uint32_t low = rank_order ? static_cast<uint32_t>(v) & imask : static_cast<uint32_t>(v >> 32);
-    const uint32_t key = rank_order ? static_cast<uint32_t>(v >> ib) : static_cast<uint32_t>(v);
-    const uint32_t idx = imask - low;
-    if (rkeys != nullptr) {
-      rkeys[pos] = static_cast<int64_t>((static_cast<uint64_t>(key) << kRankKeyIndexBits) | (kRankKeyIndexMask - idx));
-    } else {
-      inds[pos] = idx;
-      vals[pos] = src[static_cast<int>(idx) - start];
-    }
-  };
 
   if constexpr (!CLUSTER) {
     for (int j = tid; j < static_cast<int>(nwin); j += nthreads) emit(static_cast<uint32_t>(j), ent[j]);

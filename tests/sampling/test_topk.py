@@ -389,6 +389,29 @@ def test_gpu_cuda_nan_payloads_and_signed_zero(cuda, dtype, width, k):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_cuda_streaming_prefilter_gather_and_fallback(cuda, dtype):
+    # Streaming rows with k <= 1024: the first pass counts vector maxima; when <= 1024 elements
+    # are admitted over the row one CTA finishes it (unrounded normals, the usual case), otherwise
+    # the cluster-wide radix continues (rows of ties below). Both orders, largest and smallest.
+    g = torch.Generator(device=cuda).manual_seed(77)
+    x = torch.randn(64, 131072, generator=g, device=cuda) * 3
+    x[5, :3000] = 7.5                     # 3000 tied at the top: more than the gather holds
+    x[6, ::64] = float("inf")             # 2048 infinities spread over every CTA's slice
+    x[7, -1] = float("nan")               # one NaN, in the last CTA's last vector
+    x = x.to(dtype)
+    x64 = x.double().cpu().numpy()
+    for k in (1, 50, 1000, 1024):
+        for largest in (True, False):
+            what = "%s 64x131072 k=%d largest=%s" % (dtype, k, largest)
+            exp = ref.topk_indices(x64, k, largest)
+            v, i = fray.topk(x, k, largest=largest, backend="cuda")
+            _assert_topk(x, v, i, k, largest, what, exp=exp)
+            v, i = fray.topk(x, k, largest=largest, sorted=False, backend="cuda")
+            _assert_topk(x, v, i, k, largest, what + " unsorted", sorted=False, index_order=True, exp=exp)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gpu_all_equal_and_masked_rows(cuda, backend):
     # Every key equal (the radix passes never narrow the candidates) and -inf-masked vocabularies.

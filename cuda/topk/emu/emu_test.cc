@@ -191,6 +191,7 @@ void launch(const TopkArgs& a, int rows, int cluster, size_t smem) {
 }
 
 int failures = 0;
+int g_prefilter = -1;  // -1: the launcher's rule (stream_prefilter); 0 / 1 forced
 
 template <class T>
 void run_case(const Case& c, uint64_t seed, const std::vector<typename Elem<T>::Bits>* given = nullptr) {
@@ -237,6 +238,7 @@ void run_case(const Case& c, uint64_t seed, const std::vector<typename Elem<T>::
   a.slice = static_cast<int>(ceil_div(ceil_div(c.width, c.cluster), kSliceAlign) * kSliceAlign);
   a.sort_size = c.sorted ? static_cast<int>(next_pow2(k)) : 0;
   a.flip = c.largest ? 0u : OrderKey<T>::kAll;
+  a.prefilter = g_prefilter >= 0 ? g_prefilter : stream_prefilter(c.width, k, c.aligned) ? 1 : 0;
   const size_t smem = stream_smem(c.cluster);
   const bool vec_ok = c.aligned;  // stride is a multiple of 16 bytes
   if (vec_ok) {
@@ -250,9 +252,9 @@ void run_case(const Case& c, uint64_t seed, const std::vector<typename Elem<T>::
   char what[256];
   std::snprintf(what, sizeof what,
                 "%s rows %d width %d k %d C %d sorted %d largest %d rank_keys %d aligned %d stride0 %d pattern %d "
-                "seed %llu",
+                "prefilter %d seed %llu",
                 E::name, c.rows, c.width, k, c.cluster, c.sorted, c.largest, c.rank_keys, c.aligned, c.stride0,
-                c.pattern, static_cast<unsigned long long>(seed));
+                c.pattern, a.prefilter, static_cast<unsigned long long>(seed));
   bool ok = true;
   for (int i = 0; i < guard; ++i) {
     const size_t at = static_cast<size_t>(c.rows) * k + i;
@@ -391,9 +393,14 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < cases.size(); ++i) {
     if (which >= 0 && static_cast<int>(i) != which) continue;
     if (which < 0 && cases[i].width > 100000) continue;  // heavy: by index only
-    run_case<float>(cases[i], seed0 + i);
-    run_case<__nv_bfloat16>(cases[i], seed0 + 100 + i);
-    if (i % 3 == 0) run_case<__half>(cases[i], seed0 + 200 + i);
+    // Cases the prefilter takes run twice: with it, then without (the one-pass-1 path).
+    const bool pf = stream_prefilter(cases[i].width, cases[i].k, cases[i].aligned);
+    for (int mode = pf ? -1 : 0; mode <= 0; ++mode) {
+      g_prefilter = mode;
+      run_case<float>(cases[i], seed0 + i);
+      run_case<__nv_bfloat16>(cases[i], seed0 + 100 + i);
+      if (i % 3 == 0) run_case<__half>(cases[i], seed0 + 200 + i);
+    }
     ++n;
   }
   std::printf("%d failures\n", failures);
