@@ -47,6 +47,12 @@ constexpr int64_t kSliceMaxBytes = 192 * 1024;
 // below that the per-level cluster barriers outweigh the work.
 constexpr int64_t kMinSliceElems = 4096;
 constexpr int64_t kMaxBlocksPerLaunch = int64_t{1} << 30;
+// Top-k survivors path: when the top-k filter leaves at most kSurvMax tokens in the row (k plus
+// ties at the k-th value), they are gathered into the cluster's first block, which finishes
+// the row alone (top-p, min-p and the draw over the survivors, sorted on chip) instead of three
+// more cluster-wide passes over the row. kSurvMax entries of 8 bytes fill `part`; a block
+// compacts up to kBins survivors of its slice into `hist`.
+constexpr int kSurvMax = kBins / 2;
 
 // Kernel arguments (param space). Strides in elements.
 struct SampleArgs {
@@ -115,7 +121,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
 struct RowCtx {
   float lmax;   // the row's max (the argmax value)
   float inv_t;  // 1 / temperature (fp32, as the Triton kernel)
-  float mass_scale;
   float min_p;
 };
 
@@ -123,6 +128,22 @@ struct RowCtx {
 __device__ __forceinline__ float weight_f(float l, const RowCtx& r) {
   return fast_exp2(((l - r.lmax) * r.inv_t) * kLog2e);
 }
+
+// t = (max - l) / T >= 0, the distance in nats, and w from it: weight_t(nat_dist(l)) is
+// weight_f(l) bit for bit ((l - max) = -(max - l) exactly, and so are the products).
+__device__ __forceinline__ float nat_dist(float l, const RowCtx& r) { return (r.lmax - l) * r.inv_t; }
+__device__ __forceinline__ float weight_t(float t) { return fast_exp2((-t) * kLog2e); }
+
+// The first-level mass bin of distance t (128 per nat; NaN in bin 0, as value_bin).
+__device__ __forceinline__ int mass_bin(float t) {
+  return min(max(__float2int_rz(t * kMassBinsPerNat), 0), kBins - 1);
+}
+
+// key(l) < thr as a float comparison (one instruction, no key): thr_value(thr) is the value of
+// key thr; NaN l compares false (its key is the largest), and thr 0 (no filter) gives a NaN
+// bound that every l passes. (A bound in the NaN keys, k NaNs in a row, passes every l instead
+// of none: such rows have a NaN max, so every mass is 0 either way.)
+__device__ __forceinline__ float thr_value(uint32_t thr) { return key_value(thr); }
 
 // The fixed-point mass of w (0 for NaN).
 __device__ __forceinline__ uint32_t to_fixed(float w) { return __float2uint_rn(w * kFixedOne); }
@@ -356,9 +377,10 @@ __device__ __forceinline__ void range_and_compact(const T* data, int nv, Pred pr
   uint32_t lo = 0xffffffffu;
   uint32_t hi = 0u;
   for_each_element(data, nv, [&](float x, bool ok) {
-    const uint32_t key = order_key(x);
-    const bool c = ok && pred(x, key);
+    const bool c = ok && pred(x);
+    uint32_t key = 0;
     if (c) {
+      key = order_key(x);
       lo = min(lo, key);
       hi = max(hi, key);
     }
@@ -419,8 +441,7 @@ __device__ __forceinline__ uint32_t refine(uint32_t lo, uint32_t hi, uint64_t tg
         load_smem_vec(data, v, x);
 #pragma unroll
         for (int e = 0; e < N; ++e) {
-          const uint32_t key = order_key(x[e]);
-          if (pred(x[e], key)) add(key, x[e]);
+          if (pred(x[e])) add(order_key(x[e]), x[e]);
         }
       }
     }
@@ -432,6 +453,101 @@ __device__ __forceinline__ uint32_t refine(uint32_t lo, uint32_t hi, uint64_t tg
     lo = hi - lo > span ? hi - span : lo;
   }
   return lo;
+}
+
+// Whole block: sorts s[0, n) in decreasing order (n a power of two).
+__device__ __forceinline__ void block_sort_desc(uint64_t* s, int n) {
+  for (int size = 2; size <= n; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int t = static_cast<int>(threadIdx.x); t < n / 2; t += kThreads) {
+        const int i = 2 * t - (t & (stride - 1));
+        const int j = i + stride;
+        const uint64_t x = s[i];
+        const uint64_t y = s[j];
+        if ((x < y) == ((i & size) == 0)) {
+          s[i] = y;
+          s[j] = x;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// Whole block (the cluster's first): the row's draw over its n <= kSurvMax top-k survivors,
+// held in surv[0, n) as (key << 32) | index. The same integers as the cluster-wide path: the
+// fixed-point masses of the survivors, the top-p threshold = the largest key whose inclusive
+// mass from the top reaches mass_target(p, S), kept = key >= that and w >= min_p, and the draw
+// over the kept masses in index order. Returns in m->sel_above: the token, or ~0 when no mass
+// is kept (the caller takes the greedy token); m->scan / m->red are used.
+__device__ __forceinline__ void draw_survivors(uint64_t* surv, int n, float top_p, const RowCtx& r,
+                                               uint64_t draw, uint64_t& total_out, Misc* m) {
+  const int tid = static_cast<int>(threadIdx.x);
+  int np = 1;
+  while (np < n) np <<= 1;
+  for (int i = n + tid; i < np; i += kThreads) surv[i] = 0ull;  // below every survivor
+  __syncthreads();
+  block_sort_desc(surv, np);  // decreasing key
+  constexpr int kPer = kSurvMax / kThreads;
+  static_assert(kPer * kThreads == kSurvMax, "draw_survivors: kSurvMax / kThreads entries per thread");
+  uint32_t mass[kPer];
+  uint64_t tsum = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = tid * kPer + j;
+    mass[j] = i < n ? to_fixed(weight_f(key_value(static_cast<uint32_t>(surv[i] >> 32)), r)) : 0u;
+    tsum += mass[j];
+  }
+  uint64_t S;
+  const uint64_t excl = block_exclusive_scan(tsum, m->scan, S);
+  uint32_t thr_p = 0;
+  if (top_p < 1.0f && S > 0) {
+    const uint64_t tgt = mass_target(top_p, S);  // 1 <= tgt <= S: exactly one crossing
+    uint64_t acc = excl;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (acc < tgt && acc + mass[j] >= tgt) m->sel_above = surv[tid * kPer + j] >> 32;
+      acc += mass[j];
+    }
+    __syncthreads();
+    thr_p = static_cast<uint32_t>(m->sel_above);
+  }
+  // Kept masses, re-keyed by increasing index: (~index << 32) | mass sorts decreasing.
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = tid * kPer + j;
+    if (i < n) {
+      const uint64_t e = surv[i];
+      const uint32_t key = static_cast<uint32_t>(e >> 32);
+      const float w = weight_f(key_value(key), r);
+      const uint32_t km = key >= thr_p && w >= r.min_p ? mass[j] : 0u;
+      surv[i] = (static_cast<uint64_t>(~static_cast<uint32_t>(e)) << 32) | km;
+    }
+  }
+  __syncthreads();
+  block_sort_desc(surv, np);  // increasing index (padding, 0, last)
+  tsum = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = tid * kPer + j;
+    mass[j] = i < n ? static_cast<uint32_t>(surv[i]) : 0u;
+    tsum += mass[j];
+  }
+  uint64_t total;
+  const uint64_t before = block_exclusive_scan(tsum, m->scan, total);
+  total_out = total;
+  if (tid == 0) m->sel_above = ~0ull;
+  __syncthreads();
+  if (total > 0) {
+    const uint64_t target = (__umul64hi(total, draw) << 40) | ((total * draw) >> 24);  // as the final pass
+    uint64_t c = before;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (c <= target && target < c + mass[j]) m->sel_above = ~static_cast<uint32_t>(surv[tid * kPer + j] >> 32);
+      c += mass[j];
+    }
+  }
+  __syncthreads();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -537,10 +653,8 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
   RowCtx r;
   r.lmax = key_value(static_cast<uint32_t>(best >> 32));
   r.inv_t = 1.0f / temp;
-  r.mass_scale = r.inv_t * kMassBinsPerNat;
   r.min_p = a.min_p ? a.min_p[row] : a.min_p_value;
   const int64_t top_k = a.top_k ? a.top_k[row] : a.top_k_value;
-  const float top_p = a.top_p ? a.top_p[row] : a.top_p_value;
 
   // ---- top-k: the k-th largest key (ties at it kept). First level: counts by value bin.
   uint32_t thr_k = 0;
@@ -569,7 +683,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     }
     const Selection s = select_bin(hist, part, static_cast<uint64_t>(top_k), -1.0f, m, C, rank);
     const int b1 = s.bin;
-    auto pred = [&](float x, uint32_t) { return value_bin(x, r.lmax, kCountBinsPerLogit) == b1; };
+    auto pred = [&](float x) { return value_bin(x, r.lmax, kCountBinsPerLogit) == b1; };
     uint32_t kmin, kmax, ncand;
     range_and_compact(data, nv, pred, cand, m, &m->range_slot[0], C, kmin, kmax, ncand);
     if (kmin <= kmax) {
@@ -578,8 +692,81 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     }
   }
 
+  const float top_p_row = a.top_p ? a.top_p[row] : a.top_p_value;
+  const float thr_k_value = thr_value(thr_k);
+
+  // ---- Few top-k survivors: gather them into block 0, which finishes the row alone.
+  if (thr_k != 0u && top_k <= kSurvMax) {
+    uint64_t* surv = hist;
+    if (tid == 0) m->ncand = 0;
+    __syncthreads();
+    for (int base = tid & ~31; base < nv; base += kThreads) {
+      const int v = base + lane;
+      float x[N];
+      if (v < nv) {
+        load_smem_vec(data, v, x);
+      } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e) x[e] = __uint_as_float(0xff800000u);
+      }
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const int i = v * N + e;
+        const bool c = i < n && !(x[e] < thr_k_value);  // key >= thr_k
+        const unsigned mask = __ballot_sync(kFull, c);
+        if (mask) {
+          uint32_t pos0 = 0;
+          if (lane == 0) pos0 = atomicAdd(&m->ncand, static_cast<uint32_t>(__popc(mask)));
+          pos0 = __shfl_sync(kFull, pos0, 0);
+          const uint32_t pos = pos0 + static_cast<uint32_t>(__popc(mask & ((1u << lane) - 1u)));
+          if (c && pos < static_cast<uint32_t>(kBins)) {
+            surv[pos] = (static_cast<uint64_t>(order_key(x[e])) << 32) | static_cast<uint32_t>(lo + i);
+          }
+        }
+      }
+    }
+    cluster.sync();  // every block's survivors and count are complete
+    const uint32_t cnt = lane < C ? *cluster.map_shared_rank(&m->ncand, lane) : 0u;
+    const uint32_t incl = static_cast<uint32_t>(warp_inclusive_scan_u64(min(cnt, static_cast<uint32_t>(kBins))));
+    const uint32_t nsurv = __shfl_sync(kFull, incl, 31);
+    const bool fits = !__any_sync(kFull, cnt > static_cast<uint32_t>(kBins)) && nsurv >= 1u &&
+                      nsurv <= static_cast<uint32_t>(kSurvMax);
+    if (fits) {  // the same decision in every block
+      if (rank == 0) {
+        for (int c = 0; c < C; ++c) {
+          const uint32_t cc = __shfl_sync(kFull, cnt, c);
+          const uint32_t off = __shfl_sync(kFull, incl - cnt, c);
+          const uint64_t* src = cluster.map_shared_rank(hist, c);
+          for (int j = tid; j < static_cast<int>(cc); j += kThreads) part[off + j] = src[j];
+        }
+      }
+      cluster.sync();  // block 0's remote reads are done: the others may leave
+      if (rank != 0) return;
+      const uint64_t seed = static_cast<uint64_t>(a.seeds ? a.seeds[row] : a.seed_value);
+      const uint64_t offset = static_cast<uint64_t>(a.offsets ? a.offsets[row] : a.offset_value);
+      uint64_t total;
+      draw_survivors(part, static_cast<int>(nsurv), top_p_row, r, philox_draw24(seed, offset), total, m);
+      if (tid == 0) {
+        const uint64_t tok = m->sel_above;
+        if (tok == ~0ull) {  // no kept mass (no finite max): the greedy token
+          a.tokens[row] = greedy;
+          a.logprobs[row] = 0.0f;
+        } else {
+          const T* g0 = static_cast<const T*>(a.logits) + lrow * a.stride;
+          const float x = to_float(g0[tok]);
+          a.tokens[row] = static_cast<int64_t>(tok);
+          const double z = static_cast<double>((x - r.lmax) * r.inv_t);
+          a.logprobs[row] = static_cast<float>(z - log(static_cast<double>(total) / 2147483648.0));
+        }
+      }
+      return;
+    }
+    cluster.sync();  // every block has read the counts before they are reset below
+  }
+
   // ---- top-p over the top-k survivors: first level masses by value bin of (max - l) / T.
   uint32_t thr_p = 0;
+  const float top_p = top_p_row;
   if (top_p < 1.0f) {
     for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
     if (tid == 0) m->ncand = 0;
@@ -587,10 +774,11 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     uint64_t m_first = 0;
     uint64_t m_last = 0;
     for_each_element(data, nv, [&](float x, bool ok) {
-      if (!ok || order_key(x) < thr_k) return;
-      const uint32_t w = to_fixed(weight_f(x, r));
+      if (!ok || x < thr_k_value) return;  // key(x) < thr_k
+      const float t = nat_dist(x, r);
+      const uint32_t w = to_fixed(weight_t(t));
       if (!w) return;
-      const int b = value_bin(x, r.lmax, r.mass_scale);
+      const int b = mass_bin(t);
       if (b == 0) {
         m_first += w;
       } else if (b == kBins - 1) {
@@ -608,10 +796,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     const Selection s = select_bin(hist, part, 0, top_p, m, C, rank);
     if (s.total > 0) {  // 0 only without a finite max (no mass anywhere): no filter
       const int b1 = s.bin;
-      const uint32_t floor_key = thr_k;
-      auto pred = [&](float x, uint32_t key) {
-        return key >= floor_key && value_bin(x, r.lmax, r.mass_scale) == b1;
-      };
+      auto pred = [&](float x) { return !(x < thr_k_value) && mass_bin(nat_dist(x, r)) == b1; };
       uint32_t kmin, kmax, ncand;
       range_and_compact(data, nv, pred, cand, m, &m->range_slot[1], C, kmin, kmax, ncand);
       if (kmin <= kmax) {
@@ -625,8 +810,9 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
   // per-thread masses orders the kept tokens by index; the block, then the thread, holding the
   // target re-reads its vectors to find the token.
   const uint32_t thr = max(thr_k, thr_p);
+  const float thr_v = thr_value(thr);
   auto kept_mass = [&](float x) -> uint32_t {
-    if (order_key(x) < thr) return 0u;
+    if (x < thr_v) return 0u;  // key(x) < thr
     const float w = weight_f(x, r);
     return w >= r.min_p ? to_fixed(w) : 0u;
   };

@@ -381,6 +381,36 @@ def test_gpu_kept_sets_match_the_reference(cuda, backend, vocab):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_cuda_top_k_survivor_path_and_its_fallback(cuda, dtype):
+    # The CUDA kernel finishes a row in one block when top-k leaves <= 1024 survivors (k plus the
+    # ties at the k-th value) and otherwise stays on the cluster-wide path: rows on both sides of
+    # that line, with top-p and min-p after top-k, must draw the reference's tokens.
+    g = torch.Generator().manual_seed(31)
+    vocab = 131072
+    rows = 12
+    x = (torch.randn(rows, vocab, generator=g) * 2).to(dtype)
+    x[2] = 1.5                                   # all equal: every token survives top-k 5
+    x[3, :1500] = 20.0                           # 1500 tied at the top: top-k 10 keeps them all
+    x[4, 1000:2000] = 20.0                       # 1000 tied maxima: exactly 1000 survivors
+    x[5, ::128] = 20.0                           # 1024 tied maxima, spread over the whole row
+    x[6, 100:5000] = float("-inf")               # masked tokens (mass 0) below the survivors
+    x[7, -40:] = 25.0                            # survivors at the end of the last slice
+    temp = torch.tensor([0.8, 1.0, 0.7, 1.0, 1.3, 0.9, 1.0, 0.6, 1.0, 2.0, 0.5, 1.0])
+    tk = torch.tensor([1024, 1025, 5, 10, 1000, 3, 50, 45, 1, 4096, 200, 50])
+    tp = torch.tensor([0.9, 0.9, 0.5, 0.3, 1.0, 0.95, 0.9, 0.8, 0.9, 0.99, 0.6, 1.0])
+    mp = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.2, 0.0, 0.0, 0.1, 0.0, 0.0, 0.05, 0.3])
+    seeds = torch.randint(0, 2 ** 40, (rows,), generator=g)
+    params = [p.to(cuda) for p in (temp, tk, tp, mp, seeds, torch.arange(rows) * 3)]
+    xs = x.to(cuda)
+    etok, elp = _ref_tokens(xs, params)
+    for batch in (slice(0, rows), slice(5, 6)):  # a 12-row batch and a lone row (larger cluster)
+        tok, lp = fray.sample(xs[batch], **_kw([p[batch] for p in params]), return_logprobs=True, backend="cuda")
+        np.testing.assert_array_equal(tok.cpu().numpy(), etok[batch], err_msg=str(dtype))
+        np.testing.assert_allclose(lp.cpu().numpy(), elp[batch], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gpu_same_seed_and_offset_same_token(cuda, backend):
     # Determinism, and independence of the batch a row sits in (the CUDA kernel spreads a lone
