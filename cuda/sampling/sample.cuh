@@ -33,7 +33,8 @@ constexpr int kCandCap = 2048;          // candidate keys a block compacts after
 // registers: they take the masked / hopeless tail and the max ties, where shared-memory
 // atomics would serialise.
 constexpr float kCountBinsPerLogit = 64.0f;
-constexpr float kMassBinsPerNat = 128.0f;
+constexpr float kMassBinsPerNat = 128.0f;  // at least; more when the row spans < 16 nats
+constexpr float kMaxMassBinsPerNat = 1048576.0f;
 constexpr float kFixedOne = 2147483648.0f;  // mass of w = 1 (2^31): sums exact in 64 bits to 2^22 tokens
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kPortableCluster = 8;
@@ -83,6 +84,7 @@ struct Misc {
   uint64_t scan[kWarps];   // block scans
   uint64_t red[kWarps];    // block reductions
   uint64_t best_slot;      // this block's argmax key (read by the cluster)
+  float min_slot;          // this block's smallest logit (read by the cluster)
   uint64_t part_total;     // this block's merged histogram portion (read by the cluster)
   uint64_t range_slot[2];  // (min key << 32 | max key) of the candidates, per filter
   uint64_t total_slot;     // this block's kept mass (read by the cluster)
@@ -120,6 +122,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 struct RowCtx {
   float lmax;   // the row's max (the argmax value)
+  float mass_scale;  // first-level mass bins per nat
   float inv_t;  // 1 / temperature (fp32, as the Triton kernel)
   float min_p;
 };
@@ -134,9 +137,12 @@ __device__ __forceinline__ float weight_f(float l, const RowCtx& r) {
 __device__ __forceinline__ float nat_dist(float l, const RowCtx& r) { return (r.lmax - l) * r.inv_t; }
 __device__ __forceinline__ float weight_t(float t) { return fast_exp2((-t) * kLog2e); }
 
-// The first-level mass bin of distance t (128 per nat; NaN in bin 0, as value_bin).
-__device__ __forceinline__ int mass_bin(float t) {
-  return min(max(__float2int_rz(t * kMassBinsPerNat), 0), kBins - 1);
+// The first-level mass bin of distance t: the row's span (max - min) / T over the 2048 bins, at
+// least 128 per nat (the last bin then holds w < e^-16). A near-flat row spreads over all bins
+// instead of a few dozen (fewer colliding atomics, fewer candidates in the threshold bin). NaN
+// lands in bin 0, as in value_bin.
+__device__ __forceinline__ int mass_bin(float t, const RowCtx& r) {
+  return min(max(__float2int_rz(t * r.mass_scale), 0), kBins - 1);
 }
 
 // key(l) < thr as a float comparison (one instruction, no key): thr_value(thr) is the value of
@@ -160,6 +166,12 @@ __device__ __forceinline__ int value_bin(float l, float lmax, float scale) {
 __device__ __forceinline__ uint64_t warp_sum_u64(uint64_t v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_min_f(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(kFull, v, o));
   return v;
 }
 
@@ -583,6 +595,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
   // ---- Pass 1: HBM -> shared memory, and the argmax key ((key << 32) | ~index).
   const T* g = static_cast<const T*>(a.logits) + lrow * a.stride + lo;
   uint64_t best = 0;
+  float vmin = __uint_as_float(0x7f800000u);  // the slice's smallest logit (fminf skips NaN)
   auto consider = [&](float x, int i) {
     const uint64_t k = (static_cast<uint64_t>(order_key(x)) << 32) | (0xffffffffu - static_cast<uint32_t>(lo + i));
     best = k > best ? k : best;
@@ -610,7 +623,10 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
           float f[N];
           vec_to_float(av, f);
 #pragma unroll
-          for (int e = 0; e < N; ++e) consider(f[e], w * N + e);
+          for (int e = 0; e < N; ++e) {
+            consider(f[e], w * N + e);
+            vmin = fminf(vmin, f[e]);
+          }
         }
       }
     }
@@ -619,6 +635,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
         const T x = i < n ? g[i] : neg_inf;
         data[i] = x;
         consider(to_float(x), i);
+        if (i < n) vmin = fminf(vmin, to_float(x));
       }
     }
   } else {
@@ -626,18 +643,28 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
       const T x = i < n ? g[i] : neg_inf;
       data[i] = x;
       consider(to_float(x), i);
+      if (i < n) vmin = fminf(vmin, to_float(x));
     }
   }
   best = warp_max_u64(best);
-  if (lane == 0) m->red[warp] = best;
+  vmin = warp_min_f(vmin);
+  if (lane == 0) {
+    m->red[warp] = best;
+    m->scan[warp] = __float_as_uint(vmin);
+  }
   __syncthreads();
   if (warp == 0) {
     uint64_t b = lane < kWarps ? m->red[lane] : 0ull;
     b = warp_max_u64(b);
-    if (lane == 0) m->best_slot = b;
+    const float mn = warp_min_f(lane < kWarps ? __uint_as_float(static_cast<uint32_t>(m->scan[lane])) : vmin);
+    if (lane == 0) {
+      m->best_slot = b;
+      m->min_slot = mn;
+    }
   }
   cluster.sync();  // also publishes the slice to the whole block
   best = warp_max_u64(lane < C ? *cluster.map_shared_rank(&m->best_slot, lane) : 0ull);
+  const float lmin = warp_min_f(lane < C ? *cluster.map_shared_rank(&m->min_slot, lane) : vmin);
   const int64_t greedy = static_cast<int64_t>(0xffffffffu - static_cast<uint32_t>(best));
 
   const float temp = a.temperature ? a.temperature[row] : a.temperature_value;
@@ -653,6 +680,9 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
   RowCtx r;
   r.lmax = key_value(static_cast<uint32_t>(best >> 32));
   r.inv_t = 1.0f / temp;
+  // NaN span (NaN max): 128; zero span: the cap.
+  r.mass_scale = fminf(fmaxf(static_cast<float>(kBins - 1) / ((r.lmax - lmin) * r.inv_t), kMassBinsPerNat),
+                       kMaxMassBinsPerNat);
   r.min_p = a.min_p ? a.min_p[row] : a.min_p_value;
   const int64_t top_k = a.top_k ? a.top_k[row] : a.top_k_value;
 
@@ -778,7 +808,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
       const float t = nat_dist(x, r);
       const uint32_t w = to_fixed(weight_t(t));
       if (!w) return;
-      const int b = mass_bin(t);
+      const int b = mass_bin(t, r);
       if (b == 0) {
         m_first += w;
       } else if (b == kBins - 1) {
@@ -796,7 +826,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     const Selection s = select_bin(hist, part, 0, top_p, m, C, rank);
     if (s.total > 0) {  // 0 only without a finite max (no mass anywhere): no filter
       const int b1 = s.bin;
-      auto pred = [&](float x) { return !(x < thr_k_value) && mass_bin(nat_dist(x, r)) == b1; };
+      auto pred = [&](float x) { return !(x < thr_k_value) && mass_bin(nat_dist(x, r), r) == b1; };
       uint32_t kmin, kmax, ncand;
       range_and_compact(data, nv, pred, cand, m, &m->range_slot[1], C, kmin, kmax, ncand);
       if (kmin <= kmax) {

@@ -411,6 +411,38 @@ def test_gpu_cuda_top_k_survivor_path_and_its_fallback(cuda, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_top_p_on_narrow_and_constant_rows(cuda, dtype):
+    # The CUDA kernel's first-level mass bins follow the row's span (max - min) / T: near-flat
+    # rows (span << 1 nat), constant rows (span 0), a -inf token (span inf) and wide rows. Here
+    # every token holds ~1e-5 of the mass, so fp32 weights may legitimately move the top-p
+    # threshold or the draw by a token against the float64 reference: CUDA and Triton (the same
+    # fp32 weights and integer masses) must draw the same token, on or above the reference's
+    # threshold, with the reference's logprob for it.
+    g = torch.Generator().manual_seed(41)
+    rows, vocab = 8, 131072
+    x = torch.randn(rows, vocab, generator=g) * torch.tensor([0.1, 0.01, 0.0, 1.0, 0.1, 30.0, 1e-3, 0.1])[:, None]
+    x[2] = 0.25                       # constant
+    x[4, 77] = float("-inf")          # one masked token in a flat row
+    x[7] += 1000.0                    # far from 0: the span is still small
+    x = x.to(dtype).to(cuda)
+    temp = [0.8, 1.0, 1.0, 0.8, 0.8, 2.0, 0.05, 1.0]
+    tp = [0.9, 0.5, 0.3, 0.9, 0.95, 0.9, 0.7, 0.99]
+    mp = [0.0, 0.0, 0.0, 0.05, 0.0, 0.0, 0.0, 0.5]
+    kw = dict(temperature=torch.tensor(temp, device=cuda), top_k=0, top_p=torch.tensor(tp, device=cuda),
+              min_p=torch.tensor(mp, device=cuda), seeds=torch.arange(rows, device=cuda) * 1234567 + 3, offsets=5)
+    tok, lp = fray.sample(x, return_logprobs=True, backend="cuda", **kw)
+    ttok, tlp = fray.sample(x, return_logprobs=True, backend="triton", **kw)
+    assert torch.equal(tok, ttok), (tok, ttok)
+    x64 = x.double().cpu().numpy()
+    for b, t in enumerate(tok.cpu().numpy()):
+        s = ref.kept_sets(x64[b], temp[b], 0, tp[b], mp[b])
+        kept, w = s["min_p"], s["w"]
+        assert w[t] >= w[kept].min() * (1 - 1e-5), (dtype, b, t)
+        np.testing.assert_allclose(float(lp[b]), np.log(w[t] / w[kept].sum()), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gpu_same_seed_and_offset_same_token(cuda, backend):
     # Determinism, and independence of the batch a row sits in (the CUDA kernel spreads a lone
