@@ -385,28 +385,42 @@ template <typename T, class Pred>
 __device__ __forceinline__ void range_and_compact(const T* data, int nv, Pred pred, uint32_t* cand, Misc* m,
                                                   uint64_t* slot, int C, uint32_t& kmin, uint32_t& kmax,
                                                   uint32_t& ncand) {
+  constexpr int N = Vec<T>::N;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   uint32_t lo = 0xffffffffu;
   uint32_t hi = 0u;
-  for_each_element(data, nv, [&](float x, bool ok) {
-    const bool c = ok && pred(x);
-    uint32_t key = 0;
-    if (c) {
-      key = order_key(x);
-      lo = min(lo, key);
-      hi = max(hi, key);
+  // One vote per vector and warp: most vectors hold no candidate.
+  for (int base = static_cast<int>(threadIdx.x) & ~31; base < nv; base += kThreads) {
+    const int v = base + lane;
+    float x[N];
+    unsigned cm = 0;
+    if (v < nv) {
+      load_smem_vec(data, v, x);
+#pragma unroll
+      for (int e = 0; e < N; ++e) cm |= pred(x[e]) ? 1u << e : 0u;
     }
-    const unsigned mask = __ballot_sync(kFull, c);
-    if (mask) {
-      uint32_t pos0 = 0;
-      if (lane == 0) pos0 = atomicAdd(&m->ncand, static_cast<uint32_t>(__popc(mask)));
-      pos0 = __shfl_sync(kFull, pos0, 0);
+    if (!__any_sync(kFull, cm != 0u)) continue;
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      const bool c = (cm >> e) & 1u;
+      uint32_t key = 0;
       if (c) {
-        const uint32_t pos = pos0 + static_cast<uint32_t>(__popc(mask & ((1u << lane) - 1u)));
-        if (pos < kCandCap) cand[pos] = key;
+        key = order_key(x[e]);
+        lo = min(lo, key);
+        hi = max(hi, key);
+      }
+      const unsigned mask = __ballot_sync(kFull, c);
+      if (mask) {
+        uint32_t pos0 = 0;
+        if (lane == 0) pos0 = atomicAdd(&m->ncand, static_cast<uint32_t>(__popc(mask)));
+        pos0 = __shfl_sync(kFull, pos0, 0);
+        if (c) {
+          const uint32_t pos = pos0 + static_cast<uint32_t>(__popc(mask & ((1u << lane) - 1u)));
+          if (pos < kCandCap) cand[pos] = key;
+        }
       }
     }
-  });
+  }
   cluster_minmax(lo, hi, slot, m, C);  // its barriers also publish cand / ncand
   kmin = lo;
   kmax = hi;
@@ -826,7 +840,17 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     const Selection s = select_bin(hist, part, 0, top_p, m, C, rank);
     if (s.total > 0) {  // 0 only without a finite max (no mass anywhere): no filter
       const int b1 = s.bin;
-      auto pred = [&](float x) { return !(x < thr_k_value) && mass_bin(nat_dist(x, r), r) == b1; };
+      // mass_bin(t, r) == b1 as float bounds on u = t * scale (F2I truncates: b1 <= u < b1 + 1;
+      // bin 0 also takes NaN and u < 0, the last bin everything >= 2047).
+      const float ulo = static_cast<float>(b1);
+      const float uhi = static_cast<float>(b1 + 1);
+      const bool first = b1 == 0;
+      const bool last = b1 == kBins - 1;
+      auto pred = [&](float x) {
+        const float u = nat_dist(x, r) * r.mass_scale;
+        const bool in = first ? !(u >= 1.0f) : (u >= ulo && (last || u < uhi));
+        return in && !(x < thr_k_value);
+      };
       uint32_t kmin, kmax, ncand;
       range_and_compact(data, nv, pred, cand, m, &m->range_slot[1], C, kmin, kmax, ncand);
       if (kmin <= kmax) {
