@@ -91,6 +91,7 @@ struct Misc {
   uint64_t sel_above;      // selection broadcast
   int sel_bin;
   uint32_t ncand;
+  uint32_t thr_slot;       // a threshold block 0 found alone (read by the cluster)
 };
 
 constexpr size_t kAuxBytes = sizeof(uint64_t) * kBins              // hist
@@ -252,7 +253,11 @@ static __device__ __noinline__ Selection select_bin(uint64_t* hist, uint64_t* pa
   const cg::cluster_group cluster = cg::this_cluster();
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
-  cluster.sync();  // A
+  if (C > 1) {
+    cluster.sync();  // A
+  } else {
+    __syncthreads();  // (C == 1: also block 0 refining a gathered candidate list alone)
+  }
   const uint64_t* src = hist;
   int P = kBins;
   int base = 0;
@@ -479,6 +484,39 @@ __device__ __forceinline__ uint32_t refine(uint32_t lo, uint32_t hi, uint64_t tg
     lo = hi - lo > span ? hi - span : lo;
   }
   return lo;
+}
+
+// Whole cluster: refine() over the candidates of every block; when they all fit one list
+// (<= kCandCap, none overflowed), block 0 copies them behind its own and refines alone with
+// block-local histograms (no cluster barriers per digit level), then one cluster barrier
+// publishes the threshold. Same candidates, same integers: the same threshold. Call right after
+// range_and_compact (its barrier published every block's cand / ncand).
+template <bool kMass, typename T, class Pred>
+__device__ __forceinline__ uint32_t refine_cluster(uint32_t lo, uint32_t hi, uint64_t tgt, const T* data, int nv,
+                                                   Pred pred, uint32_t* cand, uint32_t ncand, const RowCtx& r,
+                                                   uint64_t* hist, uint64_t* part, Misc* m, int C, int rank) {
+  if (C == 1) return refine<kMass>(lo, hi, tgt, data, nv, pred, cand, ncand, r, hist, part, m, C, rank);
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const uint32_t cnt = lane < C ? *cluster.map_shared_rank(&m->ncand, lane) : 0u;
+  const uint32_t incl = static_cast<uint32_t>(warp_inclusive_scan_u64(min(cnt, static_cast<uint32_t>(kCandCap) + 1u)));
+  const uint32_t total = __shfl_sync(kFull, incl, 31);
+  const bool fits = !__any_sync(kFull, cnt > static_cast<uint32_t>(kCandCap)) && total <= static_cast<uint32_t>(kCandCap);
+  if (!fits) return refine<kMass>(lo, hi, tgt, data, nv, pred, cand, ncand, r, hist, part, m, C, rank);
+  if (rank == 0) {
+    for (int c = 1; c < C; ++c) {
+      const uint32_t cc = __shfl_sync(kFull, cnt, c);
+      const uint32_t off = __shfl_sync(kFull, incl - cnt, c);
+      const uint32_t* src = cluster.map_shared_rank(cand, c);
+      for (int j = tid; j < static_cast<int>(cc); j += kThreads) cand[off + j] = src[j];
+    }
+    __syncthreads();
+    const uint32_t thr = refine<kMass>(lo, hi, tgt, data, nv, pred, cand, total, r, hist, part, m, 1, 0);
+    if (tid == 0) m->thr_slot = thr;
+  }
+  cluster.sync();  // block 0's threshold is published and its remote reads are done
+  return *cluster.map_shared_rank(&m->thr_slot, 0);
 }
 
 // Whole block: sorts s[0, n) in decreasing order (n a power of two).
@@ -731,8 +769,8 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     uint32_t kmin, kmax, ncand;
     range_and_compact(data, nv, pred, cand, m, &m->range_slot[0], C, kmin, kmax, ncand);
     if (kmin <= kmax) {
-      thr_k = refine<false>(kmin, kmax, static_cast<uint64_t>(top_k) - s.above, data, nv, pred, cand, ncand, r,
-                            hist, part, m, C, rank);
+      thr_k = refine_cluster<false>(kmin, kmax, static_cast<uint64_t>(top_k) - s.above, data, nv, pred, cand, ncand,
+                                    r, hist, part, m, C, rank);
     }
   }
 
@@ -854,7 +892,8 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
       uint32_t kmin, kmax, ncand;
       range_and_compact(data, nv, pred, cand, m, &m->range_slot[1], C, kmin, kmax, ncand);
       if (kmin <= kmax) {
-        thr_p = refine<true>(kmin, kmax, s.tgt - s.above, data, nv, pred, cand, ncand, r, hist, part, m, C, rank);
+        thr_p = refine_cluster<true>(kmin, kmax, s.tgt - s.above, data, nv, pred, cand, ncand, r, hist, part, m, C,
+                                     rank);
       }
     }
   }
