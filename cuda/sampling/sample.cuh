@@ -486,6 +486,20 @@ __device__ __forceinline__ uint32_t refine(uint32_t lo, uint32_t hi, uint64_t tg
   return lo;
 }
 
+// Block 0, whole block: appends the lists of blocks c0..C-1 (block c's `list` in its shared
+// memory, cnt entries; lane c of every warp holds block c's cnt and the inclusive prefix incl
+// of the counts) to dst at their prefix offsets, in block order.
+template <typename E>
+__device__ __forceinline__ void gather_lists(E* dst, const E* list, uint32_t cnt, uint32_t incl, int c0, int C) {
+  const cg::cluster_group cluster = cg::this_cluster();
+  for (int c = c0; c < C; ++c) {
+    const uint32_t cc = __shfl_sync(kFull, cnt, c);
+    const uint32_t off = __shfl_sync(kFull, incl - cnt, c);
+    const E* src = cluster.map_shared_rank(list, c);
+    for (int j = static_cast<int>(threadIdx.x); j < static_cast<int>(cc); j += kThreads) dst[off + j] = src[j];
+  }
+}
+
 // Whole cluster: refine() over the candidates of every block; when they all fit one list
 // (<= kCandCap, none overflowed), block 0 copies them behind its own and refines alone with
 // block-local histograms (no cluster barriers per digit level), then one cluster barrier
@@ -505,12 +519,7 @@ __device__ __forceinline__ uint32_t refine_cluster(uint32_t lo, uint32_t hi, uin
   const bool fits = !__any_sync(kFull, cnt > static_cast<uint32_t>(kCandCap)) && total <= static_cast<uint32_t>(kCandCap);
   if (!fits) return refine<kMass>(lo, hi, tgt, data, nv, pred, cand, ncand, r, hist, part, m, C, rank);
   if (rank == 0) {
-    for (int c = 1; c < C; ++c) {
-      const uint32_t cc = __shfl_sync(kFull, cnt, c);
-      const uint32_t off = __shfl_sync(kFull, incl - cnt, c);
-      const uint32_t* src = cluster.map_shared_rank(cand, c);
-      for (int j = tid; j < static_cast<int>(cc); j += kThreads) cand[off + j] = src[j];
-    }
+    gather_lists(cand, cand, cnt, incl, 1, C);  // its own list already leads
     __syncthreads();
     const uint32_t thr = refine<kMass>(lo, hi, tgt, data, nv, pred, cand, total, r, hist, part, m, 1, 0);
     if (tid == 0) m->thr_slot = thr;
@@ -814,14 +823,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     const bool fits = !__any_sync(kFull, cnt > static_cast<uint32_t>(kBins)) && nsurv >= 1u &&
                       nsurv <= static_cast<uint32_t>(kSurvMax);
     if (fits) {  // the same decision in every block
-      if (rank == 0) {
-        for (int c = 0; c < C; ++c) {
-          const uint32_t cc = __shfl_sync(kFull, cnt, c);
-          const uint32_t off = __shfl_sync(kFull, incl - cnt, c);
-          const uint64_t* src = cluster.map_shared_rank(hist, c);
-          for (int j = tid; j < static_cast<int>(cc); j += kThreads) part[off + j] = src[j];
-        }
-      }
+      if (rank == 0) gather_lists(part, hist, cnt, incl, 0, C);
       cluster.sync();  // block 0's remote reads are done: the others may leave
       if (rank != 0) return;
       const uint64_t seed = static_cast<uint64_t>(a.seeds ? a.seeds[row] : a.seed_value);
