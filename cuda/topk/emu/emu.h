@@ -1,4 +1,5 @@
-// A small SIMT emulator for checking the topk stream kernel's logic on a CPU (no GPU here).
+// A small SIMT emulator for checking kernels' logic on a CPU (no GPU here): the topk stream
+// kernel (cuda/topk/emu) and the sampling kernel (cuda/sampling/emu).
 // Every CUDA thread is a fiber (ucontext) of one OS thread, scheduled cooperatively in a
 // random order; fibers switch only at synchronisation points (block/cluster barriers, warp
 // collectives). Warp collectives check that all 32 lanes make the same collective (catches
@@ -13,6 +14,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -223,6 +225,9 @@ inline void run_cluster(std::function<void()> fn, int block0, int cluster, int n
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#ifndef __noinline__
+#define __noinline__ __attribute__((noinline))
+#endif
 
 inline void __syncthreads() { ::emu::wait(::emu::S().blocks[::emu::me().block].bar); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
@@ -280,6 +285,57 @@ V __shfl_down_sync(unsigned mask, V v, unsigned d, int = 32) {
   std::memcpy(&r, &x[lane + static_cast<int>(d)], sizeof(V));
   return r;
 }
+inline unsigned __reduce_add_sync(unsigned mask, unsigned v) {
+  if (mask != 0xffffffffu) ::emu::fail("partial mask");
+  uint64_t x[32];
+  ::emu::exchange(7, v, x);
+  unsigned r = 0;
+  for (int l = 0; l < 32; ++l) r += static_cast<unsigned>(x[l]);
+  return r;
+}
+inline unsigned __reduce_min_sync(unsigned mask, unsigned v) {
+  if (mask != 0xffffffffu) ::emu::fail("partial mask");
+  uint64_t x[32];
+  ::emu::exchange(8, v, x);
+  unsigned r = 0xffffffffu;
+  for (int l = 0; l < 32; ++l) r = std::min(r, static_cast<unsigned>(x[l]));
+  return r;
+}
+inline unsigned __reduce_max_sync(unsigned mask, unsigned v) {
+  if (mask != 0xffffffffu) ::emu::fail("partial mask");
+  uint64_t x[32];
+  ::emu::exchange(9, v, x);
+  unsigned r = 0;
+  for (int l = 0; l < 32; ++l) r = std::max(r, static_cast<unsigned>(x[l]));
+  return r;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// The GPU's conversions: round to nearest even (rn) or toward zero (rz), saturating, NaN -> 0.
+inline unsigned __float2uint_rn(float f) {
+  if (f != f || f <= 0.0f) return 0u;
+  if (f >= 4294967296.0f) return 0xffffffffu;
+  return static_cast<unsigned>(std::nearbyint(static_cast<double>(f)));
+}
+inline int __float2int_rz(float f) {
+  if (f != f) return 0;
+  if (f >= 2147483648.0f) return 0x7fffffff;
+  if (f <= -2147483648.0f) return static_cast<int>(0x80000000u);
+  return static_cast<int>(f);
+}
+inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
+  return static_cast<unsigned long long>((static_cast<unsigned __int128>(a) * b) >> 64);
+}
+inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 inline unsigned atomicAdd(unsigned* p, unsigned v) {
   const unsigned o = *p;
   *p = o + v;

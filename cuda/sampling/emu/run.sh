@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Builds and runs the CPU SIMT emulation of the sampling kernel (see README.md).
+#   bash cuda/sampling/emu/run.sh          # every case (a few minutes)
+#   bash cuda/sampling/emu/run.sh 7        # one case by index
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cuda=${CUDA_HOME:-/usr/local/cuda}
+work=$(mktemp -d "${TMPDIR:-/tmp}/sample-emu.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+python3 "$here/gen.py" "$work"
+g++ -std=c++17 -O1 -g -w -I"$cuda/include" -I"$work" -I"$here/../../topk/emu" "$here/emu_test.cc" -o "$work/emu_test"
+"$work/emu_test" "$@"
