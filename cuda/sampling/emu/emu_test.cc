@@ -274,6 +274,10 @@ int main(int argc, char** argv) {
   cases.push_back({3, 1, 1, 0, true});
   cases.push_back({9, 9000, 8, 0, true});
   cases.push_back({9, 9000, 8, 2, true});
+  // Many top-p candidates spread over every block (the gathered refinement's inputs).
+  cases.push_back({27, 12000, 8, 1, true});
+  cases.push_back({27, 12000, 4, 5, true});
+  cases.push_back({27, 8000, 8, 7, true});
   int n = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     if (which >= 0 && static_cast<int>(i) != which) continue;
