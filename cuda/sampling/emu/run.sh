@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and runs the CPU SIMT emulation of the sampling kernel (see README.md).
-#   bash cuda/sampling/emu/run.sh          # every case (a few minutes)
+#   bash cuda/sampling/emu/run.sh          # every case (about four minutes)
 #   bash cuda/sampling/emu/run.sh 7        # one case by index
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
