@@ -285,29 +285,25 @@ V __shfl_down_sync(unsigned mask, V v, unsigned d, int = 32) {
   std::memcpy(&r, &x[lane + static_cast<int>(d)], sizeof(V));
   return r;
 }
-inline unsigned __reduce_add_sync(unsigned mask, unsigned v) {
+namespace emu_impl {
+template <class Op>
+unsigned reduce(int kind, unsigned mask, unsigned v, unsigned init, Op op) {
   if (mask != 0xffffffffu) ::emu::fail("partial mask");
   uint64_t x[32];
-  ::emu::exchange(7, v, x);
-  unsigned r = 0;
-  for (int l = 0; l < 32; ++l) r += static_cast<unsigned>(x[l]);
+  ::emu::exchange(kind, v, x);
+  unsigned r = init;
+  for (int l = 0; l < 32; ++l) r = op(r, static_cast<unsigned>(x[l]));
   return r;
+}
+}  // namespace emu_impl
+inline unsigned __reduce_add_sync(unsigned mask, unsigned v) {
+  return ::emu_impl::reduce(7, mask, v, 0u, [](unsigned a, unsigned b) { return a + b; });
 }
 inline unsigned __reduce_min_sync(unsigned mask, unsigned v) {
-  if (mask != 0xffffffffu) ::emu::fail("partial mask");
-  uint64_t x[32];
-  ::emu::exchange(8, v, x);
-  unsigned r = 0xffffffffu;
-  for (int l = 0; l < 32; ++l) r = std::min(r, static_cast<unsigned>(x[l]));
-  return r;
+  return ::emu_impl::reduce(8, mask, v, 0xffffffffu, [](unsigned a, unsigned b) { return std::min(a, b); });
 }
 inline unsigned __reduce_max_sync(unsigned mask, unsigned v) {
-  if (mask != 0xffffffffu) ::emu::fail("partial mask");
-  uint64_t x[32];
-  ::emu::exchange(9, v, x);
-  unsigned r = 0;
-  for (int l = 0; l < 32; ++l) r = std::max(r, static_cast<unsigned>(x[l]));
-  return r;
+  return ::emu_impl::reduce(9, mask, v, 0u, [](unsigned a, unsigned b) { return std::max(a, b); });
 }
 inline unsigned __float_as_uint(float f) {
   unsigned u;
