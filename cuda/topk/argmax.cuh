@@ -90,37 +90,13 @@ __global__ void __launch_bounds__(kMaxThreads) argmax_kernel(const ArgmaxArgs a)
   const int nfull = len / VEC;
   for (int base = 0; base < nvec; base += nthreads * kUnroll) {
     uint4 w[kUnroll];
-    uint32_t s[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int vi = base + u * nthreads + tid;
-      if constexpr (VEC > 1) {
-        if (vi < nfull) {
-          w[u] = __ldg(reinterpret_cast<const uint4*>(src) + vi);
-        } else {
-          uint32_t t[VEC];
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const int e = vi * VEC + j;
-            t[j] = e < len ? static_cast<uint32_t>(__ldg(src + e)) : 0u;
-          }
-          w[u] = topk_detail::pack_items<static_cast<int>(sizeof(T))>(t);
-        }
-      } else {
-        s[u] = vi < len ? static_cast<uint32_t>(__ldg(src + vi)) : 0u;
-      }
-    }
+    topk_detail::load_vectors<VEC>(src, len, nfull, base, nthreads, tid, w);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int vi = base + u * nthreads + tid;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        uint32_t bits;
-        if constexpr (VEC > 1) {
-          bits = topk_detail::item_of<static_cast<int>(sizeof(T))>(w[u], j);
-        } else {
-          bits = s[u];
-        }
+        const uint32_t bits = VEC > 1 ? topk_detail::item_of<static_cast<int>(sizeof(T))>(w[u], j) : w[u].x;
         const int e = vi * VEC + j;
         const uint64_t c = (static_cast<uint64_t>(OK::of(bits)) << 32) | static_cast<uint32_t>(~(start + e));
         if (e < len && c > best) best = c;

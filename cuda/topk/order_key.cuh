@@ -79,5 +79,33 @@ __device__ __forceinline__ uint4 pack_items(const uint32_t (&v)[16 / kItemBytes]
   }
 }
 
+// Loads the U vectors base + u * nthreads + tid (u < U) of src[0, len) into w, U loads in flight
+// per thread: 16-byte loads for VEC > 1 (nfull = len / VEC whole vectors; the last, partial one
+// element by element, zeros past len), one element in .x for VEC == 1 (0 past len). Shared by
+// the topk, streaming topk and argmax kernels' reads of their slices.
+template <int VEC, int U, typename Bits>
+__device__ __forceinline__ void load_vectors(const Bits* src, int len, int nfull, int base, int nthreads, int tid,
+                                             uint4 (&w)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int vi = base + u * nthreads + tid;
+    if constexpr (VEC > 1) {
+      if (vi < nfull) {
+        w[u] = __ldg(reinterpret_cast<const uint4*>(src) + vi);
+      } else {
+        uint32_t t[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const int e = vi * VEC + j;
+          t[j] = e < len ? static_cast<uint32_t>(__ldg(src + e)) : 0u;
+        }
+        w[u] = pack_items<static_cast<int>(sizeof(Bits))>(t);
+      }
+    } else {
+      w[u] = make_uint4(vi < len ? static_cast<uint32_t>(__ldg(src + vi)) : 0u, 0u, 0u, 0u);
+    }
+  }
+}
+
 }  // namespace topk_detail
 }  // namespace fray

@@ -106,38 +106,14 @@ __global__ void __launch_bounds__(kMaxThreads, 2) topk_kernel(const TopkArgs a) 
     const int nfull = len / VEC;
     for (int base = 0; base < nvec; base += nthreads * kLoadUnroll) {
       uint4 w[kLoadUnroll];
-      uint32_t s[kLoadUnroll];
-#pragma unroll
-      for (int u = 0; u < kLoadUnroll; ++u) {
-        const int vi = base + u * nthreads + tid;
-        if constexpr (VEC > 1) {
-          if (vi < nfull) {
-            w[u] = __ldg(reinterpret_cast<const uint4*>(src) + vi);
-          } else {
-            uint32_t t[VEC];
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-              const int e = vi * VEC + j;
-              t[j] = e < len ? static_cast<uint32_t>(__ldg(src + e)) : 0u;
-            }
-            w[u] = pack_items<static_cast<int>(sizeof(T))>(t);
-          }
-        } else {
-          s[u] = vi < len ? static_cast<uint32_t>(__ldg(src + vi)) : 0u;
-        }
-      }
+      load_vectors<VEC>(src, len, nfull, base, nthreads, tid, w);
 #pragma unroll
       for (int u = 0; u < kLoadUnroll; ++u) {
         const int vi = base + u * nthreads + tid;
         uint32_t kv[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          uint32_t bits;
-          if constexpr (VEC > 1) {
-            bits = item_of<static_cast<int>(sizeof(T))>(w[u], j);
-          } else {
-            bits = s[u];
-          }
+          const uint32_t bits = VEC > 1 ? item_of<static_cast<int>(sizeof(T))>(w[u], j) : w[u].x;
           kv[j] = OK::of(bits) ^ a.flip;
           hist_add(hist, vi * VEC + j < len, kv[j] >> kShift0, lane);
         }

@@ -129,34 +129,11 @@ __device__ __forceinline__ void stream_slice(const typename OrderKey<T>::Bits* s
   int base = reverse ? (nsteps - 1) * step : 0;
   for (int it = 0; it < nsteps; ++it, base += delta) {
     uint4 w[kLoadUnroll];
-    uint32_t s[kLoadUnroll];
+    load_vectors<VEC>(src, len, nfull, base, nthreads, tid, w);
 #pragma unroll
     for (int u = 0; u < kLoadUnroll; ++u) {
       const int vi = base + u * nthreads + tid;
-      if constexpr (VEC > 1) {
-        if (vi < nfull) {
-          w[u] = __ldg(reinterpret_cast<const uint4*>(src) + vi);
-        } else {
-          uint32_t t[VEC];
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const int e = vi * VEC + j;
-            t[j] = e < len ? static_cast<uint32_t>(__ldg(src + e)) : 0u;
-          }
-          w[u] = pack_items<static_cast<int>(sizeof(T))>(t);
-        }
-      } else {
-        s[u] = vi < len ? static_cast<uint32_t>(__ldg(src + vi)) : 0u;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kLoadUnroll; ++u) {
-      const int vi = base + u * nthreads + tid;
-      if constexpr (VEC > 1) {
-        visit(w[u], vi * VEC);
-      } else {
-        visit(make_uint4(s[u], 0u, 0u, 0u), vi);
-      }
+      visit(w[u], VEC > 1 ? vi * VEC : vi);
     }
   }
 }
