@@ -486,6 +486,25 @@ __device__ __forceinline__ uint32_t refine(uint32_t lo, uint32_t hi, uint64_t tg
   return lo;
 }
 
+// Whole cluster, after the barrier that published every block's list count (m->ncand): lane c
+// of every warp holds block c's count cnt and the inclusive prefix incl of the counts (each
+// clamped to `clamp`, so that the sum cannot wrap); total is the clamped sum, over is set when
+// some block's count exceeds each_cap (its list did not fit).
+struct ListCounts {
+  uint32_t cnt, incl, total;
+  bool over;
+};
+__device__ __forceinline__ ListCounts list_counts(Misc* m, int C, uint32_t clamp, uint32_t each_cap) {
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  ListCounts k;
+  k.cnt = lane < C ? *cluster.map_shared_rank(&m->ncand, lane) : 0u;
+  k.incl = static_cast<uint32_t>(warp_inclusive_scan_u64(min(k.cnt, clamp)));
+  k.total = __shfl_sync(kFull, k.incl, 31);
+  k.over = __any_sync(kFull, k.cnt > each_cap);
+  return k;
+}
+
 // Block 0, whole block: appends the lists of blocks c0..C-1 (block c's `list` in its shared
 // memory, cnt entries; lane c of every warp holds block c's cnt and the inclusive prefix incl
 // of the counts) to dst at their prefix offsets, in block order.
@@ -512,14 +531,13 @@ __device__ __forceinline__ uint32_t refine_cluster(uint32_t lo, uint32_t hi, uin
   if (C == 1) return refine<kMass>(lo, hi, tgt, data, nv, pred, cand, ncand, r, hist, part, m, C, rank);
   const cg::cluster_group cluster = cg::this_cluster();
   const int tid = static_cast<int>(threadIdx.x);
-  const int lane = tid & 31;
-  const uint32_t cnt = lane < C ? *cluster.map_shared_rank(&m->ncand, lane) : 0u;
-  const uint32_t incl = static_cast<uint32_t>(warp_inclusive_scan_u64(min(cnt, static_cast<uint32_t>(kCandCap) + 1u)));
-  const uint32_t total = __shfl_sync(kFull, incl, 31);
-  const bool fits = !__any_sync(kFull, cnt > static_cast<uint32_t>(kCandCap)) && total <= static_cast<uint32_t>(kCandCap);
-  if (!fits) return refine<kMass>(lo, hi, tgt, data, nv, pred, cand, ncand, r, hist, part, m, C, rank);
+  const ListCounts k = list_counts(m, C, static_cast<uint32_t>(kCandCap) + 1u, static_cast<uint32_t>(kCandCap));
+  const uint32_t total = k.total;
+  if (k.over || total > static_cast<uint32_t>(kCandCap)) {
+    return refine<kMass>(lo, hi, tgt, data, nv, pred, cand, ncand, r, hist, part, m, C, rank);
+  }
   if (rank == 0) {
-    gather_lists(cand, cand, cnt, incl, 1, C);  // its own list already leads
+    gather_lists(cand, cand, k.cnt, k.incl, 1, C);  // its own list already leads
     __syncthreads();
     const uint32_t thr = refine<kMass>(lo, hi, tgt, data, nv, pred, cand, total, r, hist, part, m, 1, 0);
     if (tid == 0) m->thr_slot = thr;
@@ -817,13 +835,10 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
       }
     }
     cluster.sync();  // every block's survivors and count are complete
-    const uint32_t cnt = lane < C ? *cluster.map_shared_rank(&m->ncand, lane) : 0u;
-    const uint32_t incl = static_cast<uint32_t>(warp_inclusive_scan_u64(min(cnt, static_cast<uint32_t>(kBins))));
-    const uint32_t nsurv = __shfl_sync(kFull, incl, 31);
-    const bool fits = !__any_sync(kFull, cnt > static_cast<uint32_t>(kBins)) && nsurv >= 1u &&
-                      nsurv <= static_cast<uint32_t>(kSurvMax);
-    if (fits) {  // the same decision in every block
-      if (rank == 0) gather_lists(part, hist, cnt, incl, 0, C);
+    const ListCounts k = list_counts(m, C, static_cast<uint32_t>(kBins), static_cast<uint32_t>(kBins));
+    const uint32_t nsurv = k.total;
+    if (!k.over && nsurv >= 1u && nsurv <= static_cast<uint32_t>(kSurvMax)) {  // the same decision in every block
+      if (rank == 0) gather_lists(part, hist, k.cnt, k.incl, 0, C);
       cluster.sync();  // block 0's remote reads are done: the others may leave
       if (rank != 0) return;
       const uint64_t seed = static_cast<uint64_t>(a.seeds ? a.seeds[row] : a.seed_value);

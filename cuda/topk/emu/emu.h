@@ -245,45 +245,36 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
 }
 inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0u; }
 inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == 0xffffffffu; }
-template <class V>
-V __shfl_sync(unsigned mask, V v, int src, int = 32) {
+namespace emu_impl {
+// A shuffle: every lane publishes v; a lane reads lane src(lane)'s value, or keeps its own v when
+// src(lane) is outside the warp (shfl_up / shfl_down at the edges).
+template <class V, class Src>
+V shuffle(int kind, unsigned mask, V v, Src src) {
   if (mask != 0xffffffffu) ::emu::fail("partial mask");
   uint64_t x[32];
-  ::emu::exchange(2, v, x);
+  ::emu::exchange(kind, v, x);
+  const int from = src(::emu::me().tid % 32);
+  if (from < 0 || from >= 32) return v;
   V r;
-  std::memcpy(&r, &x[src & 31], sizeof(V));
+  std::memcpy(&r, &x[from], sizeof(V));
   return r;
+}
+}  // namespace emu_impl
+template <class V>
+V __shfl_sync(unsigned mask, V v, int src, int = 32) {
+  return ::emu_impl::shuffle(2, mask, v, [src](int) { return src & 31; });
 }
 template <class V>
 V __shfl_xor_sync(unsigned mask, V v, int m, int = 32) {
-  if (mask != 0xffffffffu) ::emu::fail("partial mask");
-  uint64_t x[32];
-  ::emu::exchange(3, v, x);
-  V r;
-  std::memcpy(&r, &x[(::emu::me().tid % 32) ^ m], sizeof(V));
-  return r;
+  return ::emu_impl::shuffle(3, mask, v, [m](int lane) { return lane ^ m; });
 }
 template <class V>
 V __shfl_up_sync(unsigned mask, V v, unsigned d, int = 32) {
-  if (mask != 0xffffffffu) ::emu::fail("partial mask");
-  uint64_t x[32];
-  ::emu::exchange(4, v, x);
-  const int lane = ::emu::me().tid % 32;
-  if (lane < static_cast<int>(d)) return v;
-  V r;
-  std::memcpy(&r, &x[lane - static_cast<int>(d)], sizeof(V));
-  return r;
+  return ::emu_impl::shuffle(4, mask, v, [d](int lane) { return lane - static_cast<int>(d); });
 }
 template <class V>
 V __shfl_down_sync(unsigned mask, V v, unsigned d, int = 32) {
-  if (mask != 0xffffffffu) ::emu::fail("partial mask");
-  uint64_t x[32];
-  ::emu::exchange(5, v, x);
-  const int lane = ::emu::me().tid % 32;
-  if (lane + static_cast<int>(d) >= 32) return v;
-  V r;
-  std::memcpy(&r, &x[lane + static_cast<int>(d)], sizeof(V));
-  return r;
+  return ::emu_impl::shuffle(5, mask, v, [d](int lane) { return lane + static_cast<int>(d); });
 }
 namespace emu_impl {
 template <class Op>
