@@ -175,19 +175,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) topk_kernel(const TopkArgs a) 
       part = block_sum(part, sh.scan);
       if (tid == 0) sh.slice_total = part;
       cl.sync();  // every share and share total is merged
-      if (warp == 0) {
-        const uint32_t t = lane < nctas ? *cl.map_shared_rank(&sh.slice_total, lane) : 0u;
-        const uint32_t incl = warp_suffix_incl(t, lane);
-        const uint32_t excl = incl - t;
-        const unsigned hit = __ballot_sync(kFullMask, lane < nctas && excl < rem && rem <= incl);
-        const int s = hit != 0u ? __ffs(hit) - 1 : 0;
-        const uint32_t above = __shfl_sync(kFullMask, excl, s);
-        if (lane == 0) {
-          sh.sel_slice = static_cast<uint32_t>(s);
-          sh.sel_above = above;
-        }
-      }
-      __syncthreads();
+      select_share(sh, nctas, rem, warp, lane);
       const int s = static_cast<int>(sh.sel_slice);
       cnt = cl.map_shared_rank(merged, s);
       n = nbs;

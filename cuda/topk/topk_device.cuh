@@ -114,6 +114,28 @@ __device__ __forceinline__ void hist_add(uint32_t* hist, bool active, uint32_t d
   }
 }
 
+// Cluster merge, after the barrier that published every CTA's share total (sh.slice_total):
+// warp 0 finds the share s holding the rem-th largest element (shares in decreasing key order,
+// so totals are summed from the top) and what lies above it: sh.sel_slice, sh.sel_above (sh: a
+// kernel's scratch with those fields; warp, lane: the calling thread's). Ends with a barrier.
+template <typename S>
+__device__ __forceinline__ void select_share(S& sh, int nctas, uint32_t rem, int warp, int lane) {
+  if (warp == 0) {
+    const cg::cluster_group cl = cg::this_cluster();
+    const uint32_t t = lane < nctas ? *cl.map_shared_rank(&sh.slice_total, lane) : 0u;
+    const uint32_t incl = warp_suffix_incl(t, lane);
+    const uint32_t excl = incl - t;
+    const unsigned hit = __ballot_sync(kFullMask, lane < nctas && excl < rem && rem <= incl);
+    const int s = hit != 0u ? __ffs(hit) - 1 : 0;
+    const uint32_t above = __shfl_sync(kFullMask, excl, s);
+    if (lane == 0) {
+      sh.sel_slice = static_cast<uint32_t>(s);
+      sh.sel_above = above;
+    }
+  }
+  __syncthreads();
+}
+
 // The bin b of cnt[0, n) (bins in increasing key order) holding the rem-th
 // largest element: base + above(b) < rem <= base + above(b) + cnt[b], where
 // above(b) = sum of cnt[j > b]. Requires base < rem <= base + sum(cnt). cnt may
