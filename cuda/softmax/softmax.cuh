@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "cuda/common/dtype.h"
+#include "cuda/common/bulk_copy.cuh"
 #include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/common/reduce.cuh"
@@ -357,61 +358,6 @@ __global__ void __launch_bounds__(kStreamThreads, 2) softmax_stream_kernel(const
 }
 
 // ---------------------------------------------------------------------------
-// Bulk async copies (TMA, cp.async.bulk) completing on mbarriers (sm_90).
-// ---------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-
-// Makes the mbarrier.init above visible to the copy engine and to other threads.
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
-
-// One arrival that also announces `bytes` of transactions (the barrier's count is 1).
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n\t.reg .pred p;\n\t"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-      "selp.u32 %0, 1, 0, p;\n\t}"
-      : "=r"(done)
-      : "r"(smem_u32(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
-// Waits for the barrier's phase of the given parity to complete; the bytes its
-// copies wrote to shared memory are then visible to the waiting thread.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  while (!mbar_try_wait(bar, parity)) {
-  }
-}
-
-// L2 policy for data read once: evict it first.
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
-// global -> this block's shared memory, `bytes` (a multiple of 16; both
-// addresses 16-byte aligned), completing `bytes` transactions on `bar`.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
-      : "memory");
-}
-
-// ---------------------------------------------------------------------------
 // Shared-memory kernel for wide vector rows: x is read from HBM once, into
 // shared memory, and y is written from there. Block r of a row (cluster of n
 // blocks, or n = 1) holds vectors [r * slice, (r + 1) * slice) of the row.
@@ -462,17 +408,7 @@ __global__ void __launch_bounds__(kSmemThreads, kSmemMinBlocks) softmax_smem_ker
   const int chunks = (count + kSmemChunkVecs - 1) / kSmemChunkVecs;
   const int64_t offset = static_cast<int64_t>(first) * VEC;
 
-  if (tid == 0) {
-    for (int k = 0; k < chunks; ++k) mbar_init(&bar[k], 1);
-    mbar_init_fence();
-    const uint64_t policy = evict_first_policy();
-    const TI* xs = static_cast<const TI*>(a.x) + row * a.x_stride + offset;
-    for (int k = 0; k < chunks; ++k) {
-      const uint32_t bytes = static_cast<uint32_t>(min(kSmemChunkVecs, count - k * kSmemChunkVecs)) * 16u;
-      mbar_arrive_expect_tx(&bar[k], bytes);
-      bulk_load(smem_raw + k * kSmemChunkVecs * 16, xs + k * kSmemChunkVecs * VEC, bytes, &bar[k], policy);
-    }
-  }
+  if (tid == 0) bulk_load_chunks(smem_raw, static_cast<const TI*>(a.x) + row * a.x_stride + offset, count, kSmemChunkVecs, bar);
   __syncthreads();  // the barriers are initialised before anyone waits on them
 
   // Pass 1: each barrier completes its first phase (parity 0) once.
