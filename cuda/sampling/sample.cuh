@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/bulk_copy.cuh"
 #include "cuda/common/dtype.h"
 #include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.h"
@@ -54,6 +55,12 @@ constexpr int64_t kMaxBlocksPerLaunch = int64_t{1} << 30;
 // more cluster-wide passes over the row. kSurvMax entries of 8 bytes fill `part`; a block
 // compacts up to kBins survivors of its slice into `hist`.
 constexpr int kSurvMax = kBins / 2;
+// Row load: the slice's 16-byte vectors arrive as bulk copies (TMA) of 16 KB, each completing on
+// its own mbarrier, so the whole slice is in flight at once and the argmax pass starts on the
+// first chunk while the rest land.
+constexpr int kLoadChunkVecs = 1024;
+constexpr int kLoadChunks = 12;
+static_assert(int64_t{kLoadChunks} * kLoadChunkVecs * 16 >= kSliceMaxBytes, "sample: too few load barriers");
 
 // Kernel arguments (param space). Strides in elements.
 struct SampleArgs {
@@ -92,6 +99,7 @@ struct Misc {
   int sel_bin;
   uint32_t ncand;
   uint32_t thr_slot;       // a threshold block 0 found alone (read by the cluster)
+  uint64_t load_bar[kLoadChunks];  // the row load's bulk-copy barriers (one phase each)
 };
 
 constexpr size_t kAuxBytes = sizeof(uint64_t) * kBins              // hist
@@ -642,6 +650,18 @@ __device__ __forceinline__ void draw_survivors(uint64_t* surv, int n, float top_
 }
 
 // ---------------------------------------------------------------------------------------------
+// The row load (16-byte aligned rows): thread 0 issues the slice's `full` vectors as bulk copies
+// (after it, the caller's __syncthreads publishes the initialised barriers); every thread waits
+// on chunk k before reading it.
+__device__ __forceinline__ void slice_load_issue(void* dst, const void* src, int full, uint64_t* bars) {
+  bulk_load_chunks(dst, src, full, kLoadChunkVecs, bars);
+}
+
+__device__ __forceinline__ void slice_chunk_wait(uint64_t* bars, int k) {
+  mbar_wait(&bars[k], 0);
+}
+
+// ---------------------------------------------------------------------------------------------
 // The kernel: one cluster of C blocks per row; block r holds elements [r * slice, (r + 1) *
 // slice) of the row in shared memory (read from HBM once). Every decision is made identically
 // in every block from cluster-merged exact integer histograms, so all blocks follow the same
@@ -681,31 +701,19 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
   };
   const T neg_inf = from_float<T>(__uint_as_float(0xff800000u));
   if (a.vec_ok) {
-    constexpr int U = 4;  // 16-byte loads in flight per thread
     const int full = n / N;
-    const uint4* g4 = reinterpret_cast<const uint4*>(g);
-    uint4* d4 = reinterpret_cast<uint4*>(data);
-    for (int v = tid; v < full; v += U * kThreads) {
-      uint4 raw[U];
+    if (tid == 0) slice_load_issue(data, g, full, m->load_bar);
+    __syncthreads();  // the barriers are initialised before anyone waits on them
+    for (int k = 0, v0 = 0; v0 < full; ++k, v0 += kLoadChunkVecs) {
+      slice_chunk_wait(m->load_bar, k);
+      const int v1 = min(full, v0 + kLoadChunkVecs);
+      for (int v = v0 + tid; v < v1; v += kThreads) {
+        float f[N];
+        load_smem_vec(data, v, f);
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int w = v + u * kThreads;
-        if (w < full) raw[u] = __ldg(g4 + w);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int w = v + u * kThreads;
-        if (w < full) {
-          d4[w] = raw[u];
-          AlignedVec<T, N> av;
-          *reinterpret_cast<uint4*>(av.val) = raw[u];
-          float f[N];
-          vec_to_float(av, f);
-#pragma unroll
-          for (int e = 0; e < N; ++e) {
-            consider(f[e], w * N + e);
-            vmin = fminf(vmin, f[e]);
-          }
+        for (int e = 0; e < N; ++e) {
+          consider(f[e], v * N + e);
+          vmin = fminf(vmin, f[e]);
         }
       }
     }
@@ -1000,8 +1008,11 @@ struct Plan {
 };
 
 // The smallest cluster whose slices fit kSliceTargetBytes (2 blocks per SM), else 8 blocks of
-// up to kSliceMaxBytes; then doubled (to 16) while the batch has fewer than 2 blocks per SM and
+// up to kSliceMaxBytes; then doubled (to 16) while the doubled clusters still run in one wave and
 // slices keep kMinSliceElems (16 only with 2 blocks per SM: 8 SMs of one GPC hold the cluster).
+// One wave: rows x 2C blocks within 90% of 2 blocks per SM, as whole clusters must fit in a GPC
+// (the H200 holds 30 clusters of 8 such blocks, not 33; 16 clusters of 16 ran as two waves: top-p
+// at 152064 fp32, 16 / 30 rows took 69 / 105.5 us at C 16 and take 47.3 / 49.4 us at C 8).
 // cluster 0: the row does not fit.
 constexpr Plan sample_plan(int64_t cols, int elem, int64_t rows, int sms) {
   const int vec = 16 / elem;
@@ -1016,7 +1027,7 @@ constexpr Plan sample_plan(int64_t cols, int elem, int64_t rows, int sms) {
     if (slice_elems(cols, kPortableCluster, vec) * elem > kSliceMaxBytes) return Plan{0, 0};
     c = kPortableCluster;
   }
-  while (c < kMaxCluster && rows * c < 2 * static_cast<int64_t>(sms) &&
+  while (c < kMaxCluster && rows * 2 * c * 10 <= 2 * static_cast<int64_t>(sms) * 9 &&
          slice_elems(cols, 2 * c, vec) >= kMinSliceElems &&
          (2 * c <= kPortableCluster || slice_elems(cols, 2 * c, vec) * elem <= kSliceTargetBytes)) {
     c *= 2;

@@ -22,10 +22,20 @@ for a, b in (("fn<<<grid, block, smem, stream>>>(args);", "(void)fn;"), ("cfg.bl
 open(p, "w").write(s)
 
 
+# The bulk copies (TMA) and their mbarriers: thread 0 copies the slice itself before the block
+# barrier that follows it in the kernel, and the per-chunk waits have nothing to wait for.
+p = os.path.join(cuda, "common", "bulk_copy.cuh")
+open(p, "w").write("// bulk copies: emulated in sample.cuh (gen.py)\n#pragma once\n")
+
+
 def edit_sample(s):
     a = "extern __shared__ __align__(16) unsigned char smem[];"
     assert a in s, a
     s = s.replace(a, "unsigned char* smem = ::emu::dynamic_shared();")
+    s = replace_func(s, "__device__ __forceinline__ void slice_load_issue(void* dst, const void* src, int full, uint64_t* bars) {",
+                     "\n  (void)bars;\n  for (int i = 0; i < full * 16; ++i) static_cast<char*>(dst)[i] = static_cast<const char*>(src)[i];\n}\n")
+    s = replace_func(s, "__device__ __forceinline__ void slice_chunk_wait(uint64_t* bars, int k) {",
+                     " (void)bars; (void)k; }\n")
     return replace_func(s, "__device__ __forceinline__ float fast_exp2(float x) {", " return exp2f(x); }\n")
 
 
