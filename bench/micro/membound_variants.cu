@@ -190,25 +190,25 @@ __device__ __forceinline__ void block_merge(float& m, float& s, float scale, flo
     warp_merge(m, s, scale, NW);
   }
 }
+// Block max (kMax) or sum of v over NW warps; r: NW floats of shared memory.
+template <int NW, bool kMax>
+__device__ __forceinline__ float block_reduce(float v, float* r) {
+  v = kMax ? warp_max(v) : warp_sum(v);
+  if constexpr (NW > 1) {
+    if ((threadIdx.x & 31) == 0) r[threadIdx.x >> 5] = v;
+    __syncthreads();
+    const float w = r[threadIdx.x & (NW - 1)];
+    v = kMax ? warp_max(w, NW) : warp_sum(w, NW);
+  }
+  return v;
+}
 template <int NW>
 __device__ __forceinline__ float block_max(float m, float* r) {
-  m = warp_max(m);
-  if constexpr (NW > 1) {
-    if ((threadIdx.x & 31) == 0) r[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = warp_max(r[threadIdx.x & (NW - 1)], NW);
-  }
-  return m;
+  return block_reduce<NW, true>(m, r);
 }
 template <int NW>
 __device__ __forceinline__ float block_sum(float s, float* r) {
-  s = warp_sum(s);
-  if constexpr (NW > 1) {
-    if ((threadIdx.x & 31) == 0) r[threadIdx.x >> 5] = s;
-    __syncthreads();
-    s = warp_sum(r[threadIdx.x & (NW - 1)], NW);
-  }
-  return s;
+  return block_reduce<NW, false>(s, r);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -239,10 +239,9 @@ __device__ __forceinline__ void load_row(uint4 (&v)[ITEMS], const SmArgs& a, lon
   }
 }
 
-// Own-max exponentials (the shipped kernel's scheme): f = exp2((x - shift(m_own)) * scale) kept as
-// fp32, s = their sum; returns m_own.
+// Unpacks the thread's ITEMS vectors into f (fp32); returns their max.
 template <int ITEMS>
-__device__ __forceinline__ float own_exp(const uint4 (&v)[ITEMS], float (&f)[ITEMS][8], float& s, float scale) {
+__device__ __forceinline__ float unpack_max(const uint4 (&v)[ITEMS], float (&f)[ITEMS][8]) {
   float m0 = ninf(), m1 = ninf();
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
@@ -254,7 +253,12 @@ __device__ __forceinline__ float own_exp(const uint4 (&v)[ITEMS], float (&f)[ITE
       m1 = fmaxf(m1, f[i][2 * k + 1]);
     }
   }
-  const float m = fmaxf(m0, m1);
+  return fmaxf(m0, m1);
+}
+
+// f = exp2((f - shift(m)) * scale) in place; returns their sum.
+template <int ITEMS>
+__device__ __forceinline__ float exp_sum(float (&f)[ITEMS][8], float m, float scale) {
   const float nsh = -shift_of(m) * scale;
   float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
@@ -267,7 +271,15 @@ __device__ __forceinline__ float own_exp(const uint4 (&v)[ITEMS], float (&f)[ITE
       s1 += f[i][k + 1];
     }
   }
-  s = s0 + s1;
+  return s0 + s1;
+}
+
+// Own-max exponentials (the shipped kernel's scheme): f = exp2((x - shift(m_own)) * scale) kept as
+// fp32, s = their sum; returns m_own.
+template <int ITEMS>
+__device__ __forceinline__ float own_exp(const uint4 (&v)[ITEMS], float (&f)[ITEMS][8], float& s, float scale) {
+  const float m = unpack_max<ITEMS>(v, f);
+  s = exp_sum<ITEMS>(f, m, scale);
   return m;
 }
 
@@ -312,31 +324,8 @@ __global__ void __launch_bounds__(T, MINB) sm_block_kernel(const SmArgs a) {
     block_merge<NW>(m, s, a.scale, red0, red1);
     factor = ex2((m_own - shift_of(m)) * a.scale) / s;
   } else {
-    float m0 = ninf(), m1 = ninf();
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        f[i][2 * k] = bf_lo(word(v[i], k));
-        f[i][2 * k + 1] = bf_hi(word(v[i], k));
-        m0 = fmaxf(m0, f[i][2 * k]);
-        m1 = fmaxf(m1, f[i][2 * k + 1]);
-      }
-    }
-    const float m = block_max<NW>(fmaxf(m0, m1), red0);
-    const float nsh = -shift_of(m) * a.scale;
-    float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-#pragma unroll
-      for (int k = 0; k < 8; k += 2) {
-        f[i][k] = ex2(fmaf(f[i][k], a.scale, nsh));
-        f[i][k + 1] = ex2(fmaf(f[i][k + 1], a.scale, nsh));
-        s0 += f[i][k];
-        s1 += f[i][k + 1];
-      }
-    }
-    factor = 1.0f / block_sum<NW>(s0 + s1, red1);
+    const float m = block_max<NW>(unpack_max<ITEMS>(v, f), red0);
+    factor = 1.0f / block_sum<NW>(exp_sum<ITEMS>(f, m, a.scale), red1);
   }
   store_row<T, ITEMS, ST>(f, factor, a, row, tid);
 }
@@ -462,31 +451,37 @@ __device__ __forceinline__ uint4 silu_vec(const uint4& g, const uint4& u) {
 
 // (a)-(d): grid (ceil(nv / (T * ITEMS)), min(rows, 65535)); thread handles vectors
 // blockIdx.x * T * ITEMS + tid + i * T of row blockIdx.y (+ gridDim.y ... past the grid limit).
+// Vectors v0, v0 + T, ..., v0 + (U - 1) T of one row: all 2 * U loads issued before the first use.
+template <int T, int U, int LD, int ST>
+__device__ __forceinline__ void silu_tile(const SiluArgs& a, long long row, long long v0) {
+  const uint16_t* gp = a.x + row * a.xs;
+  const uint16_t* up = gp + a.up_off;
+  uint16_t* op = a.y + row * a.ys;
+  uint4 g[U], u[U];
+#pragma unroll
+  for (int i = 0; i < U; ++i) {
+    const long long j = v0 + i * T;
+    if (j < a.nv) {
+      g[i] = ld16<LD>(gp + j * 8);
+      u[i] = ld16<LD>(up + j * 8);
+    } else {
+      g[i] = make_uint4(0, 0, 0, 0);
+      u[i] = g[i];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < U; ++i) {
+    const long long j = v0 + i * T;
+    if (j < a.nv) st16<ST>(op + j * 8, silu_vec(g[i], u[i]));
+  }
+}
+
 // All 2 * ITEMS loads are issued before the first use.
 template <int T, int ITEMS, int LD, int ST, int MINB>
 __global__ void __launch_bounds__(T, MINB) silu_kernel(const SiluArgs a) {
   const long long v0 = static_cast<long long>(blockIdx.x) * (T * ITEMS) + threadIdx.x;
   for (long long row = blockIdx.y; row < a.rows; row += gridDim.y) {
-    const uint16_t* gp = a.x + row * a.xs;
-    const uint16_t* up = gp + a.up_off;
-    uint16_t* op = a.y + row * a.ys;
-    uint4 g[ITEMS], u[ITEMS];
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const long long j = v0 + i * T;
-      if (j < a.nv) {
-        g[i] = ld16<LD>(gp + j * 8);
-        u[i] = ld16<LD>(up + j * 8);
-      } else {
-        g[i] = make_uint4(0, 0, 0, 0);
-        u[i] = g[i];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const long long j = v0 + i * T;
-      if (j < a.nv) st16<ST>(op + j * 8, silu_vec(g[i], u[i]));
-    }
+    silu_tile<T, ITEMS, LD, ST>(a, row, v0);
   }
 }
 
@@ -501,26 +496,7 @@ __global__ void __launch_bounds__(T, MINB) silu_persist_kernel(const SiluArgs a,
     const unsigned rw = cpr == 1 ? w : w / cpr;
     const long long row = rw;
     const long long v0 = static_cast<long long>(w - rw * cpr) * (T * U) + threadIdx.x;
-    const uint16_t* gp = a.x + row * a.xs;
-    const uint16_t* up = gp + a.up_off;
-    uint16_t* op = a.y + row * a.ys;
-    uint4 g[U], u[U];
-#pragma unroll
-    for (int i = 0; i < U; ++i) {
-      const long long j = v0 + i * T;
-      if (j < a.nv) {
-        g[i] = ld16<LD>(gp + j * 8);
-        u[i] = ld16<LD>(up + j * 8);
-      } else {
-        g[i] = make_uint4(0, 0, 0, 0);
-        u[i] = g[i];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < U; ++i) {
-      const long long j = v0 + i * T;
-      if (j < a.nv) st16<ST>(op + j * 8, silu_vec(g[i], u[i]));
-    }
+    silu_tile<T, U, LD, ST>(a, row, v0);
   }
 }
 
@@ -747,6 +723,16 @@ inline int attrs(const void* fn, int threads, bool persistent, int* regs, int* l
   return kOk;
 }
 
+// The C entry points' shape checks: kOk for an empty problem, kErrShape / kErrAlign, else kProceed
+// (n: output columns, a multiple of the 8-element vector; both rows 16-byte aligned).
+constexpr int kProceed = -1;
+inline int precheck(const void* x, const void* y, long long rows, long long n, long long xs, long long ys) {
+  if (rows <= 0 || n <= 0) return kOk;
+  if (n % 8 != 0) return kErrShape;
+  if (!aligned16(x) || !aligned16(y) || (rows > 1 && (xs % 8 != 0 || ys % 8 != 0))) return kErrAlign;
+  return kProceed;
+}
+
 }  // namespace mb
 
 extern "C" {
@@ -758,11 +744,8 @@ int mb_softmax_persistent(int v) { return v >= 0 && v < mb::kNumSm && mb::kSm[v]
 int mb_softmax(int v, const void* x, void* y, long long rows, long long cols, long long x_stride, long long y_stride,
                int blocks_per_sm, void* stream) {
   if (v < 0 || v >= mb::kNumSm) return mb::kErrVariant;
-  if (rows <= 0 || cols <= 0) return mb::kOk;
-  if (cols % 8 != 0) return mb::kErrShape;
-  if (!mb::aligned16(x) || !mb::aligned16(y) || (rows > 1 && (x_stride % 8 != 0 || y_stride % 8 != 0))) {
-    return mb::kErrAlign;
-  }
+  const int pre = mb::precheck(x, y, rows, cols, x_stride, y_stride);
+  if (pre != mb::kProceed) return pre;
   mb::SmArgs a{static_cast<const uint16_t*>(x), static_cast<uint16_t*>(y), rows, cols / 8, x_stride, y_stride,
                mb::kLog2e};
   return mb::kSm[v].launch(a, blocks_per_sm, static_cast<cudaStream_t>(stream));
@@ -781,11 +764,8 @@ int mb_silu_persistent(int v) { return v >= 0 && v < mb::kNumSilu && mb::kSilu[v
 int mb_silu(int v, const void* x, void* out, long long rows, long long d, long long x_stride, long long out_stride,
             int blocks_per_sm, void* stream) {
   if (v < 0 || v >= mb::kNumSilu) return mb::kErrVariant;
-  if (rows <= 0 || d <= 0) return mb::kOk;
-  if (d % 8 != 0) return mb::kErrShape;
-  if (!mb::aligned16(x) || !mb::aligned16(out) || (rows > 1 && (x_stride % 8 != 0 || out_stride % 8 != 0))) {
-    return mb::kErrAlign;
-  }
+  const int pre = mb::precheck(x, out, rows, d, x_stride, out_stride);
+  if (pre != mb::kProceed) return pre;
   mb::SiluArgs a{static_cast<const uint16_t*>(x), static_cast<uint16_t*>(out), rows, d / 8, x_stride, out_stride, d};
   return mb::kSilu[v].launch(a, blocks_per_sm, static_cast<cudaStream_t>(stream));
 }

@@ -139,30 +139,27 @@ def outside_untouched(buf, view_rows, cols, stride):
     return bool(torch.isnan(buf[m].float()).all().item())
 
 
-def check_softmax(lib, variants, x, y, ref):
-    rows, cols = x.shape
-    print("softmax correctness (big shape %dx%d, then 1001x8000 / 1001x8192 with padded strides):" % (rows, cols))
-    g = torch.Generator(device="cuda").manual_seed(1)
-    small = []
-    for (r, c, xs, ys) in ((1001, 8000, 8064, 8072), (1001, 8192, 8200, 8256)):
-        xb, xv = padded(r, c, xs, torch.bfloat16, gen=g, scale=3.0)
-        small.append((r, c, xs, ys, xv, torch.softmax(xv.float(), -1)))
+def check_variants(lib, op, variants, x, y, ref, small):
+    """Every variant of op on the big shape (y = op(x) against ref) and on the small padded cases
+    (r, n, xs, ys, xv, sref): n output columns, row strides xs / ys, the output's padding must stay
+    NaN. Returns {variant name: all checks passed}."""
+    rows, n = y.shape
     ok_by = {}
     for v in variants:
         ok_all = True
         y.fill_(float("nan"))
-        rc = lib.call("softmax", v["index"], x, y, rows, cols, cols, cols)
+        rc = lib.call(op, v["index"], x, y, rows, n, x.stride(0), y.stride(0))
         torch.cuda.synchronize()
         if rc != 0:
             report("%s: rc %d (%s)" % (v["name"], rc, rc_text(rc)), False, float("nan"), float("nan"), -1, 0)
             ok_by[v["name"]] = False
             continue
         ok, e, q, bad = compare(y, ref)
-        report(v["name"] + " %dx%d" % (rows, cols), ok, e, q, bad, y.numel())
+        report(v["name"] + " %dx%d" % (rows, n), ok, e, q, bad, y.numel())
         ok_all &= ok
         for (r, c, xs, ys, xv, sref) in small:
             yb, yv = padded(r, c, ys, torch.bfloat16, fill=float("nan"))
-            rc = lib.call("softmax", v["index"], xv, yv, r, c, xs, ys)
+            rc = lib.call(op, v["index"], xv, yv, r, c, xs, ys)
             torch.cuda.synchronize()
             if rc != 0:
                 report("%s %dx%d: rc %d (%s)" % (v["name"], r, c, rc, rc_text(rc)), False, float("nan"), float("nan"),
@@ -180,6 +177,17 @@ def check_softmax(lib, variants, x, y, ref):
     return ok_by
 
 
+def check_softmax(lib, variants, x, y, ref):
+    rows, cols = x.shape
+    print("softmax correctness (big shape %dx%d, then 1001x8000 / 1001x8192 with padded strides):" % (rows, cols))
+    g = torch.Generator(device="cuda").manual_seed(1)
+    small = []
+    for (r, c, xs, ys) in ((1001, 8000, 8064, 8072), (1001, 8192, 8200, 8256)):
+        xb, xv = padded(r, c, xs, torch.bfloat16, gen=g, scale=3.0)
+        small.append((r, c, xs, ys, xv, torch.softmax(xv.float(), -1)))
+    return check_variants(lib, "softmax", variants, x, y, ref, small)
+
+
 def check_silu(lib, variants, x, out, ref):
     rows, d = out.shape
     print("silu_mul correctness (big shape %dx%d out, then 1001x8000 and 70001x64 (grid.y loop), padded strides):"
@@ -188,39 +196,8 @@ def check_silu(lib, variants, x, out, ref):
     small = []
     for (r, dd, xs, os_) in ((1001, 8000, 16064, 8072), (70001, 64, 136, 72)):
         xb, xv = padded(r, 2 * dd, xs, torch.bfloat16, gen=g)
-        sref = F.silu(xv[:, :dd].float()) * xv[:, dd:].float()
-        small.append((r, dd, xs, os_, xv, sref))
-    ok_by = {}
-    for v in variants:
-        ok_all = True
-        out.fill_(float("nan"))
-        rc = lib.call("silu", v["index"], x, out, rows, d, x.stride(0), out.stride(0))
-        torch.cuda.synchronize()
-        if rc != 0:
-            report("%s: rc %d (%s)" % (v["name"], rc, rc_text(rc)), False, float("nan"), float("nan"), -1, 0)
-            ok_by[v["name"]] = False
-            continue
-        ok, e, q, bad = compare(out, ref)
-        report(v["name"] + " %dx%d" % (rows, d), ok, e, q, bad, out.numel())
-        ok_all &= ok
-        for (r, dd, xs, os_, xv, sref) in small:
-            ob, ov = padded(r, dd, os_, torch.bfloat16, fill=float("nan"))
-            rc = lib.call("silu", v["index"], xv, ov, r, dd, xs, os_)
-            torch.cuda.synchronize()
-            if rc != 0:
-                report("%s %dx%d: rc %d (%s)" % (v["name"], r, dd, rc, rc_text(rc)), False, float("nan"),
-                       float("nan"), -1, 0)
-                ok_all = False
-                continue
-            ok, e, q, bad = compare(ov, sref)
-            untouched = outside_untouched(ob, r, dd, os_)
-            if not untouched:
-                report("%s %dx%d: WROTE OUTSIDE ITS ROWS" % (v["name"], r, dd), False, e, q, bad, ov.numel())
-            else:
-                report("%s %dx%d" % (v["name"], r, dd), ok, e, q, bad, ov.numel())
-            ok_all &= ok and untouched
-        ok_by[v["name"]] = ok_all
-    return ok_by
+        small.append((r, dd, xs, os_, xv, F.silu(xv[:, :dd].float()) * xv[:, dd:].float()))
+    return check_variants(lib, "silu", variants, x, out, ref, small)
 
 
 def check_peer(tag, fn, ref):
@@ -353,20 +330,19 @@ def import_fray():
         return None
 
 
-def run_softmax(lib, timer, args, fray, record):
-    rows, cols = SOFTMAX_SHAPE
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    x = (torch.randn(rows, cols, device="cuda", generator=gen) * 3).to(torch.bfloat16)
-    y = torch.empty_like(x)
-    ref = torch.softmax(x.float(), -1)
-    variants = lib.variants("softmax")
-    print("\nsoftmax variants (ptxas regs / local bytes / threads / resident blocks per SM):")
+def print_variants(lib, op):
+    """The library's variants of op (softmax / silu), listed with their resources."""
+    variants = lib.variants(op)
+    print("\n%s variants (ptxas regs / local bytes / threads / resident blocks per SM):" % op)
     for v in variants:
         print("  %2d %-28s regs %3d local %d threads %d blocks/SM %d%s" % (
             v["index"], v["name"], v["regs"], v["local"], v["threads"], v["blocks_per_sm"],
             " persistent" if v["persistent"] else ""))
-    ok_by = check_softmax(lib, variants, x, y, ref)
+    return variants
 
+
+def variant_impls(lib, op, variants, args, ok_by, call_args):
+    """Timed callables per variant (persistent ones once per --persist-k); ok_by gains their names."""
     impls, attrs = {}, {}
     for v in variants:
         ks = [0] + (args.persist_k if v["persistent"] else [])
@@ -374,12 +350,24 @@ def run_softmax(lib, timer, args, fray, record):
             name = "cu." + v["name"] + ("" if k == 0 else ".k%d" % k)
 
             def fn(i=v["index"], k=k):
-                rc = lib.call("softmax", i, x, y, rows, cols, cols, cols, k)
+                rc = lib.call(op, i, *call_args, k)
                 if rc:
                     raise RuntimeError("rc %d (%s)" % (rc, rc_text(rc)))
             impls[name] = fn
             attrs[name] = v
             ok_by[name] = ok_by[v["name"]]
+    return impls, attrs
+
+
+def run_softmax(lib, timer, args, fray, record):
+    rows, cols = SOFTMAX_SHAPE
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(rows, cols, device="cuda", generator=gen) * 3).to(torch.bfloat16)
+    y = torch.empty_like(x)
+    ref = torch.softmax(x.float(), -1)
+    variants = print_variants(lib, "softmax")
+    ok_by = check_softmax(lib, variants, x, y, ref)
+    impls, attrs = variant_impls(lib, "softmax", variants, args, ok_by, (x, y, rows, cols, cols, cols))
     peers = []
     print("softmax peers (output checked against the same reference, informational):")
     if fray is not None:
@@ -436,27 +424,9 @@ def run_silu(lib, timer, args, fray, record):
     x = torch.randn(rows, 2 * d, device="cuda", generator=gen).to(torch.bfloat16)
     out = torch.empty(rows, d, device="cuda", dtype=torch.bfloat16)
     ref = F.silu(x[:, :d].float()) * x[:, d:].float()
-    variants = lib.variants("silu")
-    print("\nsilu_mul variants (ptxas regs / local bytes / threads / resident blocks per SM):")
-    for v in variants:
-        print("  %2d %-28s regs %3d local %d threads %d blocks/SM %d%s" % (
-            v["index"], v["name"], v["regs"], v["local"], v["threads"], v["blocks_per_sm"],
-            " persistent" if v["persistent"] else ""))
+    variants = print_variants(lib, "silu")
     ok_by = check_silu(lib, variants, x, out, ref)
-
-    impls, attrs = {}, {}
-    for v in variants:
-        ks = [0] + (args.persist_k if v["persistent"] else [])
-        for k in ks:
-            name = "cu." + v["name"] + ("" if k == 0 else ".k%d" % k)
-
-            def fn(i=v["index"], k=k):
-                rc = lib.call("silu", i, x, out, rows, d, 2 * d, d, k)
-                if rc:
-                    raise RuntimeError("rc %d (%s)" % (rc, rc_text(rc)))
-            impls[name] = fn
-            attrs[name] = v
-            ok_by[name] = ok_by[v["name"]]
+    impls, attrs = variant_impls(lib, "silu", variants, args, ok_by, (x, out, rows, d, 2 * d, d))
     peers = []
     print("silu_mul peers (output checked against the same reference, informational):")
     if fray is not None:
