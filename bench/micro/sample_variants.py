@@ -26,6 +26,13 @@ VARIANTS = {
     "load_chunk_8k": [("sampling/sample.cuh", "constexpr int kLoadChunkVecs = 1024;",
                        "constexpr int kLoadChunkVecs = 512;"),
                       ("sampling/sample.cuh", "constexpr int kLoadChunks = 12;", "constexpr int kLoadChunks = 24;")],
+    # The final pass's kept mass branch-free, so the elements of a vector overlap (session 7 tried
+    # this only together with branch-free first-level passes, which slowed peaked rows).
+    "final_branchfree": [("sampling/sample.cuh", """    if (x < thr_v) return 0u;  // key(x) < thr
+    const float w = weight_f(x, r);
+    return w >= r.min_p ? to_fixed(w) : 0u;""", """    const float w = weight_f(x, r);
+    const uint32_t fixed = to_fixed(w);
+    return x < thr_v || !(w >= r.min_p) ? 0u : fixed;""")],
 }
 
 WRAPPER = r'''
