@@ -2,11 +2,12 @@
 row per iteration held in registers, with the next row's load issued before the current row's
 reductions (manual prefetch), or left to Triton's pipeliner (tl.range num_stages), next to the
 shipped Triton and CUDA backends in one process.
-With the argument `wide`: the 131072 / 262144 wide two-pass kernel with L2 eviction hints
-(evict_last on the first pass's loads, evict_first on the second pass's loads and stores: the one
-now shipped). Session 5 also timed the two-pass kernel walking rows persistently (grids of 1-4
+The session-5 sweep of L2 eviction hints on the wide two-pass kernel (131072 / 262144) lived here
+with a copy of that kernel; the chosen hints are now in triton/fray_triton/softmax.py
+(_softmax_loop_kernel) and the sweep's figures in bench/NOTES.md (git history has the copy).
+Session 5 also timed the two-pass kernel walking rows persistently (grids of 1-4
 programs per SM): slower at every grid (bench/NOTES.md), not kept here.
-Run on the GPU machine with the bundle's PYTHONPATH:  python3 bench/micro/triton_softmax_persist.py [wide]
+Run on the GPU machine with the bundle's PYTHONPATH:  python3 bench/micro/triton_softmax_persist.py
 """
 import torch
 import triton
@@ -20,6 +21,16 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _row_softmax(x, scale):
+    """Softmax of one whole row held as fp32 (the shipped kernels' -inf-row rule: NaN)."""
+    m = tl.max(x, axis=0)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    e = tl.exp2((x - shift) * scale)
+    inv = tl.where(m == float("-inf"), float("nan"), 1.0 / tl.sum(e, axis=0))
+    return e * inv
+
+
+@triton.jit
 def _prefetch_kernel(X, Y, stride_x, stride_y, n_rows, n_cols, scale, BLOCK_N: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -30,12 +41,7 @@ def _prefetch_kernel(X, Y, stride_x, stride_y, n_rows, n_cols, scale, BLOCK_N: t
         x = x_next.to(tl.float32)
         nr = r + nprog
         x_next = tl.load(X + nr.to(tl.int64) * stride_x + cols, mask=ok & (nr < n_rows), other=float("-inf"))
-        m = tl.max(x, axis=0)
-        shift = tl.where(m == float("-inf"), 0.0, m)
-        e = tl.exp2((x - shift) * scale)
-        s = tl.sum(e, axis=0)
-        inv = tl.where(m == float("-inf"), float("nan"), 1.0 / s)
-        tl.store(Y + r.to(tl.int64) * stride_y + cols, _round(e * inv, Y.dtype.element_ty), mask=ok)
+        tl.store(Y + r.to(tl.int64) * stride_y + cols, _round(_row_softmax(x, scale), Y.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -47,43 +53,7 @@ def _pipelined_kernel(X, Y, stride_x, stride_y, n_rows, n_cols, scale, BLOCK_N: 
     ok = cols < n_cols
     for r in tl.range(pid, n_rows, nprog, num_stages=STAGES):
         x = tl.load(X + r.to(tl.int64) * stride_x + cols, mask=ok, other=float("-inf")).to(tl.float32)
-        m = tl.max(x, axis=0)
-        shift = tl.where(m == float("-inf"), 0.0, m)
-        e = tl.exp2((x - shift) * scale)
-        s = tl.sum(e, axis=0)
-        inv = tl.where(m == float("-inf"), float("nan"), 1.0 / s)
-        tl.store(Y + r.to(tl.int64) * stride_y + cols, _round(e * inv, Y.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def _loop_evict_kernel(X, Y, stride_x, n_cols, scale, BLOCK_N: tl.constexpr, EV1: tl.constexpr,
-                       EV2: tl.constexpr, EVS: tl.constexpr):
-    # The shipped two-pass kernel with L2 eviction hints: the first pass's loads kept (evict_last)
-    # so the second pass re-reads them from L2; the second pass's loads and the stores streamed.
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    x_row = X + row * stride_x
-    y_row = Y + row * stride_x
-    m_l = tl.full([BLOCK_N], float("-inf"), tl.float32)
-    s_l = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in tl.range(0, n_cols, BLOCK_N, num_stages=1):
-        c = start + cols
-        x = tl.load(x_row + c, mask=c < n_cols, other=float("-inf"), eviction_policy=EV1).to(tl.float32)
-        m_new = tl.maximum(m_l, x)
-        sh = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s_l = s_l * tl.exp2((m_l - sh) * scale) + tl.exp2((x - sh) * scale)
-        m_l = m_new
-    m = tl.max(m_l, axis=0)
-    shift = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.sum(s_l * tl.exp2((m_l - shift) * scale), axis=0)
-    inv = tl.where(m == float("-inf"), float("nan"), 1.0 / total)
-    n_tiles = tl.cdiv(n_cols, BLOCK_N)
-    for i in tl.range(0, n_tiles, num_stages=1):
-        c = (n_tiles - 1 - i) * BLOCK_N + cols
-        ok = c < n_cols
-        x = tl.load(x_row + c, mask=ok, other=float("-inf"), eviction_policy=EV2).to(tl.float32)
-        y = tl.exp2((x - shift) * scale) * inv
-        tl.store(y_row + c, _round(y, Y.dtype.element_ty), mask=ok, eviction_policy=EVS)
+        tl.store(Y + r.to(tl.int64) * stride_y + cols, _round(_row_softmax(x, scale), Y.dtype.element_ty), mask=ok)
 
 
 def _sweep(widths, variants):
@@ -112,18 +82,6 @@ def _sweep(widths, variants):
         torch.cuda.empty_cache()
 
 
-def _wide_variants(x, y, rows, width, sms):
-    out = []
-    for ev1, ev2, evs in (("", "", ""), ("evict_last", "evict_first", "evict_first"),
-                          ("evict_last", "", ""), ("", "evict_first", "evict_first"),
-                          ("evict_last", "evict_first", ""), ("", "", "evict_first")):
-        for block, warps in ((8192, 32), (4096, 16)):
-            out.append(("evict %s/%s/%s B%d w%d" % (ev1 or "-", ev2 or "-", evs or "-", block, warps),
-                        lambda block=block, warps=warps, ev1=ev1, ev2=ev2, evs=evs: _loop_evict_kernel[(rows,)](
-                            x, y, width, width, LOG2E, BLOCK_N=block, EV1=ev1, EV2=ev2, EVS=evs, num_warps=warps)))
-    return out
-
-
 def _row_variants(x, y, rows, width, sms):
     out = []
     for warps in (16, 32):
@@ -141,8 +99,4 @@ def _row_variants(x, y, rows, width, sms):
 
 
 if __name__ == "__main__":
-    import sys
-    if "wide" in sys.argv[1:]:
-        _sweep((131072, 262144), _wide_variants)
-    else:
-        _sweep((32768, 16384, 65536), _row_variants)
+    _sweep((32768, 16384, 65536), _row_variants)
