@@ -200,6 +200,25 @@ def check_silu(lib, variants, x, out, ref):
     return check_variants(lib, "silu", variants, x, out, ref, small)
 
 
+def add_peer(impls, peers, name, fn, ref, peer=True):
+    """fn joins the timed impls if its output matches ref (check_peer); a peer (not Fray) also
+    joins the best-peer comparison."""
+    if check_peer(name, fn, ref):
+        impls[name] = fn
+        if peer:
+            peers.append(name)
+
+
+def add_compiled_peer(impls, peers, args, composite, x, ref):
+    """torch.compile of composite(x), unless --no-compile."""
+    if args.no_compile:
+        return
+    t0 = time.time()
+    compiled = torch.compile(composite)
+    add_peer(impls, peers, "torch.compile", lambda: compiled(x), ref)
+    print("  (torch.compile warm-up %.1f s)" % (time.time() - t0))
+
+
 def check_peer(tag, fn, ref):
     try:
         got = fn()
@@ -372,29 +391,14 @@ def run_softmax(lib, timer, args, fray, record):
     print("softmax peers (output checked against the same reference, informational):")
     if fray is not None:
         out_f = torch.empty_like(x)
-        f = lambda: fray.softmax(x, out=out_f, backend="cuda")  # noqa: E731
-        if check_peer("fray.cuda", f, ref):
-            impls["fray.cuda"] = f
+        add_peer(impls, peers, "fray.cuda", lambda: fray.softmax(x, out=out_f, backend="cuda"), ref, peer=False)
     try:
         from liger_kernel.ops.softmax import LigerSoftmaxFunction
-        f = lambda: LigerSoftmaxFunction.apply(x)  # noqa: E731
-        if check_peer("liger", f, ref):
-            impls["liger"] = f
-            peers.append("liger")
+        add_peer(impls, peers, "liger", lambda: LigerSoftmaxFunction.apply(x), ref)
     except Exception as e:
         print("  liger not importable: %s: %s" % (type(e).__name__, e))
-    if not args.no_compile:
-        t0 = time.time()
-        compiled = torch.compile(lambda t: torch.softmax(t, -1))
-        f = lambda: compiled(x)  # noqa: E731
-        if check_peer("torch.compile", f, ref):
-            impls["torch.compile"] = f
-            peers.append("torch.compile")
-        print("  (torch.compile warm-up %.1f s)" % (time.time() - t0))
-    f = lambda: torch.softmax(x, -1)  # noqa: E731
-    if check_peer("torch.softmax", f, ref):
-        impls["torch.softmax"] = f
-        peers.append("torch.softmax")
+    add_compiled_peer(impls, peers, args, lambda t: torch.softmax(t, -1), x, ref)
+    add_peer(impls, peers, "torch.softmax", lambda: torch.softmax(x, -1), ref)
     del ref
     torch.cuda.empty_cache()
 
@@ -431,31 +435,16 @@ def run_silu(lib, timer, args, fray, record):
     print("silu_mul peers (output checked against the same reference, informational):")
     if fray is not None:
         out_f = torch.empty_like(out)
-        f = lambda: fray.silu_mul(x, out=out_f, backend="cuda")  # noqa: E731
-        if check_peer("fray.cuda", f, ref):
-            impls["fray.cuda"] = f
+        add_peer(impls, peers, "fray.cuda", lambda: fray.silu_mul(x, out=out_f, backend="cuda"), ref, peer=False)
     try:
         from liger_kernel.ops import swiglu as _lsw
         a, b = x[:, :d].contiguous(), x[:, d:].contiguous()  # Liger wants contiguous halves (not timed)
-        f = lambda: _lsw.LigerSiLUMulFunction.apply(a, b)  # noqa: E731
-        if check_peer("liger", f, ref):
-            impls["liger"] = f
-            peers.append("liger")
+        add_peer(impls, peers, "liger", lambda: _lsw.LigerSiLUMulFunction.apply(a, b), ref)
         if hasattr(_lsw, "LigerFusedGateUpSiLUMulFunction"):
-            f = lambda: _lsw.LigerFusedGateUpSiLUMulFunction.apply(x)  # noqa: E731
-            if check_peer("liger.gate_up", f, ref):
-                impls["liger.gate_up"] = f
-                peers.append("liger.gate_up")
+            add_peer(impls, peers, "liger.gate_up", lambda: _lsw.LigerFusedGateUpSiLUMulFunction.apply(x), ref)
     except Exception as e:
         print("  liger not importable: %s: %s" % (type(e).__name__, e))
-    if not args.no_compile:
-        t0 = time.time()
-        compiled = torch.compile(lambda t: F.silu(t[:, :d]) * t[:, d:])
-        f = lambda: compiled(x)  # noqa: E731
-        if check_peer("torch.compile", f, ref):
-            impls["torch.compile"] = f
-            peers.append("torch.compile")
-        print("  (torch.compile warm-up %.1f s)" % (time.time() - t0))
+    add_compiled_peer(impls, peers, args, lambda t: F.silu(t[:, :d]) * t[:, d:], x, ref)
     del ref
     torch.cuda.empty_cache()
 
