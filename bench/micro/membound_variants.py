@@ -378,6 +378,27 @@ def variant_impls(lib, op, variants, args, ok_by, call_args):
     return impls, attrs
 
 
+def time_and_record(lib, op, name, title, timer, args, record, impls, attrs, ok_by, peers, variants, y, nbytes,
+                    call_args, keep_names):
+    """Times the impls of one op (library op `op`, reported as `name`), prints the table, records
+    it in record[name], and with --placement times the picked variants writing into other buffers
+    than y (call_args: the library call's arguments around the output, (x, rows, n, xs, ys))."""
+    x, rows, n, xs, ys = call_args
+    print("timing %s %dx%d bf16 (%d impls x %d rounds):" % (name, rows, n, len(impls), args.rounds))
+    res = time_rounds(impls, timer, args.rounds)
+    med = table(title, res, nbytes, peers, attrs, ok_by, "fray.cuda")
+    record[name] = dict(shape=[rows, n], bytes=nbytes, rounds_us=res, median_us=med, peers=peers,
+                        ok={k: ok_by.get(k, True) for k in res}, attrs={k: attrs[k] for k in attrs})
+    if args.placement:
+        idx = {v["name"]: v["index"] for v in variants}
+        pick = [k for k in args.placement_variants[op] if k in idx]
+
+        def make(k, out):
+            return lambda: lib.call(op, idx[k], x, out, rows, n, xs, ys)
+        keep = {k: impls[k] for k in keep_names if k in impls}
+        record[op + "_placement"] = placement(name, timer, args.rounds, pick, make, y, nbytes, keep)
+
+
 def run_softmax(lib, timer, args, fray, record):
     rows, cols = SOFTMAX_SHAPE
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -402,22 +423,10 @@ def run_softmax(lib, timer, args, fray, record):
     del ref
     torch.cuda.empty_cache()
 
-    print("timing softmax %dx%d bf16 (%d impls x %d rounds):" % (rows, cols, len(impls), args.rounds))
-    res = time_rounds(impls, timer, args.rounds)
     nbytes = 2 * rows * cols * 2
-    med = table("softmax %dx%d bf16 -> bf16, bytes %d (read + write)" % (rows, cols, nbytes), res, nbytes, peers,
-                attrs, ok_by, "fray.cuda")
-    record["softmax"] = dict(shape=[rows, cols], bytes=nbytes, rounds_us=res, median_us=med, peers=peers,
-                             ok={n: ok_by.get(n, True) for n in res},
-                             attrs={n: attrs[n] for n in attrs})
-    if args.placement:
-        idx = {v["name"]: v["index"] for v in variants}
-        pick = [n for n in args.placement_variants["softmax"] if n in idx]
-
-        def make(n, out):
-            return lambda: lib.call("softmax", idx[n], x, out, rows, cols, cols, cols)
-        keep = {n: impls[n] for n in ("fray.cuda", "liger") if n in impls}
-        record["softmax_placement"] = placement("softmax", timer, args.rounds, pick, make, y, nbytes, keep)
+    time_and_record(lib, "softmax", "softmax", "softmax %dx%d bf16 -> bf16, bytes %d (read + write)" % (
+        rows, cols, nbytes), timer, args, record, impls, attrs, ok_by, peers, variants, y, nbytes,
+        (x, rows, cols, cols, cols), ("fray.cuda", "liger"))
     del x, y, impls
     torch.cuda.empty_cache()
 
@@ -448,23 +457,10 @@ def run_silu(lib, timer, args, fray, record):
     del ref
     torch.cuda.empty_cache()
 
-    print("timing silu_mul %dx%d bf16 (%d impls x %d rounds):" % (rows, d, len(impls), args.rounds))
-    res = time_rounds(impls, timer, args.rounds)
     nbytes = 3 * rows * d * 2
-    med = table("silu_mul %dx%d out (x %dx%d) bf16, bytes %d (read gate + up, write out)" % (rows, d, rows, 2 * d,
-                                                                                            nbytes),
-                res, nbytes, peers, attrs, ok_by, "fray.cuda")
-    record["silu_mul"] = dict(shape=[rows, d], bytes=nbytes, rounds_us=res, median_us=med, peers=peers,
-                              ok={n: ok_by.get(n, True) for n in res},
-                              attrs={n: attrs[n] for n in attrs})
-    if args.placement:
-        idx = {v["name"]: v["index"] for v in variants}
-        pick = [n for n in args.placement_variants["silu"] if n in idx]
-
-        def make(n, o):
-            return lambda: lib.call("silu", idx[n], x, o, rows, d, 2 * d, d)
-        keep = {n: impls[n] for n in ("fray.cuda", "torch.compile", "liger") if n in impls}
-        record["silu_placement"] = placement("silu_mul", timer, args.rounds, pick, make, out, nbytes, keep)
+    time_and_record(lib, "silu", "silu_mul", "silu_mul %dx%d out (x %dx%d) bf16, bytes %d (read gate + up, write out)"
+                    % (rows, d, rows, 2 * d, nbytes), timer, args, record, impls, attrs, ok_by, peers, variants, out,
+                    nbytes, (x, rows, d, 2 * d, d), ("fray.cuda", "torch.compile", "liger"))
     del x, out, impls
     torch.cuda.empty_cache()
 
