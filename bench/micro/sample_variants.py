@@ -20,23 +20,113 @@ import tempfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
+# Phase stamps (%globaltimer, thread 0 of each block, plus its SM id): where a wave's time goes and
+# which blocks share an SM. Anchors common to the committed kernel and the working tree.
+_STAMPS = [
+    ("  const int nv = (n + N - 1) / N;\n", "A", 0),
+    ("  best = warp_max_u64(best);\n  vmin = warp_min_f(vmin);\n", "B", 1),
+    ("  cluster.sync();  // also publishes the slice to the whole block\n", "A", 2),
+    ("    m_first = warp_sum_u64(m_first);\n", "B", 3),
+    ("    cluster.sync();  // A\n", "B", 4),
+    ("    cluster.sync();  // B\n", "A", 5),
+    ("    const Selection s = select_bin(hist, part, 0, top_p, m, C, rank);\n", "A", 6),
+    ("  cluster_minmax(lo, hi, slot, m, C);  // its barriers also publish cand / ncand\n", "B", 7),
+    ("      range_and_compact(data, nv, pred, cand, m, &m->range_slot[1], C, kmin, kmax, ncand);\n", "A", 8),
+    ("  cluster.sync();  // block 0's threshold is published and its remote reads are done\n", "B", 9),
+    ("  const uint32_t thr = max(thr_k, thr_p);\n", "A", 10),
+    ("  if (tid == 0) m->total_slot = block_total;\n", "B", 11),
+    ("  cluster.barrier_arrive();  // last remote read done; wait before leaving\n", "A", 12),
+    ("  cluster.barrier_wait();\n}\n", "B", 13),
+]
+STAMP_NAMES = ["start", "loaded", "max merged", "mass pass", "A", "B", "selected", "range vote", "range merged",
+               "refined", "thr", "kept mass", "totals", "found", "exit"]
+
+
+def _stamped():
+    edits = []
+    for anchor, where, k in _STAMPS:
+        stamp = "  SV_STAMP(%d);\n" % k
+        edits.append(("sampling/sample.cuh", anchor, anchor + stamp if where == "A" else stamp + anchor))
+    last = "  cluster.barrier_wait();\n}\n"
+    edits[-1] = ("sampling/sample.cuh", last, "  SV_STAMP(13);\n  cluster.barrier_wait();\n  SV_STAMP(14);\n}\n")
+    return edits
+
+
+_FINAL_BF = [("sampling/sample.cuh", """    if (x < thr_v) return 0u;  // key(x) < thr
+    const float w = weight_f(x, r);
+    return w >= r.min_p ? to_fixed(w) : 0u;""", """    const float w = weight_f(x, r);
+    const uint32_t fixed = to_fixed(w);
+    return x < thr_v || !(w >= r.min_p) ? 0u : fixed;""")]
+
+_RANGE_BF = [("sampling/sample.cuh", """        const bool in = first ? !(u >= 1.0f) : (u >= ulo && (last || u < uhi));""",
+              """        const bool in = !(u < lo_b) && !(u >= hi_b);"""),
+             ("sampling/sample.cuh", """      const bool last = b1 == kBins - 1;
+""", """      const bool last = b1 == kBins - 1;
+      const float lo_b = first ? __uint_as_float(0xff800000u) : ulo;
+      const float hi_b = last ? __uint_as_float(0x7fc00000u) : uhi;
+""")]
+
+_MASS_MAGIC = [("sampling/sample.cuh", """__device__ __forceinline__ int mass_bin(float t, const RowCtx& r) {
+  return min(max(__float2int_rz(t * r.mass_scale), 0), kBins - 1);
+}""", """__device__ __forceinline__ int mass_bin(float t, const RowCtx& r) {
+  return static_cast<int>(__float_as_uint(fminf(t * r.mass_scale, 2047.0f) + 8388608.0f) & 0x7ffu);
+}"""),
+               ("sampling/sample.cuh", """        const bool in = first ? !(u >= 1.0f) : (u >= ulo && (last || u < uhi));""",
+                """        const bool in = (__float_as_uint(fminf(u, 2047.0f) + 8388608.0f) & 0x7ffu) == static_cast<uint32_t>(b1);""")]
+
+
+# A name starting with "head" starts from the committed tree (git HEAD) instead of the working tree.
 VARIANTS = {
     "shipped": [],
+    "head": [],
+    "timeline": _stamped(),
+    "head_timeline": _stamped(),
     # The row load in 8 KB bulk copies instead of 16 KB: the argmax pass starts on an earlier chunk.
     "load_chunk_8k": [("sampling/sample.cuh", "constexpr int kLoadChunkVecs = 1024;",
                        "constexpr int kLoadChunkVecs = 512;"),
                       ("sampling/sample.cuh", "constexpr int kLoadChunks = 12;", "constexpr int kLoadChunks = 24;")],
     # The final pass's kept mass branch-free, so the elements of a vector overlap (session 7 tried
     # this only together with branch-free first-level passes, which slowed peaked rows).
-    "final_branchfree": [("sampling/sample.cuh", """    if (x < thr_v) return 0u;  // key(x) < thr
-    const float w = weight_f(x, r);
-    return w >= r.min_p ? to_fixed(w) : 0u;""", """    const float w = weight_f(x, r);
-    const uint32_t fixed = to_fixed(w);
-    return x < thr_v || !(w >= r.min_p) ? 0u : fixed;""")],
+    "final_branchfree": _FINAL_BF,
+    # The working tree without the final pass's shortcut (sort_refine alone).
+    "no_shortcut": [("sampling/sample.cuh", "  const bool shortcut = own_above && thr_p != 0u",
+                     "  const bool shortcut = false && own_above && thr_p != 0u")],
+    # The top-p range pass's bin test without branches: bounds chosen once per row (NaN u cannot
+    # occur in a row with mass: its max would be NaN).
+    "range_bf": _RANGE_BF,
+    # First-level mass bins by rounding (u + 2^23, the low bits) instead of a float-to-int
+    # conversion (quarter rate, as ex2 and the fixed-point conversion), and the range pass's bin
+    # test as the same computation.
+    "mass_magic": _MASS_MAGIC,
+    "magic_final_bf": _MASS_MAGIC + _FINAL_BF,
+    "magic_final_bf_timeline": _MASS_MAGIC + _FINAL_BF + _stamped(),
+    # The working tree without the value-linear refinement level (key digits only).
+    "no_vlevel": [("sampling/sample.cuh", "constexpr bool kValueLevel = true;", "constexpr bool kValueLevel = false;")],
+    "no_vlevel_timeline": [("sampling/sample.cuh", "constexpr bool kValueLevel = true;",
+                            "constexpr bool kValueLevel = false;")] + _stamped(),
 }
 
 WRAPPER = r'''
+#include <cstdint>
+__device__ unsigned long long sv_tl[8192 * 16];
+#define SV_STAMP(k)                                                                  \
+  do {                                                                               \
+    if (threadIdx.x == 0) {                                                          \
+      unsigned long long t_;                                                         \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                         \
+      if (blockIdx.x < 8192) sv_tl[blockIdx.x * 16 + (k)] = t_;                      \
+      if ((k) == 0 && blockIdx.x < 8192) {                                           \
+        unsigned s_;                                                                 \
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(s_));                              \
+        sv_tl[blockIdx.x * 16 + 15] = s_;                                            \
+      }                                                                              \
+    }                                                                                \
+  } while (0)
 #include "cuda/sampling/sample.cuh"
+
+extern "C" int sv_timeline(void* dst) {
+  return static_cast<int>(cudaMemcpyFromSymbol(dst, sv_tl, sizeof(sv_tl)));
+}
 
 // Top-p / top-k sampling of fp32 (dtype 0) or bf16 (dtype 2) rows with scalar parameters and
 // per-row int64 seeds / offsets on the device; returns the cudaError_t of the launch.
@@ -71,7 +161,10 @@ def build(outdir, names):
     for name in names or list(VARIANTS):
         work = tempfile.mkdtemp(prefix="sv-%s-" % name)
         try:
-            shutil.copytree(os.path.join(ROOT, "cuda"), os.path.join(work, "cuda"))
+            if name.startswith("head"):
+                subprocess.run("git -C %s archive HEAD cuda | tar -x -C %s" % (ROOT, work), shell=True, check=True)
+            else:
+                shutil.copytree(os.path.join(ROOT, "cuda"), os.path.join(work, "cuda"))
             for rel, old, new in VARIANTS[name]:
                 path = os.path.join(work, "cuda", rel)
                 text = open(path).read()
@@ -147,10 +240,77 @@ def run(outdir):
                 print("MISMATCH: %s on %s: %d of %d tokens differ" % (n, shape, int((tok != ref_tok).sum()), rows))
                 failed = True
         t = time_rounds(fns, time_us)
+        for n in names:
+            if "timeline" in n and top_k == 0:
+                timeline(libs[n], fns[n], "%s %s" % (n, shape), rows)
         cells = ["%16s" % "error" if isinstance(t[n], Exception) else "%13.1f us" % median(t[n]) for n in names]
         print("%-34s" % shape + "".join(cells), flush=True)
     if failed:
         raise SystemExit("some variants drew other tokens than %s" % names[0])
+
+
+def timeline(lib, fn, title, rows):
+    """One call of a stamped variant (after an L2 flush): phase durations per block and the waves."""
+    import ctypes
+
+    import numpy as np
+    import torch
+
+    scratch = torch.empty(64 * 2**20, dtype=torch.int32, device="cuda")
+    scratch.zero_()  # the L2 flush of do_bench
+    fn()
+    torch.cuda.synchronize()
+    buf = (ctypes.c_ulonglong * (8192 * 16))()
+    if lib.sv_timeline(ctypes.byref(buf)) != 0:
+        raise RuntimeError("sv_timeline failed")
+    a = np.frombuffer(buf, dtype=np.uint64).reshape(8192, 16).astype(np.int64)
+    nblk = int((a[:, 0] > 0).sum())
+    a = a[:nblk]
+    sm = a[:, 15]
+    t = a[:, :15].astype(np.float64)
+    t0 = t[:, 0].min()
+    t = np.where(t > 0, (t - t0) / 1000.0, np.nan)  # us since the first block started
+    C = nblk // rows
+    print("\n== %s: %d blocks (C %d), span %.1f us (first start -> last exit)" % (title, nblk, C,
+                                                                            np.nanmax(t[:, 14])))
+    rank = np.arange(nblk) % C
+    print("  phase (median / p90 over blocks, us): " + ", ".join(
+        "%s->%s %.2f/%.2f" % (STAMP_NAMES[k - 1], STAMP_NAMES[k], np.nanmedian(t[:, k] - t[:, k - 1]),
+                               np.nanpercentile(t[:, k] - t[:, k - 1], 90))
+        for k in range(1, 15) if np.isfinite(t[:, k] - t[:, k - 1]).any()))
+    r0 = rank == 0
+    d = t[:, 9] - t[:, 8]
+    if np.isfinite(d).any():
+        print("  range merged -> refined: rank 0 %.2f us, others %.2f us (median)" % (np.nanmedian(d[r0]),
+                                                                                  np.nanmedian(d[~r0])))
+    d = t[:, 13] - t[:, 12]
+    print("  totals -> found: median %.2f us, max per cluster median %.2f" % (
+        np.nanmedian(d), np.nanmedian(np.nanmax(d.reshape(rows, C), axis=1))))
+    row_start = t[:, 0].reshape(rows, C).min(axis=1)
+    row_end = t[:, 14].reshape(rows, C).max(axis=1)
+    print("  per row: start -> last exit median %.1f us; blocks' exits spread (max - min) median %.1f us" % (
+        np.nanmedian(row_end - row_start),
+        np.nanmedian(np.nanmax(t[:, 14].reshape(rows, C), axis=1) - np.nanmin(t[:, 14].reshape(rows, C), axis=1))))
+    starts = np.sort(row_start)
+    print("  row starts (us): " + " ".join("%.0f" % x for x in starts[:: max(1, rows // 32)]))
+    # Co-residence: blocks on one SM whose [start, exit] overlap; same cluster or not, and the lag
+    same = other = 0
+    lags = []
+    for s_ in np.unique(sm):
+        idx = np.where(sm == s_)[0]
+        for i in range(len(idx)):
+            for j in range(i + 1, len(idx)):
+                p, q = idx[i], idx[j]
+                if t[p, 0] < t[q, 14] and t[q, 0] < t[p, 14]:
+                    if p // C == q // C:
+                        same += 1
+                    else:
+                        other += 1
+                        lags.append(abs(t[p, 0] - t[q, 0]))
+    print("  co-resident pairs: same cluster %d, different clusters %d (start lag median %.1f us, p90 %.1f)" % (
+        same, other, np.median(lags) if lags else float("nan"), np.percentile(lags, 90) if lags else float("nan")))
+    print("  distinct SMs %d; clusters' SM sets: %s" % (len(np.unique(sm)), " | ".join(
+        ",".join(str(int(x)) for x in sm[c * C:(c + 1) * C]) for c in range(min(4, rows)))))
 
 
 if __name__ == "__main__":

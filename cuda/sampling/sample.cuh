@@ -27,6 +27,7 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr int kDigitBits = 11;          // radix digit: 2048 bins, <= 3 refinement levels for 32-bit keys
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kCandCap = 2048;          // candidate keys a block compacts after the first level
+constexpr bool kValueLevel = true;      // refine(): a value-linear level before the key digits
 // First-level bins are linear in the logit distance from the row max, where float keys would
 // lump a binade's worth of values into one bin: counts (top-k) use 64 bins per logit (the
 // last bin holds everything >= 32 below the max), masses (top-p) 128 bins per nat of
@@ -99,6 +100,7 @@ struct Misc {
   int sel_bin;
   uint32_t ncand;
   uint32_t thr_slot;       // a threshold block 0 found alone (read by the cluster)
+  uint64_t above[kWarps];  // per warp: this block's top-p mass in the bins above the threshold bin
   uint64_t load_bar[kLoadChunks];  // the row load's bulk-copy barriers (one phase each)
 };
 
@@ -148,10 +150,18 @@ __device__ __forceinline__ float weight_t(float t) { return fast_exp2((-t) * kLo
 
 // The first-level mass bin of distance t: the row's span (max - min) / T over the 2048 bins, at
 // least 128 per nat (the last bin then holds w < e^-16). A near-flat row spreads over all bins
-// instead of a few dozen (fewer colliding atomics, fewer candidates in the threshold bin). NaN
-// lands in bin 0, as in value_bin.
+// instead of a few dozen (fewer colliding atomics, fewer candidates in the threshold bin).
+// u = t * scale rounded to the nearest integer by adding 2^23 (its low mantissa bits are then
+// rint(u)), capped at 2047: an FADD and a LOP instead of a float-to-int conversion, which runs at
+// a quarter of the FP32 rate as the ex2 and the fixed-point conversion beside it (session 8:
+// top-p 256x152064 -13 us). Monotone non-increasing in l for u >= 0 (t >= 0 with T > 0); the
+// mask keeps any u (negative from an invalid T, NaN: 2047) inside the histogram. The range pass's
+// bin test is this same computation, so the two always agree.
+__device__ __forceinline__ uint32_t mass_bin_u(float u) {
+  return __float_as_uint(fminf(u, 2047.0f) + 8388608.0f) & 0x7ffu;
+}
 __device__ __forceinline__ int mass_bin(float t, const RowCtx& r) {
-  return min(max(__float2int_rz(t * r.mass_scale), 0), kBins - 1);
+  return static_cast<int>(mass_bin_u(t * r.mass_scale));
 }
 
 // key(l) < thr as a float comparison (one instruction, no key): thr_value(thr) is the value of
@@ -452,6 +462,60 @@ __device__ __forceinline__ uint32_t refine(uint32_t lo, uint32_t hi, uint64_t tg
   const int tid = static_cast<int>(threadIdx.x);
   uint32_t* h32 = reinterpret_cast<uint32_t*>(hist);
   const bool overflow = ncand > static_cast<uint32_t>(kCandCap);
+  // Block-local list (C == 1): one level of 2048 bins linear in the candidates' distance from the
+  // max first. Key digits need two or three levels for a bin's worth of values (more near 0,
+  // where the keys are dense); ~300 candidates over 2048 value bins leave the crossing bin with one
+  // distinct key, and its candidates' exact key range then ends the refinement (or bounds it). The
+  // bins are monotone non-increasing in the value, so bins before the crossing hold exactly the
+  // keys above the range.
+  const float x_hi = key_value(hi);
+  const float t0 = nat_dist(x_hi, r);
+  const float vspan = nat_dist(key_value(lo), r) - t0;
+  if (kValueLevel && !overflow && C == 1 && lo < hi && vspan > 0.0f && vspan < __uint_as_float(0x7f800000u)) {
+    const float sc = static_cast<float>(kBins - 1) / vspan;
+    for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
+    __syncthreads();
+    for (int i = tid; i < static_cast<int>(ncand); i += kThreads) {
+      const uint32_t key = cand[i];
+      if (key < lo || key > hi) continue;
+      const float x = key_value(key);
+      const int d = static_cast<int>(mass_bin_u((nat_dist(x, r) - t0) * sc));
+      if constexpr (kMass) {
+        const uint32_t w = to_fixed(weight_f(x, r));
+        if (w) hist_add(h32, d, w);
+      } else {
+        atomicAdd(h32 + 2 * d, 1u);
+      }
+    }
+    const Selection s = select_bin(hist, part, tgt, -1.0f, m, C, rank);
+    uint32_t lo2 = 0xffffffffu;
+    uint32_t hi2 = 0u;
+    for (int i = tid; i < static_cast<int>(ncand); i += kThreads) {
+      const uint32_t key = cand[i];
+      if (key < lo || key > hi) continue;
+      if (static_cast<int>(mass_bin_u((nat_dist(key_value(key), r) - t0) * sc)) == s.bin) {
+        lo2 = min(lo2, key);
+        hi2 = max(hi2, key);
+      }
+    }
+    lo2 = __reduce_min_sync(kFull, lo2);
+    hi2 = __reduce_max_sync(kFull, hi2);
+    const int lane = tid & 31;
+    if (lane == 0) m->red[tid >> 5] = (static_cast<uint64_t>(lo2) << 32) | hi2;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const uint64_t e = m->red[w];
+      lo2 = min(lo2, static_cast<uint32_t>(e >> 32));
+      hi2 = max(hi2, static_cast<uint32_t>(e));
+    }
+    __syncthreads();  // m->red is read before its next use
+    if (lo2 <= hi2) {
+      tgt -= s.above;
+      lo = lo2;
+      hi = hi2;
+    }
+  }
   while (lo < hi) {
     const int bits = 32 - __clz(static_cast<int>(hi - lo));
     const int shift = bits > kDigitBits ? bits - kDigitBits : 0;
@@ -873,6 +937,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
 
   // ---- top-p over the top-k survivors: first level masses by value bin of (max - l) / T.
   uint32_t thr_p = 0;
+  bool own_above = false;  // m->above holds this block's mass in the bins above the threshold bin
   const float top_p = top_p_row;
   if (top_p < 1.0f) {
     for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
@@ -903,17 +968,20 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     const Selection s = select_bin(hist, part, 0, top_p, m, C, rank);
     if (s.total > 0) {  // 0 only without a finite max (no mass anywhere): no filter
       const int b1 = s.bin;
-      // mass_bin(t, r) == b1 as float bounds on u = t * scale (F2I truncates: b1 <= u < b1 + 1;
-      // bin 0 also takes NaN and u < 0, the last bin everything >= 2047).
-      const float ulo = static_cast<float>(b1);
-      const float uhi = static_cast<float>(b1 + 1);
-      const bool first = b1 == 0;
-      const bool last = b1 == kBins - 1;
-      auto pred = [&](float x) {
-        const float u = nat_dist(x, r) * r.mass_scale;
-        const bool in = first ? !(u >= 1.0f) : (u >= ulo && (last || u < uhi));
-        return in && !(x < thr_k_value);
-      };
+      // This block's own mass in bins [0, b1) (its histogram is intact until the refinement):
+      // every such token is kept (its key exceeds every key of bin b1), so with the kept
+      // candidates of b1 it gives the block's kept mass without the final pass (below). Summed
+      // per warp; the range pass's barriers publish m->above.
+      {
+        uint64_t own = 0;
+        for (int i = tid; i < b1; i += kThreads) own += hist[i];
+        own = warp_sum_u64(own);
+        if (lane == 0) m->above[warp] = own;
+        own_above = true;
+      }
+      // mass_bin(nat_dist(x), r) == b1, computed as the mass pass did (no branch).
+      const uint32_t b1u = static_cast<uint32_t>(b1);
+      auto pred = [&](float x) { return mass_bin_u(nat_dist(x, r) * r.mass_scale) == b1u && !(x < thr_k_value); };
       uint32_t kmin, kmax, ncand;
       range_and_compact(data, nv, pred, cand, m, &m->range_slot[1], C, kmin, kmax, ncand);
       if (kmin <= kmax) {
@@ -929,23 +997,48 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
   // target re-reads its vectors to find the token.
   const uint32_t thr = max(thr_k, thr_p);
   const float thr_v = thr_value(thr);
+  // Branch-free, so the elements of a vector overlap (session 8: top-p 256x152064 -5 us).
   auto kept_mass = [&](float x) -> uint32_t {
-    if (x < thr_v) return 0u;  // key(x) < thr
     const float w = weight_f(x, r);
-    return w >= r.min_p ? to_fixed(w) : 0u;
+    const uint32_t fixed = to_fixed(w);
+    return x < thr_v || !(w >= r.min_p) ? 0u : fixed;  // key(x) < thr, or below min-p
   };
   const int q = ((nv + kThreads - 1) / kThreads) | 1;
   const int v0 = min(nv, tid * q);
   const int v1 = min(nv, v0 + q);
+  // The block's kept mass without a pass over its slice when top-p set the threshold, min-p is
+  // off and the block's threshold-bin candidates all fit its list: the mass of its bins above the
+  // threshold bin plus its kept candidates' (the same integers the pass would sum). Only the
+  // block whose range holds the draw then runs the pass (to order its kept mass by index); the
+  // others leave as soon as the cluster has read their totals, so the next rows' clusters can
+  // start on their SMs.
+  const bool shortcut = own_above && thr_p != 0u && r.min_p <= 0.0f && m->ncand <= static_cast<uint32_t>(kCandCap);
   uint64_t tsum = 0;
-  for (int v = v0; v < v1; ++v) {
-    float x[N];
-    load_smem_vec(data, v, x);
+  uint64_t excl = 0;
+  uint64_t block_total = 0;
+  auto slice_pass = [&]() {
+    tsum = 0;
+    for (int v = v0; v < v1; ++v) {
+      float x[N];
+      load_smem_vec(data, v, x);
 #pragma unroll
-    for (int e = 0; e < N; ++e) tsum += kept_mass(x[e]);
+      for (int e = 0; e < N; ++e) tsum += kept_mass(x[e]);
+    }
+    excl = block_exclusive_scan(tsum, m->scan, block_total);
+  };
+  if (shortcut) {
+    uint64_t cm = 0;
+    const int nc = static_cast<int>(m->ncand);  // this block's own list leads `cand`
+    for (int i = tid; i < nc; i += kThreads) {
+      const uint32_t key = cand[i];
+      if (key >= thr) cm += to_fixed(weight_f(key_value(key), r));
+    }
+    if (warp == 0 && lane < kWarps) cm += m->above[lane];  // published by the range pass's barriers
+    block_total = 0;
+    (void)block_exclusive_scan(cm, m->scan, block_total);
+  } else {
+    slice_pass();
   }
-  uint64_t block_total;
-  const uint64_t excl = block_exclusive_scan(tsum, m->scan, block_total);
   if (tid == 0) m->total_slot = block_total;
   cluster.sync();
   const uint64_t t = lane < C ? *cluster.map_shared_rank(&m->total_slot, lane) : 0ull;
@@ -969,6 +1062,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     const uint64_t target = (prod_hi << 40) | (prod_lo >> 24);
     if (target >= before && target - before < block_total) {
       const uint64_t tau = target - before;
+      if (shortcut) slice_pass();  // the same block_total again, now ordered by thread
       if (tau >= excl && tau - excl < tsum) {
         uint64_t c = excl;
         bool found = false;
