@@ -8,6 +8,7 @@ kernel questions at once, where a rebuilt bundle answers one.
 
     python3 bench/micro/sample_variants.py build OUTDIR [NAME ...]   # here (nvcc, sm_90a)
     python3 bench/micro/sample_variants.py run OUTDIR                # on the GPU machine
+    ncu ... python3 bench/micro/sample_variants.py ncu OUTDIR NAME    # three launches to profile
 
 Add a variant: a name and a list of (file under cuda/, old text, new text); each old text must occur
 exactly once in that file.
@@ -38,17 +39,27 @@ _STAMPS = [
     ("  cluster.barrier_arrive();  // last remote read done; wait before leaving\n", "A", 12),
     ("  cluster.barrier_wait();\n}\n", "B", 13),
 ]
+# Inside block 0's refinement (16..20): counts read, candidates gathered, value level selected, value
+# level done, digit levels done.
+_REFINE_STAMPS = [
+    ("  const ListCounts k = list_counts(m, C, static_cast<uint32_t>(kCandCap) + 1u, static_cast<uint32_t>(kCandCap));\n",
+     "A", 16),
+    ("    gather_lists(cand, cand, k.cnt, k.incl, 1, C);  // its own list already leads\n    __syncthreads();\n", "A", 17),
+    ("    const Selection s = select_bin(hist, part, tgt, -1.0f, m, C, rank);\n    uint32_t lo2", "B", 18),
+    ("  while (lo < hi) {\n    const int bits", "B", 19),
+    ("    lo = hi - lo > span ? hi - span : lo;\n  }\n", "A", 20),
+]
 STAMP_NAMES = ["start", "loaded", "max merged", "mass pass", "A", "B", "selected", "range vote", "range merged",
                "refined", "thr", "kept mass", "totals", "found", "exit"]
 
 
 def _stamped():
     edits = []
-    for anchor, where, k in _STAMPS:
+    for anchor, where, k in _STAMPS + _REFINE_STAMPS:
         stamp = "  SV_STAMP(%d);\n" % k
         edits.append(("sampling/sample.cuh", anchor, anchor + stamp if where == "A" else stamp + anchor))
     last = "  cluster.barrier_wait();\n}\n"
-    edits[-1] = ("sampling/sample.cuh", last, "  SV_STAMP(13);\n  cluster.barrier_wait();\n  SV_STAMP(14);\n}\n")
+    edits[len(_STAMPS) - 1] = ("sampling/sample.cuh", last, "  SV_STAMP(13);\n  cluster.barrier_wait();\n  SV_STAMP(14);\n}\n")
     return edits
 
 
@@ -108,21 +119,28 @@ VARIANTS = {
 
 WRAPPER = r'''
 #include <cstdint>
-__device__ unsigned long long sv_tl[8192 * 16];
+__device__ unsigned long long sv_tl[8192 * 32];
 #define SV_STAMP(k)                                                                  \
   do {                                                                               \
     if (threadIdx.x == 0) {                                                          \
       unsigned long long t_;                                                         \
       asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                         \
-      if (blockIdx.x < 8192) sv_tl[blockIdx.x * 16 + (k)] = t_;                      \
+      if (blockIdx.x < 8192) sv_tl[blockIdx.x * 32 + (k)] = t_;                      \
       if ((k) == 0 && blockIdx.x < 8192) {                                           \
         unsigned s_;                                                                 \
         asm volatile("mov.u32 %0, %%smid;" : "=r"(s_));                              \
-        sv_tl[blockIdx.x * 16 + 15] = s_;                                            \
+        sv_tl[blockIdx.x * 32 + 31] = s_;                                            \
       }                                                                              \
     }                                                                                \
   } while (0)
 #include "cuda/sampling/sample.cuh"
+
+extern "C" int sv_timeline_clear() {
+  void* p = nullptr;
+  cudaError_t e = cudaGetSymbolAddress(&p, sv_tl);
+  if (e == cudaSuccess) e = cudaMemset(p, 0, sizeof(sv_tl));
+  return static_cast<int>(e);
+}
 
 extern "C" int sv_timeline(void* dst) {
   return static_cast<int>(cudaMemcpyFromSymbol(dst, sv_tl, sizeof(sv_tl)));
@@ -176,7 +194,7 @@ def build(outdir, names):
             out = os.path.join(outdir, name + ".so")
             cmd = [os.environ.get("NVCC", "nvcc"), "-std=c++17", "-O3", "--expt-relaxed-constexpr",
                    "-gencode=arch=compute_90a,code=sm_90a", "-Xcompiler", "-fPIC", "-shared", "-cudart", "static",
-                   "-Xptxas", "-v", "-I", work, "-o", out, src]
+                   "-lineinfo", "-Xptxas", "-v", "-I", work, "-o", out, src]
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
                 raise SystemExit("%s: nvcc failed\n%s" % (name, r.stderr))
@@ -242,7 +260,10 @@ def run(outdir):
         t = time_rounds(fns, time_us)
         for n in names:
             if "timeline" in n and top_k == 0:
-                timeline(libs[n], fns[n], "%s %s" % (n, shape), rows)
+                try:
+                    timeline(libs[n], fns[n], "%s %s" % (n, shape), rows)
+                except Exception as exc:  # a broken analysis must not cost the timings
+                    print("timeline %s %s failed: %r" % (n, shape, exc))
         cells = ["%16s" % "error" if isinstance(t[n], Exception) else "%13.1f us" % median(t[n]) for n in names]
         print("%-34s" % shape + "".join(cells), flush=True)
     if failed:
@@ -257,17 +278,19 @@ def timeline(lib, fn, title, rows):
     import torch
 
     scratch = torch.empty(64 * 2**20, dtype=torch.int32, device="cuda")
+    if lib.sv_timeline_clear() != 0:
+        raise RuntimeError("sv_timeline_clear failed")
     scratch.zero_()  # the L2 flush of do_bench
     fn()
     torch.cuda.synchronize()
-    buf = (ctypes.c_ulonglong * (8192 * 16))()
+    buf = (ctypes.c_ulonglong * (8192 * 32))()
     if lib.sv_timeline(ctypes.byref(buf)) != 0:
         raise RuntimeError("sv_timeline failed")
-    a = np.frombuffer(buf, dtype=np.uint64).reshape(8192, 16).astype(np.int64)
+    a = np.frombuffer(buf, dtype=np.uint64).reshape(8192, 32).astype(np.int64)
     nblk = int((a[:, 0] > 0).sum())
     a = a[:nblk]
-    sm = a[:, 15]
-    t = a[:, :15].astype(np.float64)
+    sm = a[:, 31]
+    t = a[:, :21].astype(np.float64)
     t0 = t[:, 0].min()
     t = np.where(t > 0, (t - t0) / 1000.0, np.nan)  # us since the first block started
     C = nblk // rows
@@ -283,6 +306,9 @@ def timeline(lib, fn, title, rows):
     if np.isfinite(d).any():
         print("  range merged -> refined: rank 0 %.2f us, others %.2f us (median)" % (np.nanmedian(d[r0]),
                                                                                   np.nanmedian(d[~r0])))
+    chain = [8, 16, 17, 18, 19, 20, 9]
+    print("  block 0's refinement (median us): " + ", ".join(
+        "%d->%d %.2f" % (p, q, np.nanmedian(t[r0, q] - t[r0, p])) for p, q in zip(chain, chain[1:])))
     d = t[:, 13] - t[:, 12]
     print("  totals -> found: median %.2f us, max per cluster median %.2f" % (
         np.nanmedian(d), np.nanmedian(np.nanmax(d.reshape(rows, C), axis=1))))
@@ -313,10 +339,35 @@ def timeline(lib, fn, title, rows):
         ",".join(str(int(x)) for x in sm[c * C:(c + 1) * C]) for c in range(min(4, rows)))))
 
 
+def ncu_target(outdir, name):
+    """Three launches of one variant on 256x152064 top-p (for ncu --launch-skip 2 --launch-count 1)."""
+    import ctypes
+
+    import torch
+
+    lib = ctypes.CDLL(os.path.join(outdir, name + ".so"))
+    x = torch.randn(256, 152064, device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
+    seeds = torch.arange(256, device="cuda", dtype=torch.int64) + 1234
+    offsets = torch.zeros(256, device="cuda", dtype=torch.int64)
+    tok = torch.empty(256, device="cuda", dtype=torch.int64)
+    lp = torch.empty(256, device="cuda")
+    for _ in range(3):
+        rc = lib.sv_sample(ctypes.c_void_p(x.data_ptr()), ctypes.c_longlong(256), ctypes.c_longlong(152064),
+                           ctypes.c_longlong(152064), 0, ctypes.c_float(0.8), ctypes.c_float(0.9), ctypes.c_longlong(0),
+                           ctypes.c_void_p(seeds.data_ptr()), ctypes.c_void_p(offsets.data_ptr()),
+                           ctypes.c_void_p(tok.data_ptr()), ctypes.c_void_p(lp.data_ptr()), ctypes.c_void_p(0))
+        if rc != 0:
+            raise SystemExit("sv_sample: cudaError %d" % rc)
+    torch.cuda.synchronize()
+    print("ran", name)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 3 or sys.argv[1] not in ("build", "run"):
+    if len(sys.argv) < 3 or sys.argv[1] not in ("build", "run", "ncu"):
         raise SystemExit(__doc__)
     if sys.argv[1] == "build":
         build(sys.argv[2], sys.argv[3:])
+    elif sys.argv[1] == "ncu":
+        ncu_target(sys.argv[2], sys.argv[3])
     else:
         run(sys.argv[2])

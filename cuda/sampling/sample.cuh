@@ -582,12 +582,25 @@ __device__ __forceinline__ ListCounts list_counts(Misc* m, int C, uint32_t clamp
 // of the counts) to dst at their prefix offsets, in block order.
 template <typename E>
 __device__ __forceinline__ void gather_lists(E* dst, const E* list, uint32_t cnt, uint32_t incl, int c0, int C) {
+  // One output slot per thread, all remote loads in flight at once (a loop over the blocks paid
+  // one distributed-shared-memory round trip per block); slot j belongs to the block whose
+  // prefix range holds it, found from the lanes' prefixes (uniform loop: the shuffles see every
+  // lane).
   const cg::cluster_group cluster = cg::this_cluster();
-  for (int c = c0; c < C; ++c) {
-    const uint32_t cc = __shfl_sync(kFull, cnt, c);
-    const uint32_t off = __shfl_sync(kFull, incl - cnt, c);
-    const E* src = cluster.map_shared_rank(list, c);
-    for (int j = static_cast<int>(threadIdx.x); j < static_cast<int>(cc); j += kThreads) dst[off + j] = src[j];
+  const uint32_t start = __shfl_sync(kFull, incl - cnt, c0);
+  const uint32_t end = __shfl_sync(kFull, incl, C - 1);
+  for (uint32_t base = start; base < end; base += kThreads) {
+    const uint32_t j = base + threadIdx.x;
+    int c = c0;
+    uint32_t off = start;
+    for (int b = c0; b < C - 1; ++b) {
+      const uint32_t ib = __shfl_sync(kFull, incl, b);
+      if (j >= ib) {
+        c = b + 1;
+        off = ib;
+      }
+    }
+    if (j < end) dst[j] = cluster.map_shared_rank(list, c)[j - off];
   }
 }
 
