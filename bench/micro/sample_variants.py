@@ -33,7 +33,7 @@ _STAMPS = [
     ("    const Selection s = select_bin(hist, part, 0, top_p, m, C, rank);\n", "A", 6),
     ("  cluster_minmax(lo, hi, slot, m, C);  // its barriers also publish cand / ncand\n", "B", 7),
     ("      range_and_compact(data, nv, pred, cand, m, &m->range_slot[1], C, kmin, kmax, ncand);\n", "A", 8),
-    ("  cluster.sync();  // block 0's threshold is published and its remote reads are done\n", "B", 9),
+    ("  cluster.sync();  // block 0's threshold (and totals) are published and its remote reads are done\n", "B", 9),
     ("  const uint32_t thr = max(thr_k, thr_p);\n", "A", 10),
     ("  if (tid == 0) m->total_slot = block_total;\n", "B", 11),
     ("  cluster.barrier_arrive();  // last remote read done; wait before leaving\n", "A", 12),

@@ -100,7 +100,8 @@ struct Misc {
   int sel_bin;
   uint32_t ncand;
   uint32_t thr_slot;       // a threshold block 0 found alone (read by the cluster)
-  uint64_t above[kWarps];  // per warp: this block's top-p mass in the bins above the threshold bin
+  uint64_t above_total;    // this block's top-p mass in the bins above the threshold bin (read by block 0)
+  uint64_t tot[kMaxCluster];  // block 0: every block's kept mass (fused totals, read by the cluster)
   uint64_t load_bar[kLoadChunks];  // the row load's bulk-copy barriers (one phase each)
 };
 
@@ -612,7 +613,9 @@ __device__ __forceinline__ void gather_lists(E* dst, const E* list, uint32_t cnt
 template <bool kMass, typename T, class Pred>
 __device__ __forceinline__ uint32_t refine_cluster(uint32_t lo, uint32_t hi, uint64_t tgt, const T* data, int nv,
                                                    Pred pred, uint32_t* cand, uint32_t ncand, const RowCtx& r,
-                                                   uint64_t* hist, uint64_t* part, Misc* m, int C, int rank) {
+                                                   uint64_t* hist, uint64_t* part, Misc* m, int C, int rank,
+                                                   bool want_totals, bool& fused) {
+  fused = false;
   if (C == 1) return refine<kMass>(lo, hi, tgt, data, nv, pred, cand, ncand, r, hist, part, m, C, rank);
   const cg::cluster_group cluster = cg::this_cluster();
   const int tid = static_cast<int>(threadIdx.x);
@@ -621,13 +624,36 @@ __device__ __forceinline__ uint32_t refine_cluster(uint32_t lo, uint32_t hi, uin
   if (k.over || total > static_cast<uint32_t>(kCandCap)) {
     return refine<kMass>(lo, hi, tgt, data, nv, pred, cand, ncand, r, hist, part, m, C, rank);
   }
+  fused = want_totals;
   if (rank == 0) {
     gather_lists(cand, cand, k.cnt, k.incl, 1, C);  // its own list already leads
     __syncthreads();
     const uint32_t thr = refine<kMass>(lo, hi, tgt, data, nv, pred, cand, total, r, hist, part, m, 1, 0);
     if (tid == 0) m->thr_slot = thr;
+    if (want_totals) {
+      // Every block's kept mass: its bins above the threshold bin (m->above_total, published by
+      // the range pass's barrier) plus its candidates at or above thr, which block 0 holds at the
+      // block's prefix range of the gathered list; summed per block in (lo, hi) words of `hist`.
+      uint32_t* h32 = reinterpret_cast<uint32_t*>(hist);
+      if (tid < 2 * kMaxCluster) h32[tid] = 0u;
+      __syncthreads();
+      for (uint32_t base = 0; base < total; base += kThreads) {
+        const uint32_t j = base + static_cast<uint32_t>(tid);
+        int c = 0;
+        for (int b = 0; b < C - 1; ++b) {
+          if (j >= __shfl_sync(kFull, k.incl, b)) c = b + 1;
+        }
+        if (j < total) {
+          const uint32_t key = cand[j];
+          const uint32_t w = key >= thr ? to_fixed(weight_f(key_value(key), r)) : 0u;
+          if (w) hist_add(h32, c, w);
+        }
+      }
+      __syncthreads();
+      if (tid < C) m->tot[tid] = hist[tid] + *cluster.map_shared_rank(&m->above_total, tid);
+    }
   }
-  cluster.sync();  // block 0's threshold is published and its remote reads are done
+  cluster.sync();  // block 0's threshold (and totals) are published and its remote reads are done
   return *cluster.map_shared_rank(&m->thr_slot, 0);
 }
 
@@ -881,8 +907,9 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     uint32_t kmin, kmax, ncand;
     range_and_compact(data, nv, pred, cand, m, &m->range_slot[0], C, kmin, kmax, ncand);
     if (kmin <= kmax) {
+      bool unused;
       thr_k = refine_cluster<false>(kmin, kmax, static_cast<uint64_t>(top_k) - s.above, data, nv, pred, cand, ncand,
-                                    r, hist, part, m, C, rank);
+                                    r, hist, part, m, C, rank, false, unused);
     }
   }
 
@@ -950,7 +977,8 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
 
   // ---- top-p over the top-k survivors: first level masses by value bin of (max - l) / T.
   uint32_t thr_p = 0;
-  bool own_above = false;  // m->above holds this block's mass in the bins above the threshold bin
+  bool own_above = false;  // m->above_total holds this block's mass in the bins above the threshold bin
+  bool fused_totals = false;  // block 0 published every block's kept mass in m->tot (uniform)
   const float top_p = top_p_row;
   if (top_p < 1.0f) {
     for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
@@ -989,7 +1017,14 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
         uint64_t own = 0;
         for (int i = tid; i < b1; i += kThreads) own += hist[i];
         own = warp_sum_u64(own);
-        if (lane == 0) m->above[warp] = own;
+        if (lane == 0) m->scan[warp] = own;
+        __syncthreads();
+        if (tid == 0) {
+          uint64_t sum = 0;
+#pragma unroll
+          for (int w = 0; w < kWarps; ++w) sum += m->scan[w];
+          m->above_total = sum;  // the range pass's barriers publish it (and free m->scan)
+        }
         own_above = true;
       }
       // mass_bin(nat_dist(x), r) == b1, computed as the mass pass did (no branch).
@@ -998,8 +1033,10 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
       uint32_t kmin, kmax, ncand;
       range_and_compact(data, nv, pred, cand, m, &m->range_slot[1], C, kmin, kmax, ncand);
       if (kmin <= kmax) {
+        // min-p off (the same value in every block): block 0 also sums every block's kept mass
+        // while it holds all the candidates, and publishes the totals with the threshold.
         thr_p = refine_cluster<true>(kmin, kmax, s.tgt - s.above, data, nv, pred, cand, ncand, r, hist, part, m, C,
-                                     rank);
+                                     rank, r.min_p <= 0.0f, fused_totals);
       }
     }
   }
@@ -1039,6 +1076,14 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     }
     excl = block_exclusive_scan(tsum, m->scan, block_total);
   };
+  uint64_t total, before;
+  if (fused_totals) {  // no pass and no barrier: block 0's totals, published with the threshold
+    const uint64_t t = lane < C ? *cluster.map_shared_rank(&m->tot[lane], 0) : 0ull;
+    const uint64_t incl = warp_inclusive_scan_u64(t);
+    total = __shfl_sync(kFull, incl, 31);
+    before = __shfl_sync(kFull, incl - t, rank);
+    block_total = __shfl_sync(kFull, t, rank);
+  } else {
   if (shortcut) {
     uint64_t cm = 0;
     const int nc = static_cast<int>(m->ncand);  // this block's own list leads `cand`
@@ -1046,9 +1091,9 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
       const uint32_t key = cand[i];
       if (key >= thr) cm += to_fixed(weight_f(key_value(key), r));
     }
-    if (warp == 0 && lane < kWarps) cm += m->above[lane];  // published by the range pass's barriers
     block_total = 0;
     (void)block_exclusive_scan(cm, m->scan, block_total);
+    block_total += m->above_total;
   } else {
     slice_pass();
   }
@@ -1056,8 +1101,9 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
   cluster.sync();
   const uint64_t t = lane < C ? *cluster.map_shared_rank(&m->total_slot, lane) : 0ull;
   const uint64_t incl = warp_inclusive_scan_u64(t);
-  const uint64_t total = __shfl_sync(kFull, incl, 31);
-  const uint64_t before = __shfl_sync(kFull, incl - t, rank);
+  total = __shfl_sync(kFull, incl, 31);
+  before = __shfl_sync(kFull, incl - t, rank);
+  }
   cluster.barrier_arrive();  // last remote read done; wait before leaving
   if (total == 0) {  // no finite max (NaN / inf rows): the greedy token
     if (rank == 0 && tid == 0) {
@@ -1075,7 +1121,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     const uint64_t target = (prod_hi << 40) | (prod_lo >> 24);
     if (target >= before && target - before < block_total) {
       const uint64_t tau = target - before;
-      if (shortcut) slice_pass();  // the same block_total again, now ordered by thread
+      if (shortcut || fused_totals) slice_pass();  // the same block_total again, now ordered by thread
       if (tau >= excl && tau - excl < tsum) {
         uint64_t c = excl;
         bool found = false;
