@@ -36,7 +36,7 @@ _STAMPS = [
     ("  cluster.sync();  // block 0's threshold (and totals) are published and its remote reads are done\n", "B", 9),
     ("  const uint32_t thr = max(thr_k, thr_p);\n", "A", 10),
     ("  if (tid == 0) m->total_slot = block_total;\n", "B", 11),
-    ("  cluster.barrier_arrive();  // last remote read done; wait before leaving\n", "A", 12),
+    ("  cluster_arrive_relaxed();\n", "A", 12),
     ("  cluster.barrier_wait();\n}\n", "B", 13),
 ]
 # Inside block 0's refinement (16..20): counts read, candidates gathered, value level selected, value
@@ -86,6 +86,56 @@ _MASS_MAGIC = [("sampling/sample.cuh", """__device__ __forceinline__ int mass_bi
                 """        const bool in = (__float_as_uint(fminf(u, 2047.0f) + 8388608.0f) & 0x7ffu) == static_cast<uint32_t>(b1);""")]
 
 
+_MASS_ILP = [("sampling/sample.cuh", """    for_each_element(data, nv, [&](float x, bool ok) {
+      if (!ok || x < thr_k_value) return;  // key(x) < thr_k
+      const float t = nat_dist(x, r);
+      const uint32_t w = to_fixed(weight_t(t));
+      if (!w) return;
+      const int b = mass_bin(t, r);
+      if (b == 0) {
+        m_first += w;
+      } else if (b == kBins - 1) {
+        m_last += w;
+      } else {
+        hist_add(h32, b, w);
+      }
+    });""", """    for (int base = tid & ~31; base < nv; base += kThreads) {
+      constexpr int N = Vec<T>::N;
+      const int v = base + lane;
+      float x[N];
+      if (v < nv) {
+        load_smem_vec(data, v, x);
+      } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e) x[e] = __uint_as_float(0xff800000u);
+      }
+      uint32_t w[N];
+      int b[N];
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const float t = nat_dist(x[e], r);
+        const uint32_t fw = to_fixed(weight_t(t));
+        b[e] = mass_bin(t, r);
+        const uint32_t we = x[e] < thr_k_value ? 0u : fw;  // key(x) < thr_k
+        const bool f = b[e] == 0;
+        const bool l = b[e] == kBins - 1;
+        m_first += f ? we : 0u;
+        m_last += l ? we : 0u;
+        w[e] = f || l ? 0u : we;
+      }
+      uint32_t old[N];
+#pragma unroll
+      for (int e = 0; e < N; ++e) old[e] = w[e] ? atomicAdd(h32 + 2 * b[e], w[e]) : 0u;
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        if (old[e] + w[e] < old[e]) atomicAdd(h32 + 2 * b[e] + 1, 1u);
+      }
+    }""")]
+
+_RELAXED_EXIT = [("sampling/sample.cuh", "  cluster.barrier_arrive();  // last remote read done; wait before leaving",
+                  '  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");  // last remote read done')]
+
+
 # A name starting with "head" starts from the committed tree (git HEAD) instead of the working tree.
 VARIANTS = {
     "shipped": [],
@@ -111,6 +161,12 @@ VARIANTS = {
     "mass_magic": _MASS_MAGIC,
     "magic_final_bf": _MASS_MAGIC + _FINAL_BF,
     "magic_final_bf_timeline": _MASS_MAGIC + _FINAL_BF + _stamped(),
+    # The top-p mass pass per vector: every element's weight and bin first (no branch), then the
+    # vector's shared atomics issued together, then their carries.
+    "mass_ilp": _MASS_ILP,
+    # The exit barrier's arrive relaxed (it publishes nothing: the remote reads before it were used).
+    "relaxed_exit": _RELAXED_EXIT,
+    "mass_ilp_relaxed_exit": _MASS_ILP + _RELAXED_EXIT,
     # The working tree without the value-linear refinement level (key digits only).
     "no_vlevel": [("sampling/sample.cuh", "constexpr bool kValueLevel = true;", "constexpr bool kValueLevel = false;")],
     "no_vlevel_timeline": [("sampling/sample.cuh", "constexpr bool kValueLevel = true;",

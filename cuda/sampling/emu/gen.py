@@ -36,6 +36,8 @@ def edit_sample(s):
                      "\n  (void)bars;\n  for (int i = 0; i < full * 16; ++i) static_cast<char*>(dst)[i] = static_cast<const char*>(src)[i];\n}\n")
     s = replace_func(s, "__device__ __forceinline__ void slice_chunk_wait(uint64_t* bars, int k) {",
                      " (void)bars; (void)k; }\n")
+    s = replace_func(s, "__device__ __forceinline__ void cluster_arrive_relaxed() {",
+                     " cg::this_cluster().barrier_arrive(); }\n")
     return replace_func(s, "__device__ __forceinline__ float fast_exp2(float x) {", " return exp2f(x); }\n")
 
 
