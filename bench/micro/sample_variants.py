@@ -63,79 +63,6 @@ def _stamped():
     return edits
 
 
-_FINAL_BF = [("sampling/sample.cuh", """    if (x < thr_v) return 0u;  // key(x) < thr
-    const float w = weight_f(x, r);
-    return w >= r.min_p ? to_fixed(w) : 0u;""", """    const float w = weight_f(x, r);
-    const uint32_t fixed = to_fixed(w);
-    return x < thr_v || !(w >= r.min_p) ? 0u : fixed;""")]
-
-_RANGE_BF = [("sampling/sample.cuh", """        const bool in = first ? !(u >= 1.0f) : (u >= ulo && (last || u < uhi));""",
-              """        const bool in = !(u < lo_b) && !(u >= hi_b);"""),
-             ("sampling/sample.cuh", """      const bool last = b1 == kBins - 1;
-""", """      const bool last = b1 == kBins - 1;
-      const float lo_b = first ? __uint_as_float(0xff800000u) : ulo;
-      const float hi_b = last ? __uint_as_float(0x7fc00000u) : uhi;
-""")]
-
-_MASS_MAGIC = [("sampling/sample.cuh", """__device__ __forceinline__ int mass_bin(float t, const RowCtx& r) {
-  return min(max(__float2int_rz(t * r.mass_scale), 0), kBins - 1);
-}""", """__device__ __forceinline__ int mass_bin(float t, const RowCtx& r) {
-  return static_cast<int>(__float_as_uint(fminf(t * r.mass_scale, 2047.0f) + 8388608.0f) & 0x7ffu);
-}"""),
-               ("sampling/sample.cuh", """        const bool in = first ? !(u >= 1.0f) : (u >= ulo && (last || u < uhi));""",
-                """        const bool in = (__float_as_uint(fminf(u, 2047.0f) + 8388608.0f) & 0x7ffu) == static_cast<uint32_t>(b1);""")]
-
-
-_MASS_ILP = [("sampling/sample.cuh", """    for_each_element(data, nv, [&](float x, bool ok) {
-      if (!ok || x < thr_k_value) return;  // key(x) < thr_k
-      const float t = nat_dist(x, r);
-      const uint32_t w = to_fixed(weight_t(t));
-      if (!w) return;
-      const int b = mass_bin(t, r);
-      if (b == 0) {
-        m_first += w;
-      } else if (b == kBins - 1) {
-        m_last += w;
-      } else {
-        hist_add(h32, b, w);
-      }
-    });""", """    for (int base = tid & ~31; base < nv; base += kThreads) {
-      constexpr int N = Vec<T>::N;
-      const int v = base + lane;
-      float x[N];
-      if (v < nv) {
-        load_smem_vec(data, v, x);
-      } else {
-#pragma unroll
-        for (int e = 0; e < N; ++e) x[e] = __uint_as_float(0xff800000u);
-      }
-      uint32_t w[N];
-      int b[N];
-#pragma unroll
-      for (int e = 0; e < N; ++e) {
-        const float t = nat_dist(x[e], r);
-        const uint32_t fw = to_fixed(weight_t(t));
-        b[e] = mass_bin(t, r);
-        const uint32_t we = x[e] < thr_k_value ? 0u : fw;  // key(x) < thr_k
-        const bool f = b[e] == 0;
-        const bool l = b[e] == kBins - 1;
-        m_first += f ? we : 0u;
-        m_last += l ? we : 0u;
-        w[e] = f || l ? 0u : we;
-      }
-      uint32_t old[N];
-#pragma unroll
-      for (int e = 0; e < N; ++e) old[e] = w[e] ? atomicAdd(h32 + 2 * b[e], w[e]) : 0u;
-#pragma unroll
-      for (int e = 0; e < N; ++e) {
-        if (old[e] + w[e] < old[e]) atomicAdd(h32 + 2 * b[e] + 1, 1u);
-      }
-    }""")]
-
-_RELAXED_EXIT = [("sampling/sample.cuh", "  cluster.barrier_arrive();  // last remote read done; wait before leaving",
-                  '  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");  // last remote read done')]
-
-
 # A name starting with "head" starts from the committed tree (git HEAD) instead of the working tree.
 VARIANTS = {
     "shipped": [],
@@ -146,32 +73,17 @@ VARIANTS = {
     "load_chunk_8k": [("sampling/sample.cuh", "constexpr int kLoadChunkVecs = 1024;",
                        "constexpr int kLoadChunkVecs = 512;"),
                       ("sampling/sample.cuh", "constexpr int kLoadChunks = 12;", "constexpr int kLoadChunks = 24;")],
-    # The final pass's kept mass branch-free, so the elements of a vector overlap (session 7 tried
-    # this only together with branch-free first-level passes, which slowed peaked rows).
-    "final_branchfree": _FINAL_BF,
-    # The working tree without the final pass's shortcut (sort_refine alone).
+    # The working tree with every block scanning its slice for its kept mass (no shortcut).
     "no_shortcut": [("sampling/sample.cuh", "  const bool shortcut = own_above && thr_p != 0u",
                      "  const bool shortcut = false && own_above && thr_p != 0u")],
-    # The top-p range pass's bin test without branches: bounds chosen once per row (NaN u cannot
-    # occur in a row with mass: its max would be NaN).
-    "range_bf": _RANGE_BF,
-    # First-level mass bins by rounding (u + 2^23, the low bits) instead of a float-to-int
-    # conversion (quarter rate, as ex2 and the fixed-point conversion), and the range pass's bin
-    # test as the same computation.
-    "mass_magic": _MASS_MAGIC,
-    "magic_final_bf": _MASS_MAGIC + _FINAL_BF,
-    "magic_final_bf_timeline": _MASS_MAGIC + _FINAL_BF + _stamped(),
-    # The top-p mass pass per vector: every element's weight and bin first (no branch), then the
-    # vector's shared atomics issued together, then their carries.
-    "mass_ilp": _MASS_ILP,
-    # The exit barrier's arrive relaxed (it publishes nothing: the remote reads before it were used).
-    "relaxed_exit": _RELAXED_EXIT,
-    "mass_ilp_relaxed_exit": _MASS_ILP + _RELAXED_EXIT,
     # The working tree without the value-linear refinement level (key digits only).
     "no_vlevel": [("sampling/sample.cuh", "constexpr bool kValueLevel = true;", "constexpr bool kValueLevel = false;")],
     "no_vlevel_timeline": [("sampling/sample.cuh", "constexpr bool kValueLevel = true;",
                             "constexpr bool kValueLevel = false;")] + _stamped(),
 }
+# Variants measured in session 8 and since merged into the kernel or dropped (bench/NOTES.md has
+# the figures): the shortcut alone, mass bins by rounding, branch-free range test and final pass,
+# a bitonic-sort refinement, the mass pass per vector, a relaxed exit arrive.
 
 WRAPPER = r'''
 #include <cstdint>
