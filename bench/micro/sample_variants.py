@@ -35,7 +35,7 @@ _STAMPS = [
     ("      range_and_compact(data, nv, pred, cand, m, &m->range_slot[1], C, kmin, kmax, ncand);\n", "A", 8),
     ("  cluster.sync();  // block 0's threshold (and totals) are published and its remote reads are done\n", "B", 9),
     ("  const uint32_t thr = max(thr_k, thr_p);\n", "A", 10),
-    ("  if (tid == 0) m->total_slot = block_total;\n", "B", 11),
+    ("    if (tid == 0) m->total_slot = block_total;\n", "B", 11),
     ("  cluster_arrive_relaxed();\n", "A", 12),
     ("  cluster.barrier_wait();\n}\n", "B", 13),
 ]
@@ -74,8 +74,8 @@ VARIANTS = {
                        "constexpr int kLoadChunkVecs = 512;"),
                       ("sampling/sample.cuh", "constexpr int kLoadChunks = 12;", "constexpr int kLoadChunks = 24;")],
     # The working tree with every block scanning its slice for its kept mass (no shortcut).
-    "no_shortcut": [("sampling/sample.cuh", "  const bool shortcut = own_above && thr_p != 0u",
-                     "  const bool shortcut = false && own_above && thr_p != 0u")],
+    "no_shortcut": [("sampling/sample.cuh", "  const bool shortcut = thr_p != 0u",
+                     "  const bool shortcut = false && thr_p != 0u")],
     # The working tree without the value-linear refinement level (key digits only).
     "no_vlevel": [("sampling/sample.cuh", "constexpr bool kValueLevel = true;", "constexpr bool kValueLevel = false;")],
     "no_vlevel_timeline": [("sampling/sample.cuh", "constexpr bool kValueLevel = true;",

@@ -386,6 +386,18 @@ __device__ __forceinline__ void load_smem_vec(const T* data, int v, float (&f)[V
   vec_to_float(a, f);
 }
 
+// Vector v of the slice, or -inf in every element past its end (nv vectors): mass 0, never a
+// candidate, never the argmax over a real element.
+template <typename T>
+__device__ __forceinline__ void load_smem_vec_or_pad(const T* data, int v, int nv, float (&f)[Vec<T>::N]) {
+  if (v < nv) {
+    load_smem_vec(data, v, f);
+  } else {
+#pragma unroll
+    for (int e = 0; e < Vec<T>::N; ++e) f[e] = __uint_as_float(0xff800000u);
+  }
+}
+
 // f(x, key_ok) over every element of the slice; lanes of a warp iterate together (the ballot
 // passes need that), `ok` is false for lanes past the end.
 template <typename T, class F>
@@ -394,16 +406,10 @@ __device__ __forceinline__ void for_each_element(const T* data, int nv, F&& f) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   for (int base = static_cast<int>(threadIdx.x) & ~31; base < nv; base += kThreads) {
     const int v = base + lane;
-    const bool ok = v < nv;
     float x[N];
-    if (ok) {
-      load_smem_vec(data, v, x);
-    } else {
+    load_smem_vec_or_pad(data, v, nv, x);
 #pragma unroll
-      for (int e = 0; e < N; ++e) x[e] = __uint_as_float(0xff800000u);
-    }
-#pragma unroll
-    for (int e = 0; e < N; ++e) f(x[e], ok);
+    for (int e = 0; e < N; ++e) f(x[e], v < nv);
   }
 }
 
@@ -583,29 +589,36 @@ __device__ __forceinline__ ListCounts list_counts(Misc* m, int C, uint32_t clamp
   return k;
 }
 
+// The block c >= c0 whose list holds slot j of the concatenated lists, and that list's first slot
+// (off); lane b of every warp holds block b's inclusive prefix incl of the counts, list c0 starts
+// at `start`. Shuffles: call in uniform control flow.
+__device__ __forceinline__ int list_owner(uint32_t j, uint32_t incl, uint32_t start, int c0, int C, uint32_t& off) {
+  int c = c0;
+  off = start;
+  for (int b = c0; b < C - 1; ++b) {
+    const uint32_t ib = __shfl_sync(kFull, incl, b);
+    if (j >= ib) {
+      c = b + 1;
+      off = ib;
+    }
+  }
+  return c;
+}
+
 // Block 0, whole block: appends the lists of blocks c0..C-1 (block c's `list` in its shared
 // memory, cnt entries; lane c of every warp holds block c's cnt and the inclusive prefix incl
 // of the counts) to dst at their prefix offsets, in block order.
 template <typename E>
 __device__ __forceinline__ void gather_lists(E* dst, const E* list, uint32_t cnt, uint32_t incl, int c0, int C) {
   // One output slot per thread, all remote loads in flight at once (a loop over the blocks paid
-  // one distributed-shared-memory round trip per block); slot j belongs to the block whose
-  // prefix range holds it, found from the lanes' prefixes (uniform loop: the shuffles see every
-  // lane).
+  // one distributed-shared-memory round trip per block). Uniform loop: list_owner shuffles.
   const cg::cluster_group cluster = cg::this_cluster();
   const uint32_t start = __shfl_sync(kFull, incl - cnt, c0);
   const uint32_t end = __shfl_sync(kFull, incl, C - 1);
   for (uint32_t base = start; base < end; base += kThreads) {
     const uint32_t j = base + threadIdx.x;
-    int c = c0;
-    uint32_t off = start;
-    for (int b = c0; b < C - 1; ++b) {
-      const uint32_t ib = __shfl_sync(kFull, incl, b);
-      if (j >= ib) {
-        c = b + 1;
-        off = ib;
-      }
-    }
+    uint32_t off;
+    const int c = list_owner(j, incl, start, c0, C, off);
     if (j < end) dst[j] = cluster.map_shared_rank(list, c)[j - off];
   }
 }
@@ -644,10 +657,8 @@ __device__ __forceinline__ uint32_t refine_cluster(uint32_t lo, uint32_t hi, uin
       __syncthreads();
       for (uint32_t base = 0; base < total; base += kThreads) {
         const uint32_t j = base + static_cast<uint32_t>(tid);
-        int c = 0;
-        for (int b = 0; b < C - 1; ++b) {
-          if (j >= __shfl_sync(kFull, k.incl, b)) c = b + 1;
-        }
+        uint32_t off;
+        const int c = list_owner(j, k.incl, 0u, 0, C, off);
         if (j < total) {
           const uint32_t key = cand[j];
           const uint32_t w = key >= thr ? to_fixed(weight_f(key_value(key), r)) : 0u;
@@ -929,12 +940,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     for (int base = tid & ~31; base < nv; base += kThreads) {
       const int v = base + lane;
       float x[N];
-      if (v < nv) {
-        load_smem_vec(data, v, x);
-      } else {
-#pragma unroll
-        for (int e = 0; e < N; ++e) x[e] = __uint_as_float(0xff800000u);
-      }
+      load_smem_vec_or_pad(data, v, nv, x);
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         const int i = v * N + e;
@@ -982,7 +988,6 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
 
   // ---- top-p over the top-k survivors: first level masses by value bin of (max - l) / T.
   uint32_t thr_p = 0;
-  bool own_above = false;  // m->above_total holds this block's mass in the bins above the threshold bin
   bool fused_totals = false;  // block 0 published every block's kept mass in m->tot (uniform)
   const float top_p = top_p_row;
   if (top_p < 1.0f) {
@@ -997,12 +1002,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     for (int base = tid & ~31; base < nv; base += kThreads) {
       const int v = base + lane;
       float x[N];
-      if (v < nv) {
-        load_smem_vec(data, v, x);
-      } else {
-#pragma unroll
-        for (int e = 0; e < N; ++e) x[e] = __uint_as_float(0xff800000u);  // mass 0
-      }
+      load_smem_vec_or_pad(data, v, nv, x);
       float t[N];
       uint32_t w[N];
       uint32_t any = 0;
@@ -1043,9 +1043,9 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
       const int b1 = s.bin;
       // This block's own mass in bins [0, b1) (its histogram is intact until the refinement):
       // every such token is kept (its key exceeds every key of bin b1), so with the kept
-      // candidates of b1 it gives the block's kept mass without the final pass (below). Summed
-      // per warp; the range pass's barriers publish m->above.
-      {
+      // candidates of b1 it gives the block's kept mass without the final pass (below), which
+      // needs min-p off (the same value in every block). The range pass's barriers publish it.
+      if (r.min_p <= 0.0f) {
         uint64_t own = 0;
         for (int i = tid; i < b1; i += kThreads) own += hist[i];
         own = warp_sum_u64(own);
@@ -1057,7 +1057,6 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
           for (int w = 0; w < kWarps; ++w) sum += m->scan[w];
           m->above_total = sum;  // the range pass's barriers publish it (and free m->scan)
         }
-        own_above = true;
       }
       // mass_bin(nat_dist(x), r) == b1, computed as the mass pass did (no branch).
       const uint32_t b1u = static_cast<uint32_t>(b1);
@@ -1094,7 +1093,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
   // block whose range holds the draw then runs the pass (to order its kept mass by index); the
   // others leave as soon as the cluster has read their totals, so the next rows' clusters can
   // start on their SMs.
-  const bool shortcut = own_above && thr_p != 0u && r.min_p <= 0.0f && m->ncand <= static_cast<uint32_t>(kCandCap);
+  const bool shortcut = thr_p != 0u && r.min_p <= 0.0f && m->ncand <= static_cast<uint32_t>(kCandCap);
   uint64_t tsum = 0;
   uint64_t excl = 0;
   uint64_t block_total = 0;
@@ -1108,34 +1107,33 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     }
     excl = block_exclusive_scan(tsum, m->scan, block_total);
   };
-  uint64_t total, before;
-  if (fused_totals) {  // no pass and no barrier: block 0's totals, published with the threshold
-    const uint64_t t = lane < C ? *cluster.map_shared_rank(&m->tot[lane], 0) : 0ull;
-    const uint64_t incl = warp_inclusive_scan_u64(t);
-    total = __shfl_sync(kFull, incl, 31);
-    before = __shfl_sync(kFull, incl - t, rank);
-    block_total = __shfl_sync(kFull, t, rank);
+  // Block c's kept mass: block 0's m->tot[c] (fused totals: no pass, no barrier), else its own
+  // m->total_slot published by a cluster barrier.
+  const uint64_t* block_totals_slot;
+  if (fused_totals) {
+    block_totals_slot = lane < C ? cluster.map_shared_rank(&m->tot[lane], 0) : nullptr;
   } else {
-  if (shortcut) {
-    uint64_t cm = 0;
-    const int nc = static_cast<int>(m->ncand);  // this block's own list leads `cand`
-    for (int i = tid; i < nc; i += kThreads) {
-      const uint32_t key = cand[i];
-      if (key >= thr) cm += to_fixed(weight_f(key_value(key), r));
+    if (shortcut) {
+      uint64_t cm = 0;
+      const int nc = static_cast<int>(m->ncand);  // this block's own list leads `cand`
+      for (int i = tid; i < nc; i += kThreads) {
+        const uint32_t key = cand[i];
+        if (key >= thr) cm += to_fixed(weight_f(key_value(key), r));
+      }
+      (void)block_exclusive_scan(cm, m->scan, block_total);
+      block_total += m->above_total;
+    } else {
+      slice_pass();
     }
-    block_total = 0;
-    (void)block_exclusive_scan(cm, m->scan, block_total);
-    block_total += m->above_total;
-  } else {
-    slice_pass();
+    if (tid == 0) m->total_slot = block_total;
+    cluster.sync();
+    block_totals_slot = lane < C ? cluster.map_shared_rank(&m->total_slot, lane) : nullptr;
   }
-  if (tid == 0) m->total_slot = block_total;
-  cluster.sync();
-  const uint64_t t = lane < C ? *cluster.map_shared_rank(&m->total_slot, lane) : 0ull;
+  const uint64_t t = lane < C ? *block_totals_slot : 0ull;
   const uint64_t incl = warp_inclusive_scan_u64(t);
-  total = __shfl_sync(kFull, incl, 31);
-  before = __shfl_sync(kFull, incl - t, rank);
-  }
+  const uint64_t total = __shfl_sync(kFull, incl, 31);
+  const uint64_t before = __shfl_sync(kFull, incl - t, rank);
+  block_total = __shfl_sync(kFull, t, rank);
   // Last remote read done (its value is used above); relaxed: this arrive publishes nothing, it
   // only keeps every block's shared memory alive until all have read (session 8: -3 us).
   cluster_arrive_relaxed();
