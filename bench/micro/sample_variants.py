@@ -26,14 +26,16 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 _STAMPS = [
     ("  const int nv = (n + N - 1) / N;\n", "A", 0),
     ("  best = warp_max_u64(best);\n  vmin = warp_min_f(vmin);\n", "B", 1),
-    ("  cluster.sync();  // also publishes the slice to the whole block\n", "A", 2),
+    ("  xchg_wait(&m->xbar[kXMax]);\n", "A", 2),
     ("    m_first = warp_sum_u64(m_first);\n", "B", 3),
     ("    cluster.sync();  // A\n", "B", 4),
     ("    cluster.sync();  // B\n", "A", 5),
     ("    const Selection s = select_bin(hist, part, 0, top_p, m, C, rank);\n", "A", 6),
-    ("  cluster_minmax(lo, hi, slot, m, C);  // its barriers also publish cand / ncand\n", "B", 7),
+    ("  cluster_minmax(lo, hi, slot, m, C);", "B", 7),
     ("      range_and_compact(data, nv, pred, cand, m, &m->range_slot[1], C, kmin, kmax, ncand);\n", "A", 8),
-    ("  cluster.sync();  // block 0's threshold (and totals) are published and its remote reads are done\n", "B", 9),
+    ("  cluster.sync();  // block 0's threshold is published and its remote reads are done\n", "B", 9),
+    ("      tot_lane = lane < C ? m->tot[lane] : 0ull;\n      return thr;\n", "B", 9),
+    ("    xchg_wait(&m->xbar[kXThr]);\n", "B", 9),
     ("  const uint32_t thr = max(thr_k, thr_p);\n", "A", 10),
     ("    if (tid == 0) m->total_slot = block_total;\n", "B", 11),
     ("  cluster_arrive_relaxed();\n", "A", 12),
@@ -63,6 +65,40 @@ def _stamped():
     return edits
 
 
+_RED16 = [
+    ("sampling/sample.cuh",
+     """      uint32_t old[N];
+#pragma unroll
+      for (int e = 0; e < N; ++e) old[e] = w[e] ? atomicAdd(h32 + 2 * b[e], w[e]) : 0u;
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        if (old[e] + w[e] < old[e]) atomicAdd(h32 + 2 * b[e] + 1, 1u);  // carry into the high word
+      }
+""",
+     """#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        if (w[e]) {
+          atomicAdd(h32 + 2 * b[e], w[e] & 0xffffu);
+          atomicAdd(h32 + 2 * b[e] + 1, w[e] >> 16);
+        }
+      }
+"""),
+    ("sampling/sample.cuh",
+     """    m_first = warp_sum_u64(m_first);
+    m_last = warp_sum_u64(m_last);
+""",
+     """    m_first = warp_sum_u64(m_first);
+    m_last = warp_sum_u64(m_last);
+    __syncthreads();
+    for (int i = tid; i < kBins; i += kThreads) {
+      const uint32_t lo16 = h32[2 * i];
+      const uint32_t hi16 = h32[2 * i + 1];
+      hist[i] = static_cast<uint64_t>(lo16) + (static_cast<uint64_t>(hi16) << 16);
+    }
+    __syncthreads();
+"""),
+]
+
 # A name starting with "head" starts from the committed tree (git HEAD) instead of the working tree.
 VARIANTS = {
     "shipped": [],
@@ -80,6 +116,11 @@ VARIANTS = {
     "no_vlevel": [("sampling/sample.cuh", "constexpr bool kValueLevel = true;", "constexpr bool kValueLevel = false;")],
     "no_vlevel_timeline": [("sampling/sample.cuh", "constexpr bool kValueLevel = true;",
                             "constexpr bool kValueLevel = false;")] + _stamped(),
+    # The top-p mass pass without carries: each element's fixed-point mass added as two 32-bit
+    # reductions whose results are unused (low 16 bits and the rest into the bin's two words), then
+    # the block's bins converted to 64-bit sums (fp32 slices: <= 49152 elements x 65535 fits).
+    "red16": _RED16,
+    "red16_timeline": _RED16 + _stamped(),
 }
 # Variants measured in session 8 and since merged into the kernel or dropped (bench/NOTES.md has
 # the figures): the shortcut alone, mass bins by rounding, branch-free range test and final pass,

@@ -87,12 +87,22 @@ struct SampleArgs {
   int vec_ok;    // the row starts are 16-byte aligned: 16-byte global loads
 };
 
+// Exchanges pushed into the receivers' shared memory (st.async, completing on the receiver's
+// mbarrier: one one-way trip, no cluster barrier, no remote load): each mbarrier completes one
+// phase per row. kXMax: every block's (argmax key, min logit) to every block; kXThr: block 0's
+// threshold and every block's kept mass (fused totals) to the others.
+constexpr int kXMax = 0;
+constexpr int kXThr = 1;
+constexpr int kXchgs = 2;
+// Where the pushes land: the receiver's `part` (free at both points: before the first select_bin,
+// and after every block's last select_bin of the row), as u64 words.
+constexpr int kXMaxAt = 0;                   // [2 * C): (key, min bits) of block c at 2c
+constexpr int kXThrAt = 2 * 16;              // [C + 1): threshold, then block c's kept mass at 1 + c
+
 // Per-block scalars that live in shared memory (after the slice, histograms and candidates).
 struct Misc {
   uint64_t scan[kWarps];   // block scans
   uint64_t red[kWarps];    // block reductions
-  uint64_t best_slot;      // this block's argmax key (read by the cluster)
-  float min_slot;          // this block's smallest logit (read by the cluster)
   uint64_t part_total;     // this block's merged histogram portion (read by the cluster)
   uint64_t range_slot[2];  // (min key << 32 | max key) of the candidates, per filter
   uint64_t total_slot;     // this block's kept mass (read by the cluster)
@@ -103,12 +113,17 @@ struct Misc {
   uint64_t above_total;    // this block's top-p mass in the bins above the threshold bin (read by block 0)
   uint64_t tot[kMaxCluster];  // block 0: every block's kept mass (fused totals, read by the cluster)
   uint64_t load_bar[kLoadChunks];  // the row load's bulk-copy barriers (one phase each)
+  uint64_t xbar[kXchgs];           // the exchanges' mbarriers (one phase each)
 };
 
 constexpr size_t kAuxBytes = sizeof(uint64_t) * kBins              // hist
                              + sizeof(uint64_t) * (kBins / 2)      // merged portion (clusters >= 2)
                              + sizeof(uint32_t) * kCandCap         // candidate keys
                              + sizeof(Misc);
+// Two blocks of the largest 2-per-SM slice fit an SM's 228 KB (1 KB of it reserved per block).
+static_assert(2 * (kSliceTargetBytes + static_cast<int64_t>(kAuxBytes) + 1024) <= 228 * 1024,
+              "sample: two blocks per SM no longer fit");
+static_assert(kXThrAt + 1 + kMaxCluster <= kBins / 2 && kXMaxAt + 2 * kMaxCluster <= kXThrAt, "sample: push slots");
 
 // ---------------------------------------------------------------------------------------------
 // Keys, weights, bins
@@ -347,6 +362,34 @@ static __device__ __noinline__ Selection select_bin(uint64_t* hist, uint64_t* pa
 // A cluster barrier arrive without release semantics (no fence): for barriers that publish nothing.
 __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+
+// Pushed exchanges (kXMax, kXThr). One thread per block initialises the mbarriers (count 1: the
+// receiver's own arrive with the expected bytes); the cluster barrier that follows publishes the
+// inits before any push.
+__device__ __forceinline__ void xchg_init(uint64_t* bars) {
+  for (int i = 0; i < kXchgs; ++i) mbar_init(&bars[i], 1);
+  mbar_init_fence();
+}
+
+// The receiver's one arrive on `bar`: `bytes` are still to land (before or after this call).
+__device__ __forceinline__ void xchg_expect(uint64_t* bar, uint32_t bytes) {
+  mbar_arrive_expect_tx(bar, bytes);
+}
+
+// v into block `rank`'s copy of *slot, completing 8 bytes on its copy of *bar (both local
+// shared-memory addresses, mapped to the receiver).
+__device__ __forceinline__ void xchg_push(uint64_t* slot, uint64_t v, uint64_t* bar, int rank) {
+  uint32_t rs, rb;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rs) : "r"(smem_u32(slot)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u64 [%0], %1, [%2];" ::"r"(rs), "l"(v), "r"(rb)
+               : "memory");
+}
+
+// Until every byte expected on `bar` (this row's phase) has landed; the data is then visible.
+__device__ __forceinline__ void xchg_wait(uint64_t* bar) {
+  mbar_wait(bar, 0);
 }
 
 // Whole cluster: min and max of (kmin, kmax) over the cluster; slot: this block's record.
@@ -627,16 +670,21 @@ __device__ __forceinline__ void gather_lists(E* dst, const E* list, uint32_t cnt
 // (<= kCandCap, none overflowed), block 0 copies them behind its own and refines alone with
 // block-local histograms (no cluster barriers per digit level), then one cluster barrier
 // publishes the threshold. Same candidates, same integers: the same threshold. Call right after
-// range_and_compact (its barrier published every block's cand / ncand).
+// range_and_compact (its barrier published every block's cand / ncand). With `fused` set on
+// return (want_totals and the list path), block 0 has also summed every block's kept mass and
+// pushed it with the threshold to the other blocks (kXThr): lane c of every warp then holds block
+// c's kept mass in tot_lane.
 template <bool kMass, typename T, class Pred>
 __device__ __forceinline__ uint32_t refine_cluster(uint32_t lo, uint32_t hi, uint64_t tgt, const T* data, int nv,
                                                    Pred pred, uint32_t* cand, uint32_t ncand, const RowCtx& r,
                                                    uint64_t* hist, uint64_t* part, Misc* m, int C, int rank,
-                                                   bool want_totals, bool& fused) {
+                                                   bool want_totals, bool& fused, uint64_t& tot_lane) {
   fused = false;
+  tot_lane = 0;
   if (C == 1) return refine<kMass>(lo, hi, tgt, data, nv, pred, cand, ncand, r, hist, part, m, C, rank);
   const cg::cluster_group cluster = cg::this_cluster();
   const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
   const ListCounts k = list_counts(m, C, static_cast<uint32_t>(kCandCap) + 1u, static_cast<uint32_t>(kCandCap));
   const uint32_t total = k.total;
   if (k.over || total > static_cast<uint32_t>(kCandCap)) {
@@ -667,9 +715,25 @@ __device__ __forceinline__ uint32_t refine_cluster(uint32_t lo, uint32_t hi, uin
       }
       __syncthreads();
       if (tid < C) m->tot[tid] = hist[tid] + *cluster.map_shared_rank(&m->above_total, tid);
+      __syncthreads();
+      // The threshold and the C totals to blocks 1..C-1 (C + 1 words each); its remote reads are
+      // done (their values are in m->tot), so the receivers may leave once they have them.
+      const int words = C + 1;
+      for (int i = tid; i < (C - 1) * words; i += kThreads) {
+        const int c = 1 + i / words;
+        const int e = i % words;
+        xchg_push(&part[kXThrAt + e], e == 0 ? static_cast<uint64_t>(thr) : m->tot[e - 1], &m->xbar[kXThr], c);
+      }
+      tot_lane = lane < C ? m->tot[lane] : 0ull;
+      return thr;
     }
+  } else if (want_totals) {
+    if (tid == 0) xchg_expect(&m->xbar[kXThr], static_cast<uint32_t>(8 * (C + 1)));
+    xchg_wait(&m->xbar[kXThr]);
+    tot_lane = lane < C ? part[kXThrAt + 1 + lane] : 0ull;
+    return static_cast<uint32_t>(part[kXThrAt]);
   }
-  cluster.sync();  // block 0's threshold (and totals) are published and its remote reads are done
+  cluster.sync();  // block 0's threshold is published and its remote reads are done
   return *cluster.map_shared_rank(&m->thr_slot, 0);
 }
 
@@ -819,6 +883,10 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     best = k > best ? k : best;
   };
   const T neg_inf = from_float<T>(__uint_as_float(0xff800000u));
+  // The exchanges' mbarriers, published to the cluster by a barrier whose wait comes before the
+  // first push (after the load: nothing waits here).
+  if (tid == 0) xchg_init(m->xbar);
+  cluster_arrive_relaxed();  // (fence.mbarrier_init before it in thread 0)
   if (a.vec_ok) {
     const int full = n / N;
     if (tid == 0) slice_load_issue(data, g, full, m->load_bar);
@@ -858,19 +926,24 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     m->red[warp] = best;
     m->scan[warp] = __float_as_uint(vmin);
   }
-  __syncthreads();
+  __syncthreads();  // also publishes the slice to the whole block
+  cluster.barrier_wait();  // the exchanges' mbarriers are initialised in every block
+  uint64_t* xslot = part;  // pushes land in `part` (kXMaxAt, kXThrAt)
   if (warp == 0) {
     uint64_t b = lane < kWarps ? m->red[lane] : 0ull;
     b = warp_max_u64(b);
     const float mn = warp_min_f(lane < kWarps ? __uint_as_float(static_cast<uint32_t>(m->scan[lane])) : vmin);
-    if (lane == 0) {
-      m->best_slot = b;
-      m->min_slot = mn;
+    // (key, min) to every block, this block's pair at 2 * rank.
+    if (lane < C) {
+      xchg_push(&xslot[kXMaxAt + 2 * rank], b, &m->xbar[kXMax], lane);
+      xchg_push(&xslot[kXMaxAt + 2 * rank + 1], __float_as_uint(mn), &m->xbar[kXMax], lane);
     }
+    if (lane == 0) xchg_expect(&m->xbar[kXMax], static_cast<uint32_t>(16 * C));
   }
-  cluster.sync();  // also publishes the slice to the whole block
-  best = warp_max_u64(lane < C ? *cluster.map_shared_rank(&m->best_slot, lane) : 0ull);
-  const float lmin = warp_min_f(lane < C ? *cluster.map_shared_rank(&m->min_slot, lane) : vmin);
+  xchg_wait(&m->xbar[kXMax]);
+  best = warp_max_u64(lane < C ? xslot[kXMaxAt + 2 * lane] : 0ull);
+  const float lmin =
+      warp_min_f(lane < C ? __uint_as_float(static_cast<uint32_t>(xslot[kXMaxAt + 2 * lane + 1])) : vmin);
   const int64_t greedy = static_cast<int64_t>(0xffffffffu - static_cast<uint32_t>(best));
 
   const float temp = a.temperature ? a.temperature[row] : a.temperature_value;
@@ -924,8 +997,9 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     range_and_compact(data, nv, pred, cand, m, &m->range_slot[0], C, kmin, kmax, ncand);
     if (kmin <= kmax) {
       bool unused;
+      uint64_t unused_tot;
       thr_k = refine_cluster<false>(kmin, kmax, static_cast<uint64_t>(top_k) - s.above, data, nv, pred, cand, ncand,
-                                    r, hist, part, m, C, rank, false, unused);
+                                    r, hist, part, m, C, rank, false, unused, unused_tot);
     }
   }
 
@@ -988,7 +1062,8 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
 
   // ---- top-p over the top-k survivors: first level masses by value bin of (max - l) / T.
   uint32_t thr_p = 0;
-  bool fused_totals = false;  // block 0 published every block's kept mass in m->tot (uniform)
+  bool fused_totals = false;  // block 0 pushed every block's kept mass (uniform)
+  uint64_t fused_tot = 0;     // then lane c of every warp: block c's kept mass
   const float top_p = top_p_row;
   if (top_p < 1.0f) {
     for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
@@ -1067,7 +1142,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
         // min-p off (the same value in every block): block 0 also sums every block's kept mass
         // while it holds all the candidates, and publishes the totals with the threshold.
         thr_p = refine_cluster<true>(kmin, kmax, s.tgt - s.above, data, nv, pred, cand, ncand, r, hist, part, m, C,
-                                     rank, r.min_p <= 0.0f, fused_totals);
+                                     rank, r.min_p <= 0.0f, fused_totals, fused_tot);
       }
     }
   }
@@ -1107,12 +1182,10 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     }
     excl = block_exclusive_scan(tsum, m->scan, block_total);
   };
-  // Block c's kept mass: block 0's m->tot[c] (fused totals: no pass, no barrier), else its own
-  // m->total_slot published by a cluster barrier.
-  const uint64_t* block_totals_slot;
-  if (fused_totals) {
-    block_totals_slot = lane < C ? cluster.map_shared_rank(&m->tot[lane], 0) : nullptr;
-  } else {
+  // Block c's kept mass: block 0's sum pushed with the threshold (fused totals: no pass, no
+  // barrier, no remote load), else its own m->total_slot published by a cluster barrier.
+  uint64_t t = fused_tot;
+  if (!fused_totals) {
     if (shortcut) {
       uint64_t cm = 0;
       const int nc = static_cast<int>(m->ncand);  // this block's own list leads `cand`
@@ -1127,9 +1200,8 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     }
     if (tid == 0) m->total_slot = block_total;
     cluster.sync();
-    block_totals_slot = lane < C ? cluster.map_shared_rank(&m->total_slot, lane) : nullptr;
+    t = lane < C ? *cluster.map_shared_rank(&m->total_slot, lane) : 0ull;
   }
-  const uint64_t t = lane < C ? *block_totals_slot : 0ull;
   const uint64_t incl = warp_inclusive_scan_u64(t);
   const uint64_t total = __shfl_sync(kFull, incl, 31);
   const uint64_t before = __shfl_sync(kFull, incl - t, rank);

@@ -156,6 +156,33 @@ def test_gpu_ignores_unused_block_table_entries(cuda, backend):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("page", [1, 16, 64])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_b1_ignores_what_lies_past_lens(cuda, page, dtype):
+    # B = 1, T = 4096 (short splits whose grid fits one CTA per SM): past lens[0], block-table
+    # entries are garbage (negative, past the pool) or point at pages of NaN bits, and the rows past
+    # lens in the last valid page are NaN too. None of it may reach the output.
+    for n in (1, 17, 64, 1000, 4095, 4096):
+        q, k, v, kp, vp, bt, lens = A._random_case(dtype, cuda, batch=1, hq=32, hkv=8, capacity=4096, d=128,
+                                                   page=page, lens=(n,), seed=n)
+        bt = bt.clone()
+        used = -(-n // page)  # blocks holding rows < n
+        past = bt[0, used:].clone()
+        kp[past.long()] = float("nan")
+        vp[past.long()] = float("nan")
+        if n % page:
+            kp[bt[0, used - 1].long(), n % page:] = float("nan")
+            vp[bt[0, used - 1].long(), n % page:] = float("nan")
+        if past.numel() >= 3:
+            bt[0, used::3] = -1
+            bt[0, used + 1::3] = 10 ** 6
+        for splits in (None, 16):
+            y, lse = fray.paged_decode_attention(q, kp, vp, bt, lens, return_lse=True, num_splits=splits,
+                                                 backend="cuda")
+            _check(y, lse, _expected(q, k, v, lens), dtype, "B1 paged P%d len %d splits=%s" % (page, n, splits))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gpu_graph_capture_and_compile(cuda, backend):
     q, k, v, kp, vp, bt, lens = A._random_case(torch.bfloat16, cuda, batch=3, hq=8, hkv=2, capacity=400,

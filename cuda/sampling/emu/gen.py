@@ -38,6 +38,19 @@ def edit_sample(s):
                      " (void)bars; (void)k; }\n")
     s = replace_func(s, "__device__ __forceinline__ void cluster_arrive_relaxed() {",
                      " cg::this_cluster().barrier_arrive(); }\n")
+    # Pushed exchanges: the mbarrier word holds an arrived flag (bit 63) and the signed count of
+    # bytes still to land (low 32 bits); a push writes the receiver's slot, then counts its bytes.
+    s = replace_func(s, "__device__ __forceinline__ void xchg_init(uint64_t* bars) {",
+                     "\n  for (int i = 0; i < kXchgs; ++i) bars[i] = 0;\n}\n")
+    s = replace_func(s, "__device__ __forceinline__ void xchg_expect(uint64_t* bar, uint32_t bytes) {",
+                     "\n  if (*bar >> 63) ::emu::fail(\"xchg_expect twice in one phase\");\n"
+                     "  *bar = (1ull << 63) | static_cast<uint32_t>(static_cast<int32_t>(*bar) + static_cast<int32_t>(bytes));\n}\n")
+    s = replace_func(s, "__device__ __forceinline__ void xchg_push(uint64_t* slot, uint64_t v, uint64_t* bar, int rank) {",
+                     "\n  const cg::cluster_group c = cg::this_cluster();\n  *c.map_shared_rank(slot, rank) = v;\n"
+                     "  uint64_t* b = c.map_shared_rank(bar, rank);\n"
+                     "  *b = (*b & (1ull << 63)) | static_cast<uint32_t>(static_cast<int32_t>(*b) - 8);\n}\n")
+    s = replace_func(s, "__device__ __forceinline__ void xchg_wait(uint64_t* bar) {",
+                     "\n  while (!((*bar >> 63) && static_cast<int32_t>(*bar) == 0)) ::emu::yield();\n}\n")
     return replace_func(s, "__device__ __forceinline__ float fast_exp2(float x) {", " return exp2f(x); }\n")
 
 
