@@ -28,14 +28,13 @@ _STAMPS = [
     ("  best = warp_max_u64(best);\n  vmin = warp_min_f(vmin);\n", "B", 1),
     ("  xchg_wait(&m->xbar[kXMax]);\n", "A", 2),
     ("    m_first = warp_sum_u64(m_first);\n", "B", 3),
-    ("    cluster.sync();  // A\n", "B", 4),
-    ("    cluster.sync();  // B\n", "A", 5),
-    ("    const Selection s = select_bin(hist, part, 0, top_p, m, C, rank);\n", "A", 6),
-    ("  cluster_minmax(lo, hi, slot, m, C);", "B", 7),
-    ("      range_and_compact(data, nv, pred, cand, m, &m->range_slot[1], C, kmin, kmax, ncand);\n", "A", 8),
-    ("  cluster.sync();  // block 0's threshold is published and its remote reads are done\n", "B", 9),
-    ("      tot_lane = lane < C ? m->tot[lane] : 0ull;\n      return thr;\n", "B", 9),
-    ("    xchg_wait(&m->xbar[kXThr]);\n", "B", 9),
+    ("  __syncthreads();  // this block's histogram is complete\n", "B", 4),
+    ("  xchg_wait(bar_sum);\n", "A", 5),
+    ("                              : select_bin(hist, part, 0, top_p, m, C, rank);\n", "A", 6),
+    ("  block_minmax(lo, hi, m);  // its barriers also complete cand / ncand\n", "B", 7),
+    ("  compact_candidates(data, nv, pred, cand, m, lo, hi);\n", "A", 8),
+    ("    for (int i = tid; i < (C - 1) * words; i += kThreads) {\n", "B", 9),
+    ("    xchg_wait(bar_msg);\n", "B", 9),
     ("  const uint32_t thr = max(thr_k, thr_p);\n", "A", 10),
     ("    if (tid == 0) m->total_slot = block_total;\n", "B", 11),
     ("  cluster_arrive_relaxed();\n", "A", 12),
@@ -44,14 +43,15 @@ _STAMPS = [
 # Inside block 0's refinement (16..20): counts read, candidates gathered, value level selected, value
 # level done, digit levels done.
 _REFINE_STAMPS = [
-    ("  const ListCounts k = list_counts(m, C, static_cast<uint32_t>(kCandCap) + 1u, static_cast<uint32_t>(kCandCap));\n",
+    ("    const ListCounts kc = list_counts_of(cnt, static_cast<uint32_t>(kCandCap) + 1u, static_cast<uint32_t>(kCandCap));\n",
      "A", 16),
-    ("    gather_lists(cand, cand, k.cnt, k.incl, 1, C);  // its own list already leads\n    __syncthreads();\n", "A", 17),
+    ("        gather_lists(cand, cand, kc.cnt, kc.incl, 1, C);  // its own list already leads\n        __syncthreads();\n",
+     "A", 17),
     ("    const Selection s = select_bin(hist, part, tgt, -1.0f, m, C, rank);\n    uint32_t lo2", "B", 18),
     ("  while (lo < hi) {\n    const int bits", "B", 19),
     ("    lo = hi - lo > span ? hi - span : lo;\n  }\n", "A", 20),
 ]
-STAMP_NAMES = ["start", "loaded", "max merged", "mass pass", "A", "B", "selected", "range vote", "range merged",
+STAMP_NAMES = ["start", "loaded", "max merged", "mass pass", "A (hist done)", "B (sums in)", "selected", "range vote", "range merged",
                "refined", "thr", "kept mass", "totals", "found", "exit"]
 
 
@@ -120,6 +120,12 @@ VARIANTS = {
     # reductions whose results are unused (low 16 bits and the rest into the bin's two words), then
     # the block's bins converted to 64-bit sums (fp32 slices: <= 49152 elements x 65535 fits).
     "red16": _RED16,
+    # The top-p first level through select_bin (cluster barriers, remote loads) instead of
+    # select_bin_push (the top-k first level keeps the pushes).
+    "topp_select_barriers": [("sampling/sample.cuh",
+                              """    const Selection s = C > 1 ? select_bin_push(hist, part, 0, top_p, m, C, rank, 1)
+                              : select_bin(hist, part, 0, top_p, m, C, rank);""",
+                              """    const Selection s = select_bin(hist, part, 0, top_p, m, C, rank);""")],
     "red16_timeline": _RED16 + _stamped(),
 }
 # Variants measured in session 8 and since merged into the kernel or dropped (bench/NOTES.md has

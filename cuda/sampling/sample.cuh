@@ -90,30 +90,35 @@ struct SampleArgs {
 // Exchanges pushed into the receivers' shared memory (st.async, completing on the receiver's
 // mbarrier: one one-way trip, no cluster barrier, no remote load): each mbarrier completes one
 // phase per row. kXMax: every block's (argmax key, min logit) to every block; kXThr: block 0's
-// threshold and every block's kept mass (fused totals) to the others.
+// threshold and every block's kept mass (fused totals) to the others; kXSel + 3k (+0 raw
+// portions, +1 portion sums, +2 the crossing portion): the first-level selection k (0 top-k,
+// 1 top-p) of select_bin_push; kXHdr + k: every block's candidate record to block 0, kXMsg + k:
+// block 0's answer to the others (threshold_cluster).
 constexpr int kXMax = 0;
-constexpr int kXThr = 1;
-constexpr int kXchgs = 2;
+constexpr int kXSel = 1;
+constexpr int kXHdr = kXSel + 6;
+constexpr int kXMsg = kXHdr + 2;
+constexpr int kXchgs = kXMsg + 2;
 // Where the pushes land: the receiver's `part` (free at both points: before the first select_bin,
 // and after every block's last select_bin of the row), as u64 words.
 constexpr int kXMaxAt = 0;                   // [2 * C): (key, min bits) of block c at 2c
-constexpr int kXThrAt = 2 * 16;              // [C + 1): threshold, then block c's kept mass at 1 + c
+constexpr int kXMsgAt = 2 * 16;              // [2 + C): status / threshold, key range, block c's kept mass at 2 + c
 
 // Per-block scalars that live in shared memory (after the slice, histograms and candidates).
 struct Misc {
   uint64_t scan[kWarps];   // block scans
   uint64_t red[kWarps];    // block reductions
   uint64_t part_total;     // this block's merged histogram portion (read by the cluster)
-  uint64_t range_slot[2];  // (min key << 32 | max key) of the candidates, per filter
   uint64_t total_slot;     // this block's kept mass (read by the cluster)
   uint64_t sel_above;      // selection broadcast
   int sel_bin;
   uint32_t ncand;
-  uint32_t thr_slot;       // a threshold block 0 found alone (read by the cluster)
   uint64_t above_total;    // this block's top-p mass in the bins above the threshold bin (read by block 0)
   uint64_t tot[kMaxCluster];  // block 0: every block's kept mass (fused totals, read by the cluster)
   uint64_t load_bar[kLoadChunks];  // the row load's bulk-copy barriers (one phase each)
   uint64_t xbar[kXchgs];           // the exchanges' mbarriers (one phase each)
+  uint64_t xtot[kMaxCluster];      // select_bin_push: every block's portion sum (pushed)
+  uint64_t xhdr[kMaxCluster][2];   // block 0: block c's (min key << 32 | max key), (count << 48 | above-bin mass) (pushed)
 };
 
 constexpr size_t kAuxBytes = sizeof(uint64_t) * kBins              // hist
@@ -123,7 +128,9 @@ constexpr size_t kAuxBytes = sizeof(uint64_t) * kBins              // hist
 // Two blocks of the largest 2-per-SM slice fit an SM's 228 KB (1 KB of it reserved per block).
 static_assert(2 * (kSliceTargetBytes + static_cast<int64_t>(kAuxBytes) + 1024) <= 228 * 1024,
               "sample: two blocks per SM no longer fit");
-static_assert(kXThrAt + 1 + kMaxCluster <= kBins / 2 && kXMaxAt + 2 * kMaxCluster <= kXThrAt, "sample: push slots");
+// (the message stays below the smallest portion, kBins / 16: select_bin_push's staging)
+static_assert(kXMsgAt + 2 + kMaxCluster <= kBins / kMaxCluster && kXMaxAt + 2 * kMaxCluster <= kXMsgAt,
+              "sample: push slots");
 
 // ---------------------------------------------------------------------------------------------
 // Keys, weights, bins
@@ -274,6 +281,51 @@ struct Selection {
   uint64_t tgt;    // the target used
 };
 
+// Whole block, the last step of a selection: the bin (base + j) of the P bins src[0, P) (a
+// portion starting at bin `base` whose bins before it sum to above0) where the inclusive prefix
+// reaches tgt. `whole`: src is the whole histogram, whose sum is the total (and, with p >= 0,
+// tgt = mass_target(p, total)).
+__device__ __forceinline__ Selection select_in_portion(const uint64_t* src, int P, int base, uint64_t above0,
+                                                       uint64_t total, uint64_t tgt, float p, Misc* m, bool whole) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int ipt = (P + kThreads - 1) / kThreads;  // 1..4 bins per thread
+  uint64_t v[4];
+  uint64_t tsum = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int j = tid * ipt + i;
+    v[i] = (i < ipt && j < P) ? src[j] : 0ull;
+    tsum += v[i];
+  }
+  if (tid == 0) {  // only when the target exceeds the total (no mass at all): the last bin
+    m->sel_bin = kBins - 1;
+    m->sel_above = 0;
+  }
+  uint64_t btotal;
+  const uint64_t excl = block_exclusive_scan(tsum, m->scan, btotal);
+  if (whole) {
+    total = btotal;
+    if (p >= 0.0f) tgt = mass_target(p, total);
+  }
+  const uint64_t start = above0 + excl;
+  if (start < tgt && start + tsum >= tgt) {  // exactly one thread
+    uint64_t acc = start;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (i < ipt) {
+        if (acc + v[i] >= tgt) {
+          m->sel_bin = base + tid * ipt + i;
+          m->sel_above = acc;
+          break;
+        }
+        acc += v[i];
+      }
+    }
+  }
+  __syncthreads();
+  return Selection{m->sel_bin, m->sel_above, total, tgt};
+}
+
 // Whole cluster: merges every block's `hist` and returns the first bin (in ascending order,
 // i.e. from the top of the row) whose inclusive prefix sum reaches tgt; with p >= 0 the target
 // is mass_target(p, total) instead. Same answer in every block.
@@ -321,42 +373,7 @@ static __device__ __noinline__ Selection select_bin(uint64_t* hist, uint64_t* pa
     src = cluster.map_shared_rank(part, owner);
     base = owner * P;
   }
-  const int ipt = (P + kThreads - 1) / kThreads;  // 1..4 bins per thread
-  uint64_t v[4];
-  uint64_t tsum = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int j = tid * ipt + i;
-    v[i] = (i < ipt && j < P) ? src[j] : 0ull;
-    tsum += v[i];
-  }
-  if (tid == 0) {  // only when the target exceeds the total (no mass at all): the last bin
-    m->sel_bin = kBins - 1;
-    m->sel_above = 0;
-  }
-  uint64_t btotal;
-  const uint64_t excl = block_exclusive_scan(tsum, m->scan, btotal);
-  if (C == 1) {
-    total = btotal;
-    if (p >= 0.0f) tgt = mass_target(p, total);
-  }
-  const uint64_t start = above0 + excl;
-  if (start < tgt && start + tsum >= tgt) {  // exactly one thread
-    uint64_t acc = start;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (i < ipt) {
-        if (acc + v[i] >= tgt) {
-          m->sel_bin = base + tid * ipt + i;
-          m->sel_above = acc;
-          break;
-        }
-        acc += v[i];
-      }
-    }
-  }
-  __syncthreads();
-  return Selection{m->sel_bin, m->sel_above, total, tgt};
+  return select_in_portion(src, P, base, above0, total, tgt, p, m, C == 1);
 }
 
 // A cluster barrier arrive without release semantics (no fence): for barriers that publish nothing.
@@ -392,25 +409,87 @@ __device__ __forceinline__ void xchg_wait(uint64_t* bar) {
   mbar_wait(bar, 0);
 }
 
-// Whole cluster: min and max of (kmin, kmax) over the cluster; slot: this block's record.
-__device__ __forceinline__ void cluster_minmax(uint32_t& kmin, uint32_t& kmax, uint64_t* slot, Misc* m, int C) {
-  const cg::cluster_group cluster = cg::this_cluster();
+// Whole cluster (C >= 2): select_bin's answer for the first-level selection k (0 top-k, 1 top-p)
+// with pushed exchanges instead of cluster barriers and remote loads (its own mbarriers, kXSel +
+// 3k): (1) block b pushes its bins of every other block c's portion (P = kBins / C bins) into
+// c's staging, part[P, C P) (running on into `cand`: sender b at slot b, or b - 1 past c); (2)
+// block c merges its portion into part[0, P) and pushes the portion's sum to every block
+// (m->xtot); (3) every block finds the portion holding the crossing, whose owner pushes it
+// into the others' part[P, 2P), and scans it. The same sums as select_bin: the same bin. `hist`
+// is left intact (the top-p above-bin sums read it); part and cand are overwritten. The kernel
+// keeps every block's part / cand free of remote readers and of other pushes from a cluster
+// barrier before the call until every block has returned (see the kernel's first levels).
+static __device__ __noinline__ Selection select_bin_push(const uint64_t* hist, uint64_t* part, uint64_t tgt, float p,
+                                                         Misc* m, int C, int rank, int k) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int P = kBins / C;
+  uint64_t* const bar_raw = &m->xbar[kXSel + 3 * k];
+  uint64_t* const bar_sum = bar_raw + 1;
+  uint64_t* const bar_por = bar_raw + 2;
+  uint64_t* const sums = m->xtot;  // (a block pushes call 1's sums only after every block left call 0)
+  if (tid == 0) {
+    xchg_expect(bar_raw, static_cast<uint32_t>(8 * (C - 1) * P));
+    xchg_expect(bar_sum, static_cast<uint32_t>(8 * C));
+  }
+  __syncthreads();  // this block's histogram is complete
+  // (1) slot s of the others (s < rank: block s, else s + 1); this block lands in their slot
+  // rank (past them) or rank - 1.
+  for (int i = tid; i < (C - 1) * P; i += kThreads) {
+    const int s = i / P;
+    const int j = i - s * P;
+    const int c = s < rank ? s : s + 1;
+    const int at = rank < c ? rank : rank - 1;
+    xchg_push(&part[P + at * P + j], hist[c * P + j], bar_raw, c);
+  }
+  xchg_wait(bar_raw);
+  // (2)
+  uint64_t mine = 0;
+  for (int j = tid; j < P; j += kThreads) {
+    uint64_t acc = hist[rank * P + j];
+    for (int s = 0; s < C - 1; ++s) acc += part[P + s * P + j];
+    part[j] = acc;
+    mine += acc;
+  }
+  uint64_t portion;
+  (void)block_exclusive_scan(mine, m->scan, portion);  // (its barriers: part[0, P) complete)
+  if (tid < C) xchg_push(&sums[rank], portion, bar_sum, tid);
+  xchg_wait(bar_sum);
+  const uint64_t t = lane < C ? sums[lane] : 0ull;
+  const uint64_t incl = warp_inclusive_scan_u64(t);
+  const uint64_t total = __shfl_sync(kFull, incl, 31);
+  if (p >= 0.0f) tgt = mass_target(p, total);
+  const unsigned hit = __ballot_sync(kFull, lane < C && incl >= tgt);
+  const int owner = hit ? __ffs(hit) - 1 : C - 1;
+  const uint64_t above0 = __shfl_sync(kFull, incl - t, owner);
+  // (3) every block has merged (it pushed its sum after that), so the staging is free.
+  const uint64_t* src = part;
+  if (owner == rank) {
+    for (int i = tid; i < (C - 1) * P; i += kThreads) {
+      const int s = i / P;
+      const int j = i - s * P;
+      xchg_push(&part[P + j], part[j], bar_por, s < rank ? s : s + 1);
+    }
+  } else {
+    if (tid == 0) xchg_expect(bar_por, static_cast<uint32_t>(8 * P));
+    xchg_wait(bar_por);
+    src = part + P;
+  }
+  return select_in_portion(src, P, owner * P, above0, total, tgt, p, m, false);
+}
+
+// Whole block: min and max of (kmin, kmax) over the block, in every thread.
+__device__ __forceinline__ void block_minmax(uint32_t& kmin, uint32_t& kmax, Misc* m) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   kmin = __reduce_min_sync(kFull, kmin);
   kmax = __reduce_max_sync(kFull, kmax);
   if (lane == 0) m->red[warp] = (static_cast<uint64_t>(kmin) << 32) | kmax;
   __syncthreads();
-  if (warp == 0) {
-    const uint64_t r = lane < kWarps ? m->red[lane] : 0xffffffff00000000ull;
-    const uint32_t mn = __reduce_min_sync(kFull, static_cast<uint32_t>(r >> 32));
-    const uint32_t mx = __reduce_max_sync(kFull, static_cast<uint32_t>(r));
-    if (lane == 0) *slot = (static_cast<uint64_t>(mn) << 32) | mx;
-  }
-  cluster.sync();
-  const uint64_t r = lane < C ? *cluster.map_shared_rank(slot, lane) : 0xffffffff00000000ull;
+  const uint64_t r = lane < kWarps ? m->red[lane] : 0xffffffff00000000ull;
   kmin = __reduce_min_sync(kFull, static_cast<uint32_t>(r >> 32));
   kmax = __reduce_max_sync(kFull, static_cast<uint32_t>(r));
+  __syncthreads();  // m->red is read before its next use
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -456,13 +535,12 @@ __device__ __forceinline__ void for_each_element(const T* data, int nv, F&& f) {
   }
 }
 
-// Whole cluster: the candidates (pred) of the selected first-level bin: their key range over
-// the cluster, and their keys compacted into `cand` (per block; overflow when more than
-// kCandCap, then the refinement re-reads the slice).
+// Whole block: this block's candidates (pred) of the selected first-level bin: their key range
+// [kmin, kmax] (empty: kmin > kmax) and their keys compacted into `cand`, m->ncand of them (the
+// keys past kCandCap are dropped: overflow, then the refinement re-reads the slice).
 template <typename T, class Pred>
-__device__ __forceinline__ void range_and_compact(const T* data, int nv, Pred pred, uint32_t* cand, Misc* m,
-                                                  uint64_t* slot, int C, uint32_t& kmin, uint32_t& kmax,
-                                                  uint32_t& ncand) {
+__device__ __forceinline__ void compact_candidates(const T* data, int nv, Pred pred, uint32_t* cand, Misc* m,
+                                                   uint32_t& kmin, uint32_t& kmax) {
   constexpr int N = Vec<T>::N;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   uint32_t lo = 0xffffffffu;
@@ -499,10 +577,9 @@ __device__ __forceinline__ void range_and_compact(const T* data, int nv, Pred pr
       }
     }
   }
-  cluster_minmax(lo, hi, slot, m, C);  // its barriers also publish cand / ncand
+  block_minmax(lo, hi, m);  // its barriers also complete cand / ncand
   kmin = lo;
   kmax = hi;
-  ncand = m->ncand;
 }
 
 // Whole cluster: the exact threshold key inside [lo, hi] holding the tgt-th unit (count or
@@ -621,15 +698,19 @@ struct ListCounts {
   uint32_t cnt, incl, total;
   bool over;
 };
-__device__ __forceinline__ ListCounts list_counts(Misc* m, int C, uint32_t clamp, uint32_t each_cap) {
-  const cg::cluster_group cluster = cg::this_cluster();
-  const int lane = static_cast<int>(threadIdx.x) & 31;
+// cnt: lane c's count (0 in lanes >= C).
+__device__ __forceinline__ ListCounts list_counts_of(uint32_t cnt, uint32_t clamp, uint32_t each_cap) {
   ListCounts k;
-  k.cnt = lane < C ? *cluster.map_shared_rank(&m->ncand, lane) : 0u;
+  k.cnt = cnt;
   k.incl = static_cast<uint32_t>(warp_inclusive_scan_u64(min(k.cnt, clamp)));
   k.total = __shfl_sync(kFull, k.incl, 31);
   k.over = __any_sync(kFull, k.cnt > each_cap);
   return k;
+}
+__device__ __forceinline__ ListCounts list_counts(Misc* m, int C, uint32_t clamp, uint32_t each_cap) {
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  return list_counts_of(lane < C ? *cluster.map_shared_rank(&m->ncand, lane) : 0u, clamp, each_cap);
 }
 
 // The block c >= c0 whose list holds slot j of the concatenated lists, and that list's first slot
@@ -666,75 +747,111 @@ __device__ __forceinline__ void gather_lists(E* dst, const E* list, uint32_t cnt
   }
 }
 
-// Whole cluster: refine() over the candidates of every block; when they all fit one list
-// (<= kCandCap, none overflowed), block 0 copies them behind its own and refines alone with
-// block-local histograms (no cluster barriers per digit level), then one cluster barrier
-// publishes the threshold. Same candidates, same integers: the same threshold. Call right after
-// range_and_compact (its barrier published every block's cand / ncand). With `fused` set on
-// return (want_totals and the list path), block 0 has also summed every block's kept mass and
-// pushed it with the threshold to the other blocks (kXThr): lane c of every warp then holds block
-// c's kept mass in tot_lane.
+// Whole cluster: the threshold key of a filter (0: no candidate anywhere) from the candidates
+// of the selected first-level bin (pred), holding the tgt-th unit (count or fixed-point mass,
+// from the top) of them. Every block compacts its candidates and pushes its record (key range,
+// count, above-bin mass) to block 0 (kXHdr + k). When every list fits one (<= kCandCap
+// together), block 0 copies them behind its own and refines alone with block-local histograms
+// (no cluster barriers per digit level); with want_totals it also sums every block's kept mass
+// (its bins above the threshold bin, from its record, plus its candidates at or above the
+// threshold, which block 0 holds at the block's prefix range of the gathered list). It pushes
+// the outcome to the others (kXMsg + k): the threshold or "refine together", the cluster's key
+// range and the totals; its remote loads of their lists are done by then. Otherwise every block
+// refines together (cluster barriers). Same candidates, same integers: the same threshold. With
+// `fused` set on return (want_totals and the list path), lane c of every warp holds block c's
+// kept mass in tot_lane.
 template <bool kMass, typename T, class Pred>
-__device__ __forceinline__ uint32_t refine_cluster(uint32_t lo, uint32_t hi, uint64_t tgt, const T* data, int nv,
-                                                   Pred pred, uint32_t* cand, uint32_t ncand, const RowCtx& r,
-                                                   uint64_t* hist, uint64_t* part, Misc* m, int C, int rank,
-                                                   bool want_totals, bool& fused, uint64_t& tot_lane) {
-  fused = false;
-  tot_lane = 0;
-  if (C == 1) return refine<kMass>(lo, hi, tgt, data, nv, pred, cand, ncand, r, hist, part, m, C, rank);
+__device__ __forceinline__ uint32_t threshold_cluster(uint64_t tgt, const T* data, int nv, Pred pred, uint32_t* cand,
+                                                      const RowCtx& r, uint64_t* hist, uint64_t* part, Misc* m,
+                                                      int C, int rank, int k, bool want_totals, bool& fused,
+                                                      uint64_t& tot_lane) {
   const cg::cluster_group cluster = cg::this_cluster();
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
-  const ListCounts k = list_counts(m, C, static_cast<uint32_t>(kCandCap) + 1u, static_cast<uint32_t>(kCandCap));
-  const uint32_t total = k.total;
-  if (k.over || total > static_cast<uint32_t>(kCandCap)) {
-    return refine<kMass>(lo, hi, tgt, data, nv, pred, cand, ncand, r, hist, part, m, C, rank);
+  fused = false;
+  tot_lane = 0;
+  uint32_t lo, hi;
+  compact_candidates(data, nv, pred, cand, m, lo, hi);
+  const uint32_t ncand = m->ncand;
+  uint64_t* const bar_hdr = &m->xbar[kXHdr + k];
+  uint64_t* const bar_msg = &m->xbar[kXMsg + k];
+  const int words = want_totals ? 2 + C : 2;
+  // The record: the count clamped to kCandCap + 1 (12 bits) over the above-bin mass (< 2^48: at
+  // most 98304 elements of mass <= 2^31).
+  if (tid < 2) {
+    const uint64_t v = tid == 0 ? (static_cast<uint64_t>(lo) << 32) | hi
+                                : (static_cast<uint64_t>(min(ncand, static_cast<uint32_t>(kCandCap) + 1u)) << 48) |
+                                      (m->above_total & ((1ull << 48) - 1));
+    xchg_push(&m->xhdr[rank][tid], v, bar_hdr, 0);
   }
-  fused = want_totals;
+  uint64_t status;  // the threshold, or kRefineTogether
+  uint64_t range;   // (min key << 32) | max key over the cluster
+  constexpr uint64_t kRefineTogether = 1ull << 63;
   if (rank == 0) {
-    gather_lists(cand, cand, k.cnt, k.incl, 1, C);  // its own list already leads
-    __syncthreads();
-    const uint32_t thr = refine<kMass>(lo, hi, tgt, data, nv, pred, cand, total, r, hist, part, m, 1, 0);
-    if (tid == 0) m->thr_slot = thr;
-    if (want_totals) {
-      // Every block's kept mass: its bins above the threshold bin (m->above_total, published by
-      // the range pass's barrier) plus its candidates at or above thr, which block 0 holds at the
-      // block's prefix range of the gathered list; summed per block in (lo, hi) words of `hist`.
-      uint32_t* h32 = reinterpret_cast<uint32_t*>(hist);
-      if (tid < 2 * kMaxCluster) h32[tid] = 0u;
-      __syncthreads();
-      for (uint32_t base = 0; base < total; base += kThreads) {
-        const uint32_t j = base + static_cast<uint32_t>(tid);
-        uint32_t off;
-        const int c = list_owner(j, k.incl, 0u, 0, C, off);
-        if (j < total) {
-          const uint32_t key = cand[j];
-          const uint32_t w = key >= thr ? to_fixed(weight_f(key_value(key), r)) : 0u;
-          if (w) hist_add(h32, c, w);
+    if (tid == 0) xchg_expect(bar_hdr, static_cast<uint32_t>(16 * C));
+    xchg_wait(bar_hdr);
+    const uint64_t h = lane < C ? m->xhdr[lane][0] : 0xffffffff00000000ull;
+    const uint64_t h1 = lane < C ? m->xhdr[lane][1] : 0ull;
+    const uint32_t cnt = static_cast<uint32_t>(h1 >> 48);
+    const uint64_t above = h1 & ((1ull << 48) - 1);
+    const uint32_t kmin = __reduce_min_sync(kFull, static_cast<uint32_t>(h >> 32));
+    const uint32_t kmax = __reduce_max_sync(kFull, static_cast<uint32_t>(h));
+    range = (static_cast<uint64_t>(kmin) << 32) | kmax;
+    const ListCounts kc = list_counts_of(cnt, static_cast<uint32_t>(kCandCap) + 1u, static_cast<uint32_t>(kCandCap));
+    status = 0;
+    if (kmin <= kmax) {
+      if (kc.over || kc.total > static_cast<uint32_t>(kCandCap)) {
+        status = kRefineTogether;
+      } else {
+        gather_lists(cand, cand, kc.cnt, kc.incl, 1, C);  // its own list already leads
+        __syncthreads();
+        const uint32_t thr = refine<kMass>(kmin, kmax, tgt, data, nv, pred, cand, kc.total, r, hist, part, m, 1, 0);
+        status = thr;
+        if (want_totals) {
+          // Summed per block in (lo, hi) words of `hist`.
+          uint32_t* h32 = reinterpret_cast<uint32_t*>(hist);
+          if (tid < 2 * kMaxCluster) h32[tid] = 0u;
+          __syncthreads();
+          for (uint32_t base = 0; base < kc.total; base += kThreads) {
+            const uint32_t j = base + static_cast<uint32_t>(tid);
+            uint32_t off;
+            const int c = list_owner(j, kc.incl, 0u, 0, C, off);
+            if (j < kc.total) {
+              const uint32_t key = cand[j];
+              const uint32_t w = key >= thr ? to_fixed(weight_f(key_value(key), r)) : 0u;
+              if (w) hist_add(h32, c, w);
+            }
+          }
+          __syncthreads();
+          if (tid < C) m->tot[tid] = hist[tid] + above;  // tid < C: lane tid of warp 0
+          __syncthreads();
+          fused = true;
+          tot_lane = lane < C ? m->tot[lane] : 0ull;
         }
       }
-      __syncthreads();
-      if (tid < C) m->tot[tid] = hist[tid] + *cluster.map_shared_rank(&m->above_total, tid);
-      __syncthreads();
-      // The threshold and the C totals to blocks 1..C-1 (C + 1 words each); its remote reads are
-      // done (their values are in m->tot), so the receivers may leave once they have them.
-      const int words = C + 1;
-      for (int i = tid; i < (C - 1) * words; i += kThreads) {
-        const int c = 1 + i / words;
-        const int e = i % words;
-        xchg_push(&part[kXThrAt + e], e == 0 ? static_cast<uint64_t>(thr) : m->tot[e - 1], &m->xbar[kXThr], c);
-      }
-      tot_lane = lane < C ? m->tot[lane] : 0ull;
-      return thr;
     }
-  } else if (want_totals) {
-    if (tid == 0) xchg_expect(&m->xbar[kXThr], static_cast<uint32_t>(8 * (C + 1)));
-    xchg_wait(&m->xbar[kXThr]);
-    tot_lane = lane < C ? part[kXThrAt + 1 + lane] : 0ull;
-    return static_cast<uint32_t>(part[kXThrAt]);
+    for (int i = tid; i < (C - 1) * words; i += kThreads) {
+      const int c = 1 + i / words;
+      const int e = i - (c - 1) * words;
+      const uint64_t v = e == 0 ? status : e == 1 ? range : fused ? m->tot[e - 2] : 0ull;
+      xchg_push(&part[kXMsgAt + e], v, bar_msg, c);
+    }
+  } else {
+    if (tid == 0) xchg_expect(bar_msg, static_cast<uint32_t>(8 * words));
+    xchg_wait(bar_msg);
+    status = part[kXMsgAt];
+    range = part[kXMsgAt + 1];
+    fused = want_totals && static_cast<uint32_t>(range >> 32) <= static_cast<uint32_t>(range) &&
+            status != kRefineTogether;
+    if (fused) tot_lane = lane < C ? part[kXMsgAt + 2 + lane] : 0ull;
   }
-  cluster.sync();  // block 0's threshold is published and its remote reads are done
-  return *cluster.map_shared_rank(&m->thr_slot, 0);
+  if (status != kRefineTogether) return static_cast<uint32_t>(status);
+  const uint32_t thr = refine<kMass>(static_cast<uint32_t>(range >> 32), static_cast<uint32_t>(range), tgt, data, nv,
+                                     pred, cand, ncand, r, hist, part, m, C, rank);
+  // Its last select_bin's remote loads are done in every block before any block pushes into
+  // part / cand again (select_bin_push).
+  cluster.sync();
+  return thr;
 }
 
 // Whole block: sorts s[0, n) in decreasing order (n a power of two).
@@ -990,17 +1107,14 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
       if (c_first) atomicAdd(h32, c_first);
       if (c_last) atomicAdd(h32 + 2 * (kBins - 1), c_last);
     }
-    const Selection s = select_bin(hist, part, static_cast<uint64_t>(top_k), -1.0f, m, C, rank);
+    const Selection s = C > 1 ? select_bin_push(hist, part, static_cast<uint64_t>(top_k), -1.0f, m, C, rank, 0)
+                              : select_bin(hist, part, static_cast<uint64_t>(top_k), -1.0f, m, C, rank);
     const int b1 = s.bin;
     auto pred = [&](float x) { return value_bin(x, r.lmax, kCountBinsPerLogit) == b1; };
-    uint32_t kmin, kmax, ncand;
-    range_and_compact(data, nv, pred, cand, m, &m->range_slot[0], C, kmin, kmax, ncand);
-    if (kmin <= kmax) {
-      bool unused;
-      uint64_t unused_tot;
-      thr_k = refine_cluster<false>(kmin, kmax, static_cast<uint64_t>(top_k) - s.above, data, nv, pred, cand, ncand,
-                                    r, hist, part, m, C, rank, false, unused, unused_tot);
-    }
+    bool unused;
+    uint64_t unused_tot;
+    thr_k = threshold_cluster<false>(static_cast<uint64_t>(top_k) - s.above, data, nv, pred, cand, r, hist, part, m, C,
+                                     rank, 0, false, unused, unused_tot);
   }
 
   const float top_p_row = a.top_p ? a.top_p[row] : a.top_p_value;
@@ -1113,7 +1227,8 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
       if (m_first) hist_add(h32, 0, m_first);
       if (m_last) hist_add(h32, kBins - 1, m_last);
     }
-    const Selection s = select_bin(hist, part, 0, top_p, m, C, rank);
+    const Selection s = C > 1 ? select_bin_push(hist, part, 0, top_p, m, C, rank, 1)
+                              : select_bin(hist, part, 0, top_p, m, C, rank);
     if (s.total > 0) {  // 0 only without a finite max (no mass anywhere): no filter
       const int b1 = s.bin;
       // This block's own mass in bins [0, b1) (its histogram is intact until the refinement):
@@ -1136,14 +1251,10 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
       // mass_bin(nat_dist(x), r) == b1, computed as the mass pass did (no branch).
       const uint32_t b1u = static_cast<uint32_t>(b1);
       auto pred = [&](float x) { return mass_bin_u(nat_dist(x, r) * r.mass_scale) == b1u && !(x < thr_k_value); };
-      uint32_t kmin, kmax, ncand;
-      range_and_compact(data, nv, pred, cand, m, &m->range_slot[1], C, kmin, kmax, ncand);
-      if (kmin <= kmax) {
-        // min-p off (the same value in every block): block 0 also sums every block's kept mass
-        // while it holds all the candidates, and publishes the totals with the threshold.
-        thr_p = refine_cluster<true>(kmin, kmax, s.tgt - s.above, data, nv, pred, cand, ncand, r, hist, part, m, C,
-                                     rank, r.min_p <= 0.0f, fused_totals, fused_tot);
-      }
+      // min-p off (the same value in every block): block 0 also sums every block's kept mass
+      // while it holds all the candidates, and pushes the totals with the threshold.
+      thr_p = threshold_cluster<true>(s.tgt - s.above, data, nv, pred, cand, r, hist, part, m, C, rank, 1,
+                                      r.min_p <= 0.0f, fused_totals, fused_tot);
     }
   }
 

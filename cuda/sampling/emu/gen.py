@@ -48,7 +48,8 @@ def edit_sample(s):
     s = replace_func(s, "__device__ __forceinline__ void xchg_push(uint64_t* slot, uint64_t v, uint64_t* bar, int rank) {",
                      "\n  const cg::cluster_group c = cg::this_cluster();\n  *c.map_shared_rank(slot, rank) = v;\n"
                      "  uint64_t* b = c.map_shared_rank(bar, rank);\n"
-                     "  *b = (*b & (1ull << 63)) | static_cast<uint32_t>(static_cast<int32_t>(*b) - 8);\n}\n")
+                     "  *b = (*b & (1ull << 63)) | static_cast<uint32_t>(static_cast<int32_t>(*b) - 8);\n"
+                     "  ++::emu::S().progress;  // (a waiting block may now complete: not a deadlock)\n}\n")
     s = replace_func(s, "__device__ __forceinline__ void xchg_wait(uint64_t* bar) {",
                      "\n  while (!((*bar >> 63) && static_cast<int32_t>(*bar) == 0)) ::emu::yield();\n}\n")
     return replace_func(s, "__device__ __forceinline__ float fast_exp2(float x) {", " return exp2f(x); }\n")
