@@ -414,8 +414,8 @@ __device__ __forceinline__ void xchg_wait(uint64_t* bar) {
 // 3k): (1) block b pushes its bins of every other block c's portion (P = kBins / C bins) into
 // c's staging, part[P, C P) (running on into `cand`: sender b at slot b, or b - 1 past c); (2)
 // block c merges its portion into part[0, P) and pushes the portion's sum to every block
-// (m->xtot); (3) every block finds the portion holding the crossing, whose owner pushes it
-// into the others' part[P, 2P), and scans it. The same sums as select_bin: the same bin. `hist`
+// (m->xtot); (3) every block finds the portion holding the crossing, whose owner scans it and
+// pushes the bin and the sum above it to the others. The same sums as select_bin: the same bin. `hist`
 // is left intact (the top-p above-bin sums read it); part and cand are overwritten. The kernel
 // keeps every block's part / cand free of remote readers and of other pushes from a cluster
 // barrier before the call until every block has returned (see the kernel's first levels).
@@ -462,20 +462,20 @@ static __device__ __noinline__ Selection select_bin_push(const uint64_t* hist, u
   const unsigned hit = __ballot_sync(kFull, lane < C && incl >= tgt);
   const int owner = hit ? __ffs(hit) - 1 : C - 1;
   const uint64_t above0 = __shfl_sync(kFull, incl - t, owner);
-  // (3) every block has merged (it pushed its sum after that), so the staging is free.
-  const uint64_t* src = part;
+  // (3) the owner scans its portion and pushes the bin and the sum above it (2 words) into the
+  // others' staging, free: every block has merged (it pushed its sum after that).
   if (owner == rank) {
-    for (int i = tid; i < (C - 1) * P; i += kThreads) {
-      const int s = i / P;
-      const int j = i - s * P;
-      xchg_push(&part[P + j], part[j], bar_por, s < rank ? s : s + 1);
+    const Selection sel = select_in_portion(part, P, owner * P, above0, total, tgt, p, m, false);
+    if (tid < 2 * (C - 1)) {
+      const int c = tid >> 1;
+      xchg_push(&part[P + (tid & 1)], (tid & 1) ? sel.above : static_cast<uint64_t>(sel.bin), bar_por,
+                c < rank ? c : c + 1);
     }
-  } else {
-    if (tid == 0) xchg_expect(bar_por, static_cast<uint32_t>(8 * P));
-    xchg_wait(bar_por);
-    src = part + P;
+    return sel;
   }
-  return select_in_portion(src, P, owner * P, above0, total, tgt, p, m, false);
+  if (tid == 0) xchg_expect(bar_por, 16u);
+  xchg_wait(bar_por);
+  return Selection{static_cast<int>(part[P]), part[P + 1], total, tgt};
 }
 
 // Whole block: min and max of (kmin, kmax) over the block, in every thread.
@@ -777,7 +777,13 @@ __device__ __forceinline__ uint32_t threshold_cluster(uint64_t tgt, const T* dat
   uint64_t* const bar_msg = &m->xbar[kXMsg + k];
   const int words = want_totals ? 2 + C : 2;
   // The record: the count clamped to kCandCap + 1 (12 bits) over the above-bin mass (< 2^48: at
-  // most 98304 elements of mass <= 2^31).
+  // most 98304 elements of mass <= 2^31), which the top-p caller left per warp in m->scan.
+  if (k == 1 && want_totals && tid == 1) {
+    uint64_t sum = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += m->scan[w];
+    m->above_total = sum;  // (also read by the draw's shortcut, after later barriers)
+  }
   if (tid < 2) {
     const uint64_t v = tid == 0 ? (static_cast<uint64_t>(lo) << 32) | hi
                                 : (static_cast<uint64_t>(min(ncand, static_cast<uint32_t>(kCandCap) + 1u)) << 48) |
@@ -1235,18 +1241,13 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
       // every such token is kept (its key exceeds every key of bin b1), so with the kept
       // candidates of b1 it gives the block's kept mass without the final pass (below), which
       // needs min-p off (the same value in every block). The range pass's barriers publish it.
+      // Per warp into m->scan here; threshold_cluster sums them into m->above_total after the
+      // range pass's barriers (which leave m->scan alone).
       if (r.min_p <= 0.0f) {
         uint64_t own = 0;
         for (int i = tid; i < b1; i += kThreads) own += hist[i];
         own = warp_sum_u64(own);
         if (lane == 0) m->scan[warp] = own;
-        __syncthreads();
-        if (tid == 0) {
-          uint64_t sum = 0;
-#pragma unroll
-          for (int w = 0; w < kWarps; ++w) sum += m->scan[w];
-          m->above_total = sum;  // the range pass's barriers publish it (and free m->scan)
-        }
       }
       // mass_bin(nat_dist(x), r) == b1, computed as the mass pass did (no branch).
       const uint32_t b1u = static_cast<uint32_t>(b1);
