@@ -89,11 +89,11 @@ struct SampleArgs {
 
 // Exchanges pushed into the receivers' shared memory (st.async, completing on the receiver's
 // mbarrier: one one-way trip, no cluster barrier, no remote load): each mbarrier completes one
-// phase per row. kXMax: every block's (argmax key, min logit) to every block; kXThr: block 0's
-// threshold and every block's kept mass (fused totals) to the others; kXSel + 3k (+0 raw
-// portions, +1 portion sums, +2 the crossing portion): the first-level selection k (0 top-k,
-// 1 top-p) of select_bin_push; kXHdr + k: every block's candidate record to block 0, kXMsg + k:
-// block 0's answer to the others (threshold_cluster).
+// phase per row. kXMax: every block's (argmax key, min logit) to every block; kXSel + 3k (+0 raw
+// portions, +1 portion sums, +2 the crossing bin): the first-level selection k (0 top-k, 1
+// top-p) of select_bin_push; kXHdr + k: every block's candidate record to block 0, kXMsg + k:
+// block 0's answer to the others, with the threshold and (fused totals) every block's kept mass
+// (threshold_cluster).
 constexpr int kXMax = 0;
 constexpr int kXSel = 1;
 constexpr int kXHdr = kXSel + 6;
@@ -113,8 +113,8 @@ struct Misc {
   uint64_t sel_above;      // selection broadcast
   int sel_bin;
   uint32_t ncand;
-  uint64_t above_total;    // this block's top-p mass in the bins above the threshold bin (read by block 0)
-  uint64_t tot[kMaxCluster];  // block 0: every block's kept mass (fused totals, read by the cluster)
+  uint64_t above_total;    // this block's top-p mass in the bins above the threshold bin (pushed to block 0)
+  uint64_t tot[kMaxCluster];  // block 0: every block's kept mass (fused totals, pushed to the cluster)
   uint64_t load_bar[kLoadChunks];  // the row load's bulk-copy barriers (one phase each)
   uint64_t xbar[kXchgs];           // the exchanges' mbarriers (one phase each)
   uint64_t xtot[kMaxCluster];      // select_bin_push: every block's portion sum (pushed)
@@ -381,7 +381,7 @@ __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
 
-// Pushed exchanges (kXMax, kXThr). One thread per block initialises the mbarriers (count 1: the
+// Pushed exchanges (kXMax, kXSel, kXHdr, kXMsg). One thread per block initialises the mbarriers (count 1: the
 // receiver's own arrive with the expected bytes); the cluster barrier that follows publishes the
 // inits before any push.
 __device__ __forceinline__ void xchg_init(uint64_t* bars) {
@@ -1051,7 +1051,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
   }
   __syncthreads();  // also publishes the slice to the whole block
   cluster.barrier_wait();  // the exchanges' mbarriers are initialised in every block
-  uint64_t* xslot = part;  // pushes land in `part` (kXMaxAt, kXThrAt)
+  uint64_t* xslot = part;  // pushes land in `part` (kXMaxAt, kXMsgAt)
   if (warp == 0) {
     uint64_t b = lane < kWarps ? m->red[lane] : 0ull;
     b = warp_max_u64(b);
@@ -1240,9 +1240,9 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
       // This block's own mass in bins [0, b1) (its histogram is intact until the refinement):
       // every such token is kept (its key exceeds every key of bin b1), so with the kept
       // candidates of b1 it gives the block's kept mass without the final pass (below), which
-      // needs min-p off (the same value in every block). The range pass's barriers publish it.
-      // Per warp into m->scan here; threshold_cluster sums them into m->above_total after the
-      // range pass's barriers (which leave m->scan alone).
+      // needs min-p off (the same value in every block). Per warp into m->scan here;
+      // threshold_cluster sums them into m->above_total after the range pass's block barriers
+      // (which leave m->scan alone) and pushes it to block 0 in the block's record.
       if (r.min_p <= 0.0f) {
         uint64_t own = 0;
         for (int i = tid; i < b1; i += kThreads) own += hist[i];
