@@ -1,8 +1,8 @@
 // B = 1 decode, paged against contiguous (bf16, D = 128, Hq 32, Hkv 8, T 4096, 16 splits of 256
 // tokens, as the production plan picks): graph replays of split + combine, one call per graph with
 // the L2 flushed before each replay, and 20 calls per graph with it warm (the benchmark's :graph
-// rows). Variants: the production launcher (contiguous; paged P16 / P64), the same kernels launched
-// without programmatic dependent launch, the split kernel with its prologue page ids looked up one
+// rows). Variants: the production launcher (contiguous HND and, timing only, NHD; paged P16 /
+// P64), the same kernels launched without programmatic dependent launch, the split kernel with its prologue page ids looked up one
 // tile at a time after lens (PROBE kProbeSerialPages, the code before session 5), and the paged split kernel in its 5-stage latency form
 // (decode_split_mma_kernel<..., PAGED, LAT>); every output must be bit-equal to contiguous.
 // Build + run on the GPU machine (repo root):
@@ -127,6 +127,14 @@ int main() {
     graph_time("contiguous, no PDL", [&] {
       plain(decode_split_mma_kernel<T, 128, false, true>, ac, MmaConfig<128, true>::kSmemBytes);
     });
+    {
+      // The same buffers read as an NHD cache [B, T, Hkv, D] (tokens 2 KB apart, as in a page):
+      // timing only (other data, so no bit-equality check).
+      DecodeParams pn = p;
+      pn.k_sh = D; pn.k_st = size_t(Hkv) * D;
+      pn.v_sh = D; pn.v_st = size_t(Hkv) * D;
+      graph_time("contiguous NHD (timing only), production", [&] { CK(launch_decode<T>(pn, st)); });
+    }
     for (int P : {16, 64}) {
       const int nb = Tcap / P;
       std::vector<int> perm(2 * nb);
