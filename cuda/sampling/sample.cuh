@@ -281,6 +281,25 @@ struct Selection {
   uint64_t tgt;    // the target used
 };
 
+// Warp-uniform: lane c of the warp holds portion c's sum t (0 in lanes >= C). The total, the
+// target (with p >= 0: mass_target(p, total)), the first portion whose inclusive prefix reaches
+// it (none: the last) and the sum of the portions before that one.
+struct Crossing {
+  uint64_t total, tgt, above;
+  int owner;
+};
+__device__ __forceinline__ Crossing crossing_portion(uint64_t t, int C, uint64_t tgt, float p) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  Crossing x;
+  const uint64_t incl = warp_inclusive_scan_u64(t);
+  x.total = __shfl_sync(kFull, incl, 31);
+  x.tgt = p >= 0.0f ? mass_target(p, x.total) : tgt;
+  const unsigned hit = __ballot_sync(kFull, lane < C && incl >= x.tgt);
+  x.owner = hit ? __ffs(hit) - 1 : C - 1;
+  x.above = __shfl_sync(kFull, incl - t, x.owner);
+  return x;
+}
+
 // Whole block, the last step of a selection: the bin (base + j) of the P bins src[0, P) (a
 // portion starting at bin `base` whose bins before it sum to above0) where the inclusive prefix
 // reaches tgt. `whole`: src is the whole histogram, whose sum is the total (and, with p >= 0,
@@ -363,15 +382,12 @@ static __device__ __noinline__ Selection select_bin(uint64_t* hist, uint64_t* pa
     (void)block_exclusive_scan(mine, m->scan, portion);
     if (tid == 0) m->part_total = portion;
     cluster.sync();  // B
-    const uint64_t t = lane < C ? *cluster.map_shared_rank(&m->part_total, lane) : 0ull;
-    const uint64_t incl = warp_inclusive_scan_u64(t);
-    total = __shfl_sync(kFull, incl, 31);
-    if (p >= 0.0f) tgt = mass_target(p, total);
-    const unsigned hit = __ballot_sync(kFull, lane < C && incl >= tgt);
-    const int owner = hit ? __ffs(hit) - 1 : C - 1;
-    above0 = __shfl_sync(kFull, incl - t, owner);
-    src = cluster.map_shared_rank(part, owner);
-    base = owner * P;
+    const Crossing x = crossing_portion(lane < C ? *cluster.map_shared_rank(&m->part_total, lane) : 0ull, C, tgt, p);
+    total = x.total;
+    tgt = x.tgt;
+    above0 = x.above;
+    src = cluster.map_shared_rank(part, x.owner);
+    base = x.owner * P;
   }
   return select_in_portion(src, P, base, above0, total, tgt, p, m, C == 1);
 }
@@ -455,13 +471,11 @@ static __device__ __noinline__ Selection select_bin_push(const uint64_t* hist, u
   (void)block_exclusive_scan(mine, m->scan, portion);  // (its barriers: part[0, P) complete)
   if (tid < C) xchg_push(&sums[rank], portion, bar_sum, tid);
   xchg_wait(bar_sum);
-  const uint64_t t = lane < C ? sums[lane] : 0ull;
-  const uint64_t incl = warp_inclusive_scan_u64(t);
-  const uint64_t total = __shfl_sync(kFull, incl, 31);
-  if (p >= 0.0f) tgt = mass_target(p, total);
-  const unsigned hit = __ballot_sync(kFull, lane < C && incl >= tgt);
-  const int owner = hit ? __ffs(hit) - 1 : C - 1;
-  const uint64_t above0 = __shfl_sync(kFull, incl - t, owner);
+  const Crossing x = crossing_portion(lane < C ? sums[lane] : 0ull, C, tgt, p);
+  const uint64_t total = x.total;
+  tgt = x.tgt;
+  const int owner = x.owner;
+  const uint64_t above0 = x.above;
   // (3) the owner scans its portion and pushes the bin and the sum above it (2 words) into the
   // others' staging, free: every block has merged (it pushed its sum after that).
   if (owner == rank) {
