@@ -3,7 +3,8 @@
 The benchmark (fray.bench.time_us, triton's do_bench) zeroes a 256 MB buffer before each call: the
 L2 is then full of dirty lines, which the timed kernel's reads must write back to HBM as they evict
 them. This times, on the issue's B32 and B64-Hq64 decode shapes, SDPA, fray.decode_attention (CUDA)
-and a plain read of the same K and V bytes (a Triton kernel, no math) under three methods:
+and a plain read of the same K and V bytes (a Triton kernel, no math; also with its loads marked
+evict-first in the L2, as Fray's K/V copies are since session 10) under three methods:
   write-flush  do_bench as the benchmark (256 MB zeroed before each call)
   read-flush   a 256 MB buffer read (summed) before each call: the L2 holds clean lines
   no-flush     back-to-back calls (the caches hold whatever the previous call left)
@@ -21,23 +22,24 @@ from fray.bench import median, time_us
 
 
 @triton.jit
-def _read_kernel(k_ptr, v_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _read_kernel(k_ptr, v_ptr, out_ptr, n, BLOCK: tl.constexpr, EVICT: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
-    a = tl.load(k_ptr + offs, mask=m, other=0)
-    b = tl.load(v_ptr + offs, mask=m, other=0)
+    a = tl.load(k_ptr + offs, mask=m, other=0, eviction_policy=EVICT)
+    b = tl.load(v_ptr + offs, mask=m, other=0, eviction_policy=EVICT)
     s = tl.sum((a ^ b).to(tl.int32), axis=0)
     tl.store(out_ptr + pid, s)  # keeps the loads live
 
 
-def plain_read(k, v):
+def plain_read(k, v, evict=""):
     kk = k.view(torch.int32).reshape(-1)
     vv = v.view(torch.int32).reshape(-1)
     block = 4096  # 16 KB of each tensor per program
     grid = triton.cdiv(kk.numel(), block)
     out = torch.empty(grid, device=k.device, dtype=torch.int32)
-    return lambda: _read_kernel[(grid,)](kk, vv, out, kk.numel(), BLOCK=block, num_warps=8)
+    return lambda: _read_kernel[(grid,)](kk, vv, out, kk.numel(), BLOCK=block, EVICT=evict,
+                                         num_warps=8)
 
 
 def event_us(fn, flush, calls=200):
@@ -80,6 +82,7 @@ def main():
             "sdpa": lambda: F.scaled_dot_product_attention(q4, k, v, enable_gqa=True),
             "fray.cuda": lambda: fray.decode_attention(q, k, v, lens, kv_layout="HND", out=o, backend="cuda"),
             "plain read": plain_read(k, v),
+            "read evict-first": plain_read(k, v, "evict_first"),
         }
         gb = 2 * k.numel() * k.element_size() / 1e3
         name = "B%dHq%dHkv%dT%dD128" % (batch, hq, hkv, t)

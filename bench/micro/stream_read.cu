@@ -3,8 +3,11 @@
 // Variants: the kernel's cp.async ring (16-byte copies, swizzled rows) with S stages, and a
 // bulk-copy ring (cp.async.bulk, one 16 KB copy per tile and tensor, mbarrier completion).
 // Shapes: B32 Hkv8 T4096 (256 CTAs x 4096 tokens) and B64 Hkv8 T8192 split in 2 (1024 CTAs x 4096).
+// With an argument (`/tmp/sr flush`): a few loaders, with and without the evict-first L2 policy,
+// after a write flush (the benchmarks' do_bench: 256 MB written, the L2 full of dirty lines), a
+// read flush (clean lines) and none.
 // Build + run on the GPU machine:
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/sr bench/micro/stream_read.cu && /tmp/sr
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/sr bench/micro/stream_read.cu && /tmp/sr [flush]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -80,15 +83,28 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase) {
       "r"(phase)
       : "memory");
 }
+// EF: with the evict-first L2 policy (createpolicy; cp.async (LDGSTS) with a cache hint is
+// miscompiled by ptxas 13.0 -- an illegal-instruction trap -- while the bulk copy and ld forms work).
+template <bool EF = false>
 __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
+  if constexpr (EF) {
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+            dst),
+        "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+        : "memory");
+  } else {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+  }
 }
 
 // ROWS = 0: one 16 KB bulk copy per tile and tensor (thread 0); ROWS = 1: one 256-byte copy per
 // row (64 threads for K, 64 for V), the form a paged or NHD cache needs.
-template <int S, int MINB, int ROWS>
+template <int S, int MINB, int ROWS, bool EF = false>
 __global__ void __launch_bounds__(kThreads, MINB) ring_bulk(const unsigned char* k, const unsigned char* v,
                                                             int tokens, uint32_t* sink) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -111,15 +127,15 @@ __global__ void __launch_bounds__(kThreads, MINB) ring_bulk(const unsigned char*
     if (ROWS == 0) {
       if (tid == 0) {
         mbar_expect_tx(bar, 2 * kStageBytes);
-        bulk_g2s(st, k + off, kStageBytes, bar);
-        bulk_g2s(st + kStageBytes, v + off, kStageBytes, bar);
+        bulk_g2s<EF>(st, k + off, kStageBytes, bar);
+        bulk_g2s<EF>(st + kStageBytes, v + off, kStageBytes, bar);
       }
     } else {
       if (tid == 0) mbar_expect_tx(bar, 2 * kStageBytes);
       __syncwarp();
       const int r = tid % 64;
       const unsigned char* src = (tid < 64 ? k : v) + off + r * kRowBytes;
-      bulk_g2s(st + (tid < 64 ? 0 : kStageBytes) + r * kRowBytes, src, kRowBytes, bar);
+      bulk_g2s<EF>(st + (tid < 64 ? 0 : kStageBytes) + r * kRowBytes, src, kRowBytes, bar);
     }
   };
 #pragma unroll
@@ -134,8 +150,20 @@ __global__ void __launch_bounds__(kThreads, MINB) ring_bulk(const unsigned char*
   if (acc == 0x12345678u) sink[0] = acc;
 }
 
-// Plain 16-byte loads, 8 per thread in flight, no shared memory.
+// 16-byte load, L1 not allocated, under the L2 policy `pol`.
+__device__ __forceinline__ uint4 ldg_policy(const uint4* p, uint64_t pol) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p), "l"(pol));
+  return r;
+}
+
+// Plain 16-byte loads, 8 per thread in flight, no shared memory (EF: under the evict-first policy).
+template <bool EF = false>
 __global__ void __launch_bounds__(kThreads) plain_ldg(const uint4* k, const uint4* v, int tokens, uint32_t* sink) {
+  uint64_t pol = 0;
+  if constexpr (EF) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
   const int64_t n = static_cast<int64_t>(tokens) * kRowBytes / 16;
   const uint4* kb = k + blockIdx.x * n;
   const uint4* vb = v + blockIdx.x * n;
@@ -144,8 +172,13 @@ __global__ void __launch_bounds__(kThreads) plain_ldg(const uint4* k, const uint
     uint4 a[4], c[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      a[u] = __ldcs(kb + i + u * kThreads);
-      c[u] = __ldcs(vb + i + u * kThreads);
+      if constexpr (EF) {
+        a[u] = ldg_policy(kb + i + u * kThreads, pol);
+        c[u] = ldg_policy(vb + i + u * kThreads, pol);
+      } else {
+        a[u] = __ldcs(kb + i + u * kThreads);
+        c[u] = __ldcs(vb + i + u * kThreads);
+      }
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) acc ^= a[u].x ^ a[u].w ^ c[u].y ^ c[u].z;
@@ -153,16 +186,48 @@ __global__ void __launch_bounds__(kThreads) plain_ldg(const uint4* k, const uint
   if (acc == 0x12345678u) sink[0] = acc;
 }
 
-// Median of 30 launches after 3 warm-up launches, no L2 flush (the data is 10x the L2).
+// The read flush: every 16-byte vector of `src` summed (the L2 ends full of clean lines).
+__global__ void read_flush(const uint4* src, size_t n, unsigned* sink) {
+  unsigned acc = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 x = src[i];
+    acc += x.x ^ x.y ^ x.z ^ x.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// Median of 30 launches after 3 warm-up launches. flush_mode 0: none (the data is 10x the L2);
+// 1: 256 MB written before each launch (the benchmarks' do_bench flush: the L2 full of dirty
+// lines); 2: 256 MB read before each launch (clean lines).
+int flush_mode = 0;
+char* flush_buf = nullptr;
 template <typename F>
 float time_us(F launch) {
   for (int i = 0; i < 3; ++i) launch();
   CK(cudaGetLastError());
-  const std::vector<float> t = event_times_us(launch, 30);
+  std::vector<float> t;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int r = 0; r < 30; ++r) {
+    if (flush_mode == 1) CK(cudaMemsetAsync(flush_buf, r, 256 << 20));
+    if (flush_mode == 2) read_flush<<<1024, 256>>>(reinterpret_cast<const uint4*>(flush_buf), (256 << 20) / 16, nullptr);
+    CK(cudaEventRecord(e0));
+    launch();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms * 1000.0f);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
 
-int main() {
+int main(int argc, char** argv) {
+  (void)argv;
   const int64_t bytes = int64_t{1} << 31;  // 2 GiB each of K and V: room for both shapes
   unsigned char *k, *v;
   uint32_t* sink;
@@ -171,13 +236,15 @@ int main() {
   CK(cudaMalloc(&sink, 64));
   CK(cudaMemset(k, 1, bytes));
   CK(cudaMemset(v, 2, bytes));
+  CK(cudaMalloc(&flush_buf, 256 << 20));
+  CK(cudaMemset(flush_buf, 0, 256 << 20));
   struct Shape { const char* name; int ctas; int tokens; };
   const Shape shapes[] = {{"B32T4096 (256 x 4096)", 256, 4096}, {"B64T8192 (1024 x 4096)", 1024, 4096},
                           {"B64T8192 (512 x 8192)", 512, 8192}};
-  printf("%-26s %-28s %9s %8s\n", "shape", "variant", "us", "TB/s");
+  printf("%-26s %-34s %9s %8s\n", "shape", "variant", "us", "TB/s");
   for (const Shape& sh : shapes) {
     const double moved = 2.0 * sh.ctas * sh.tokens * kRowBytes;
-    auto report = [&](const char* name, float us) { printf("%-26s %-28s %9.1f %8.2f\n", sh.name, name, us, moved / us * 1e-6); };
+    auto report = [&](const char* name, float us) { printf("%-26s %-34s %9.1f %8.2f\n", sh.name, name, us, moved / us * 1e-6); };
 #define RUN_CPASYNC(S, MINB)                                                                                   \
   {                                                                                                             \
     const int sm = S * 2 * kStageBytes;                                                                         \
@@ -185,25 +252,44 @@ int main() {
     report("cp.async S=" #S " minB=" #MINB,                                                                     \
            time_us([&] { ring_cpasync<S, MINB><<<sh.ctas, kThreads, sm>>>(k, v, sh.tokens, sink); }));        \
   }
-#define RUN_BULK(S, MINB, ROWS)                                                                                \
+#define RUN_BULK(S, MINB, ROWS, EF)                                                                            \
   {                                                                                                             \
     const int sm = S * 2 * kStageBytes;                                                                         \
-    CK(cudaFuncSetAttribute(ring_bulk<S, MINB, ROWS>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));        \
-    report("bulk S=" #S " minB=" #MINB " rows=" #ROWS,                                                         \
-           time_us([&] { ring_bulk<S, MINB, ROWS><<<sh.ctas, kThreads, sm>>>(k, v, sh.tokens, sink); }));     \
+    CK(cudaFuncSetAttribute(ring_bulk<S, MINB, ROWS, EF>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));    \
+    report(EF ? "bulk S=" #S " minB=" #MINB " rows=" #ROWS " evict-first" : "bulk S=" #S " minB=" #MINB " rows=" #ROWS, \
+           time_us([&] { ring_bulk<S, MINB, ROWS, EF><<<sh.ctas, kThreads, sm>>>(k, v, sh.tokens, sink); }));  \
   }
-    RUN_CPASYNC(3, 2)
-    RUN_CPASYNC(2, 3)
-    RUN_CPASYNC(4, 1)
-    RUN_CPASYNC(6, 1)
-    RUN_BULK(3, 2, 0)
-    RUN_BULK(2, 3, 0)
-    RUN_BULK(4, 1, 0)
-    RUN_BULK(6, 1, 0)
-    RUN_BULK(3, 2, 1)
-    RUN_BULK(4, 1, 1)
-    report("plain ldg x4", time_us([&] { plain_ldg<<<sh.ctas, kThreads>>>(reinterpret_cast<const uint4*>(k),
-                                                                          reinterpret_cast<const uint4*>(v), sh.tokens, sink); }));
+    if (argc < 2) {
+      RUN_CPASYNC(3, 2)
+      RUN_CPASYNC(2, 3)
+      RUN_CPASYNC(4, 1)
+      RUN_CPASYNC(6, 1)
+      RUN_BULK(3, 2, 0, false)
+      RUN_BULK(2, 3, 0, false)
+      RUN_BULK(4, 1, 0, false)
+      RUN_BULK(6, 1, 0, false)
+      RUN_BULK(3, 2, 1, false)
+      RUN_BULK(4, 1, 1, false)
+      report("plain ldg x4", time_us([&] { plain_ldg<<<sh.ctas, kThreads>>>(reinterpret_cast<const uint4*>(k),
+                                                                            reinterpret_cast<const uint4*>(v), sh.tokens, sink); }));
+      continue;
+    }
+    // `stream_read flush`: each L2 state before the launch, with and without the evict-first policy
+    for (int mode : {1, 2, 0}) {
+      flush_mode = mode;
+      printf("-- %s\n", flush_mode == 1 ? "write flush" : flush_mode == 2 ? "read flush" : "no flush");
+      RUN_CPASYNC(3, 2)
+      RUN_BULK(3, 2, 0, false)
+      RUN_BULK(3, 2, 0, true)
+      RUN_BULK(3, 2, 1, false)
+      RUN_BULK(3, 2, 1, true)
+      RUN_BULK(5, 1, 1, true)
+      report("plain ldg x4", time_us([&] { plain_ldg<<<sh.ctas, kThreads>>>(reinterpret_cast<const uint4*>(k),
+                                                                            reinterpret_cast<const uint4*>(v), sh.tokens, sink); }));
+      report("plain ldg x4 evict-first", time_us([&] { plain_ldg<true><<<sh.ctas, kThreads>>>(reinterpret_cast<const uint4*>(k),
+                                                                            reinterpret_cast<const uint4*>(v), sh.tokens, sink); }));
+    }
+    flush_mode = 0;
   }
   // Copy ceiling (read + write counted).
   const int64_t cb = int64_t{1} << 30;
