@@ -1,10 +1,10 @@
 // B = 1 decode, paged against contiguous (bf16, D = 128, Hq 32, Hkv 8, T 4096, 16 splits of 256
 // tokens, as the production plan picks): graph replays of split + combine, one call per graph with
 // the L2 flushed before each replay, and 20 calls per graph with it warm (the benchmark's :graph
-// rows). Variants: the production launcher (contiguous HND and, timing only, NHD; paged P16 /
-// P64), the same kernels launched without programmatic dependent launch, the split kernel with its prologue page ids looked up one
-// tile at a time after lens (PROBE kProbeSerialPages, the code before session 5), and the paged split kernel in its 5-stage latency form
-// (decode_split_mma_kernel<..., PAGED, LAT>); every output must be bit-equal to contiguous.
+// rows). Variants: the production launcher (contiguous HND and, timing only, NHD; paged P16 / P64,
+// the pages shuffled in a pool of twice the blocks, and P16 with the pages in order, whose
+// addresses are the NHD cache's) and the same kernels launched without programmatic dependent
+// launch; every paged output must be bit-equal to contiguous.
 // Build + run on the GPU machine (repo root):
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/dp bench/micro/decode_paged_b1.cu && /tmp/dp
 #include <cuda_bf16.h>
@@ -125,7 +125,7 @@ int main() {
   for (int round = 0; round < 2; ++round) {
     graph_time("contiguous, production", [&] { CK(launch_decode<T>(p, st)); });
     graph_time("contiguous, no PDL", [&] {
-      plain(decode_split_mma_kernel<T, 128, false, true>, ac, MmaConfig<128, true>::kSmemBytes);
+      plain(decode_split_mma_kernel<T, 128, false>, ac, MmaConfig<128>::kSmemBytes);
     });
     {
       // The same buffers read as an NHD cache [B, T, Hkv, D] (tokens 2 KB apart, as in a page):
@@ -135,11 +135,15 @@ int main() {
       pn.v_sh = D; pn.v_st = size_t(Hkv) * D;
       graph_time("contiguous NHD (timing only), production", [&] { CK(launch_decode<T>(pn, st)); });
     }
-    for (int P : {16, 64}) {
+    for (int P : {16, 64, -16}) {
+      // P < 0: block i holds tokens i|P|..: the pages in order (their addresses are the
+      // contiguous NHD cache's), which separates the page lookups from the scattering
+      const bool in_order = P < 0;
+      P = in_order ? -P : P;
       const int nb = Tcap / P;
       std::vector<int> perm(2 * nb);
       std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), std::mt19937(P));
+      if (!in_order) std::shuffle(perm.begin(), perm.end(), std::mt19937(P));
       CK(cudaMemcpy(bt, perm.data(), nb * 4, cudaMemcpyHostToDevice));
       CK(cudaMemset(kp, 0xff, 2 * kv * 2));  // unused pages hold NaN
       CK(cudaMemset(vp, 0xff, 2 * kv * 2));
@@ -157,25 +161,14 @@ int main() {
       a.scale_log2 = p.scale * kLog2e; a.q_async = true;
       char name[64];
       auto variant = [&](const char* what, auto launch) {
-        snprintf(name, sizeof name, "paged P%d, %s", P, what);
+        snprintf(name, sizeof name, "paged P%d%s, %s", P, in_order ? " in order" : "", what);
         CK(cudaMemset(out, 0, n_out * 2));
         launch();
         check(name);
         graph_time(name, launch);
       };
       variant("production", [&] { CK(launch_decode<T>(pp, st)); });
-      variant("no PDL", [&] { plain(decode_split_mma_kernel<T, 128, true, false>, a, MmaConfig<128>::kSmemBytes); });
-      variant("serial page lookups (before session 5)", [&] {
-        CK(launch_split<decode_split_mma_kernel<T, 128, true, false, kProbeSerialPages>>(a, Hkv * splits, MmaConfig<128>::kSmemBytes, st));
-        CK(launch_combine<decode_combine_kernel<T, 128>>(a, st));
-      });
-      variant("latency variant (5 stages)", [&] {
-        CK(launch_split<decode_split_mma_kernel<T, 128, true, true>>(a, Hkv * splits, MmaConfig<128, true>::kSmemBytes, st));
-        CK(launch_combine<decode_combine_kernel<T, 128>>(a, st));
-      });
-      variant("latency variant, no PDL", [&] {
-        plain(decode_split_mma_kernel<T, 128, true, true>, a, MmaConfig<128, true>::kSmemBytes);
-      });
+      variant("no PDL", [&] { plain(decode_split_mma_kernel<T, 128, true>, a, MmaConfig<128>::kSmemBytes); });
     }
   }
   return 0;

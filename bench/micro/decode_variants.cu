@@ -70,8 +70,8 @@ int main() {
     constexpr int smem = MmaConfig<128>::kSmemBytes;
 #define VARIANT(M, NAME)                                                                       \
   {                                                                                            \
-    CK(prepare_kernel<decode_split_mma_kernel<T, 128, false, false, M>>(smem));                                    \
-    timeit(NAME, [&] { decode_split_mma_kernel<T, 128, false, false, M><<<grid, kThreads, smem>>>(a); });          \
+    CK(prepare_kernel<decode_split_mma_kernel<T, 128, false, M>>(smem));                                    \
+    timeit(NAME, [&] { decode_split_mma_kernel<T, 128, false, M><<<grid, kThreads, smem>>>(a); });          \
   }
     const size_t n_out = size_t(s.B) * s.Hq * D;
     std::vector<uint16_t> ref(n_out), got(n_out);
@@ -79,10 +79,10 @@ int main() {
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(ref.data(), out, n_out * 2, cudaMemcpyDeviceToHost));
     {  // the probe-free instantiation launched directly computes what the launcher does
-      CK(prepare_kernel<decode_split_mma_kernel<T, 128, false, false, 0>>(smem));
+      CK(prepare_kernel<decode_split_mma_kernel<T, 128, false, 0>>(smem));
       CK(cudaMemset(out, 0xff, n_out * 2));
       if (s.splits == 1) {
-        decode_split_mma_kernel<T, 128, false, false, 0><<<grid, kThreads, smem>>>(a);
+        decode_split_mma_kernel<T, 128, false, 0><<<grid, kThreads, smem>>>(a);
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(got.data(), out, n_out * 2, cudaMemcpyDeviceToHost));
         printf("%-22s direct launch bit-equal to the launcher: %s\n", s.name, ref == got ? "yes" : "NO");
@@ -98,7 +98,7 @@ int main() {
       VARIANT(kNoMath | kNoFinish | kNoLens, "loads only")
       timeit("production, no L2 flush", [&] { CK(launch_decode<T>(p, nullptr)); }, false);
       timeit("loads only, no L2 flush",
-             [&] { decode_split_mma_kernel<T, 128, false, false, kNoMath | kNoFinish | kNoLens><<<grid, kThreads, smem>>>(a); }, false);
+             [&] { decode_split_mma_kernel<T, 128, false, kNoMath | kNoFinish | kNoLens><<<grid, kThreads, smem>>>(a); }, false);
     }
     cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(out); cudaFree(lse); cudaFree(po); cudaFree(pl); cudaFree(lens);
   }

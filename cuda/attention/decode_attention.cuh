@@ -43,6 +43,12 @@
 #include "cuda/common/reduce.cuh"
 #include "cuda/common/vec.cuh"
 
+// Timeline probe of the 16-bit split kernel: a micro-benchmark defines FRAY_DECODE_STAMP(i) before
+// including this header to record when each CTA reaches point i; production builds compile it out.
+#ifndef FRAY_DECODE_STAMP
+#define FRAY_DECODE_STAMP(i)
+#endif
+
 namespace fray {
 namespace attn_detail {
 
@@ -74,21 +80,19 @@ constexpr int kPrefetchTiles = 4;         // splits of <= 4 tiles (contiguous ca
 constexpr int kProbeNoMath = 1;    // loads and barriers only: no QK^T, softmax or PV
 constexpr int kProbeNoFinish = 2;  // no merge of the warps, nothing written
 constexpr int kProbeNoLens = 4;    // lens[b] taken as the capacity: no lens read
-constexpr int kProbeSerialPages = 8;  // paged: prologue page ids looked up one tile at a time, after lens
 
 // 16-bit caches (tensor-core kernel). 64 tokens per stage = 16 per warp (one m16n8k16 k-step
-// of P V). Stages: ~96 KB of ring per CTA so two CTAs share an SM (228 KB) at D <= 128.
-// LAT (latency variant, D = 128 only): 5 stages (160 KB), one CTA per SM, so a split of up to
-// kPrefetchTiles tiles has every tile in flight at once; used when the grid fits one CTA per SM
-// (B = 1 decode), where each split is one or two round trips of memory latency.
-template <int D, bool LAT = false>
+// of P V). Stages: ~96 KB of ring per CTA so two CTAs share an SM (228 KB) at D <= 128. (A 5-stage
+// one-CTA-per-SM form for B = 1, every tile of a 4-tile split requested before lens, measured
+// slower than these 3 stages in session 10: 7.38-7.49 against 7.21-7.29 us per graph-replayed
+// call, L2 warm; its copies took longer to issue than lens took to arrive. Removed.)
+template <int D>
 struct MmaConfig {
-  static_assert(!LAT || D == 128, "the latency variant is D = 128 only");
   static constexpr int kTile = 64;
   static constexpr int kRowBytes = D * 2;
   static constexpr int kStageBytes = kTile * kRowBytes;  // one of K, V
-  static constexpr int kStages = LAT ? 5 : D == 64 ? 6 : 3;
-  static constexpr int kMinBlocks = LAT || D == 256 ? 1 : 2;
+  static constexpr int kStages = D == 64 ? 6 : 3;
+  static constexpr int kMinBlocks = D == 256 ? 1 : 2;
   static constexpr int kRingBytes = kStages * 2 * kStageBytes;
   static constexpr int kQBytes = 16 * kRowBytes;
   // the end-of-kernel merge reuses the ring: m, l, coefficients, then 4 x [16][D + 8] floats
@@ -208,8 +212,13 @@ __device__ __forceinline__ int swz(int row, int chunk, int row_bytes) {
 // ---------------------------------------------------------------------------------------------
 // The K/V tile loader shared by both kernels: thread i copies 16-byte chunk i % CPR of rows
 // i / CPR + j * RPP of each tile (consecutive threads -> consecutive 16 B of a row: coalesced).
-// Paged caches look the page of each row up one tile ahead, so the block-table load's latency
-// hides under the current tile's math instead of stalling the copy issue.
+// Paged caches read the block table a window of 64 entries at a time, every warp its own copy: lane
+// L loads entries 64 w + L and 64 w + 32 + L (two coalesced loads per warp and window), and each
+// row's page comes out of the window by a shuffle. Windows are aligned to 64 entries and a tile's
+// entries (64 / page_size of them, or one) never straddle two, so the current window and the next
+// are all a split needs in registers; the next is requested when the tiles enter the current one,
+// 64 entries ahead of its first use. (Per-thread lookups, one per row and tile, measured the same
+// at B = 1 with 16x the requests and more registers; bench/NOTES.md, session 10.)
 
 template <typename T, int D, int kTile, bool PAGED>
 struct TileLoader {
@@ -227,7 +236,9 @@ struct TileLoader {
   const int32_t* bt_row;
   int page_shift, page_mask;
   int chunk, row0, start, end;
-  int pages[PAGED ? kRows : 1];
+  int e_last;                          // paged: the last table entry the split may use
+  int win;                             // paged: the window held in cur_lo / cur_hi
+  int cur_lo, cur_hi, nxt_lo, nxt_hi;  // paged: windows win and win + 1 (lane L: entries L, 32 + L)
 
   __device__ __forceinline__ TileLoader(const DecodeArgs& a, int b, int kvh, int start_, int end_) {
     const DecodeParams& p = a.p;
@@ -266,26 +277,48 @@ struct TileLoader {
     }
   }
 
-  // Page ids of this thread's rows of `tile` into `out` (rows past the end: never read).
-  __device__ __forceinline__ void lookup_pages(int tile, int* out) const {
+  // Paged: table window w (entries past e_last, outside the split, are not read).
+  __device__ __forceinline__ void load_window(int w, int& lo, int& hi) const {
+    const int e = w * 64 + static_cast<int>(threadIdx.x & 31);
+    lo = e <= e_last ? __ldg(bt_row + e) : 0;
+    hi = e + 32 <= e_last ? __ldg(bt_row + e + 32) : 0;
+  }
+  // Paged: requests the windows of the split's first tiles. Every entry up to the capacity-bounded
+  // end is inside the block table whatever lens[b] is, so this may run before lens arrives (pages
+  // past lens are never dereferenced).
+  __device__ __forceinline__ void start_pages() {
     if constexpr (PAGED) {
-      const int t0 = start + tile * kTile + row0;
-#pragma unroll
-      for (int j = 0; j < kRows; ++j) {
-        const int t = t0 + j * kRpp;
-        out[j] = t < end ? __ldg(bt_row + (t >> page_shift)) : 0;
-      }
+      e_last = (end - 1) >> page_shift;
+      win = (start >> page_shift) >> 6;
+      load_window(win, cur_lo, cur_hi);
+      load_window(win + 1, nxt_lo, nxt_hi);
     }
   }
-  __device__ __forceinline__ void fetch_pages(int tile) { lookup_pages(tile, pages); }
+  // Paged: the page holding token t, from the current window (all lanes of the warp call it; for a
+  // row past the end the result is unused).
+  __device__ __forceinline__ int page_of(int t) const {
+    const int idx = (t >> page_shift) - win * 64;
+    const int lo = __shfl_sync(0xffffffffu, cur_lo, idx & 31);
+    const int hi = __shfl_sync(0xffffffffu, cur_hi, idx & 31);
+    return idx < 32 ? lo : hi;
+  }
 
-  // Copies tile `tile` into ring stage `stage` (K at k_smem, V at k_smem + stage bytes) and, for
-  // paged caches, fetches the next tile's pages (unless `fetch_next` is false). Always commits one
-  // group (empty past the end) so that cp.async.wait_group counts stay uniform.
-  __device__ __forceinline__ void issue(int tile, int n_tiles, uint32_t k_smem, uint32_t v_smem,
-                                        bool fetch_next = true) {
+  // Copies tile `tile` into ring stage `stage` (K at k_smem, V at k_smem + stage bytes). Tiles are
+  // issued in increasing order. Always commits one group (empty past the end) so that
+  // cp.async.wait_group counts stay uniform.
+  __device__ __forceinline__ void issue(int tile, int n_tiles, uint32_t k_smem, uint32_t v_smem) {
     if (tile < n_tiles) {
       const int t0 = start + tile * kTile;
+      if constexpr (PAGED) {
+        // A tile advances the entries by at most 64: into the next window at most.
+        const int w = (t0 >> page_shift) >> 6;
+        if (w != win) {
+          win = w;
+          cur_lo = nxt_lo;
+          cur_hi = nxt_hi;
+          load_window(w + 1, nxt_lo, nxt_hi);
+        }
+      }
 #pragma unroll
       for (int j = 0; j < kRows; ++j) {
         const int row = row0 + j * kRpp;
@@ -293,9 +326,10 @@ struct TileLoader {
         const bool ok = t < end;
         int64_t ko, vo;
         if constexpr (PAGED) {
+          const int64_t page = page_of(t);
           const int64_t slot = t & page_mask;
-          ko = pages[j] * k_page + slot * k_st;
-          vo = pages[j] * v_page + slot * v_st;
+          ko = page * k_page + slot * k_st;
+          vo = page * v_page + slot * v_st;
         } else {
           ko = t * k_st;
           vo = t * v_st;
@@ -304,7 +338,6 @@ struct TileLoader {
         cp_async_16(k_smem + off, ok ? kbase + ko : kbase, ok);
         cp_async_16(v_smem + off, ok ? vbase + vo : vbase, ok);
       }
-      if (fetch_next) fetch_pages(tile + 1);
     }
     cp_async_commit();
   }
@@ -373,9 +406,9 @@ __device__ __forceinline__ void write_empty(const DecodeParams& p, int b, int h0
 // ---------------------------------------------------------------------------------------------
 // 16-bit caches: tensor-core split kernel. blockIdx.x = pair * num_splits + split.
 
-template <typename T, int D, bool PAGED, bool LAT = false, int PROBE = 0>
-__global__ void __launch_bounds__(kThreads, MmaConfig<D, LAT>::kMinBlocks) decode_split_mma_kernel(const DecodeArgs a) {
-  using Cfg = MmaConfig<D, LAT>;
+template <typename T, int D, bool PAGED, int PROBE = 0>
+__global__ void __launch_bounds__(kThreads, MmaConfig<D>::kMinBlocks) decode_split_mma_kernel(const DecodeArgs a) {
+  using Cfg = MmaConfig<D>;
   constexpr int kTile = Cfg::kTile;
   constexpr int kStages = Cfg::kStages;
   constexpr int kRowBytes = Cfg::kRowBytes;
@@ -394,7 +427,9 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D, LAT>::kMinBlocks) decod
   // Launched programmatically: wait until whatever ran before on the stream is complete, and only
   // then let the combine launch (it reads lens before its own wait; lens may have been written by
   // the kernel before this one).
+  FRAY_DECODE_STAMP(0);
   griddep_wait();
+  FRAY_DECODE_STAMP(1);
   griddep_launch_dependents();
 
   // lens[b] is requested first and used only after the Q and K/V copies are in flight. Clamped
@@ -431,36 +466,19 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D, LAT>::kMinBlocks) decod
       loader.issue(s, cap_tiles, ks, ks + Cfg::kStageBytes);
     }
   }
-  // Paged caches: the page ids of every prologue tile are requested now, all at once, bounded by
-  // the capacity (entries inside the block table whatever lens[b] is; only the K/V copies, which
-  // go through them, wait for lens). The lookups overlap the lens read instead of following it
-  // one tile at a time. (Not at D = 256: its 16 page ids per tile and thread would spill.)
-  using Loader = TileLoader<T, D, kTile, PAGED>;
-  constexpr bool kEarlyPages = PAGED && D <= 128 && (PROBE & kProbeSerialPages) == 0;
-  int pro_pages[kEarlyPages ? kStages - 1 : 1][kEarlyPages ? Loader::kRows : 1];
-  if constexpr (kEarlyPages) {
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) loader.lookup_pages(s, pro_pages[s]);
-  }
+  // Paged caches: the table windows of the first tiles are requested now, overlapping the lens read.
+  loader.start_pages();
   const int seqlen = min(max(len_b, 0), p.capacity);
   if (start >= seqlen) {
     cp_async_wait<0>();  // no copy may land in shared memory after the CTA exits
     if (p.num_splits == 1) write_empty<T, D>(p, b, h0, group);
     return;
   }
+  FRAY_DECODE_STAMP(2);
   const int end = min(start + p.split_size, seqlen);
   const int n_tiles = (end - start + kTile - 1) / kTile;
   loader.end = end;
-  if constexpr (kEarlyPages) {
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      const uint32_t ks = ring + s * 2 * Cfg::kStageBytes;
-#pragma unroll
-      for (int j = 0; j < Loader::kRows; ++j) loader.pages[j] = pro_pages[s][j];
-      loader.issue(s, n_tiles, ks, ks + Cfg::kStageBytes, s == kStages - 2);
-    }
-  } else if (!early) {
-    loader.fetch_pages(0);
+  if (!early) {
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       const uint32_t ks = ring + s * 2 * Cfg::kStageBytes;
@@ -468,6 +486,7 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D, LAT>::kMinBlocks) decod
     }
   }
 
+  FRAY_DECODE_STAMP(3);
   if (a.q_async) {
     cp_async_wait<kStages - 1>();  // the Q group (the kStages - 1 prologue groups may be in flight)
   } else {
@@ -501,6 +520,7 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D, LAT>::kMinBlocks) decod
   for (int it = 0; it < n_tiles; ++it) {
     cp_async_wait<kStages - 2>();
     __syncthreads();  // tile `it` visible to all; stage (it - 1) % kStages free for refill
+    if (it == 0) FRAY_DECODE_STAMP(4);
     {
       const int nxt = it + kStages - 1;
       const uint32_t ks = ring + (nxt % kStages) * 2 * Cfg::kStageBytes;
@@ -603,6 +623,7 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D, LAT>::kMinBlocks) decod
     cp_async_wait<0>();
     return;
   }
+  FRAY_DECODE_STAMP(5);
   // Merge the four warps' states (the ring is reused: wait for the trailing empty groups).
   cp_async_wait<0>();
   __syncthreads();
@@ -632,6 +653,7 @@ __global__ void __launch_bounds__(kThreads, MmaConfig<D, LAT>::kMinBlocks) decod
   }
   __syncthreads();
   finish_split<T, 16, D, DP>(a, m_s, l_s, coef, acc_s, b, h0, group, split);
+  FRAY_DECODE_STAMP(6);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -677,7 +699,7 @@ __global__ void __launch_bounds__(kThreads, F32Config<D>::kMinBlocks) decode_spl
 
   const uint32_t ring = smem_addr(smem);
   TileLoader<float, D, kTile, PAGED> loader(a, b, kvh, start, end);
-  loader.fetch_pages(0);
+  loader.start_pages();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     const uint32_t ks = ring + s * 2 * Cfg::kStageBytes;
@@ -879,18 +901,6 @@ inline cudaError_t prepare_kernel(int smem_bytes) {
   return err;
 }
 
-// The current device's SM count (cached per device).
-inline int num_sms() {
-  static std::atomic<int> cache[64] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (dev < 64 && cache[dev].load(std::memory_order_relaxed) > 0) return cache[dev].load(std::memory_order_relaxed);
-  int n = 0;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
-  if (dev < 64) cache[dev].store(n, std::memory_order_relaxed);
-  return n;
-}
-
 // Programmatic (PDL) launch of a decode kernel: its CTAs may be scheduled while the previous
 // kernel on the stream finishes (that launch latency hides); each waits (griddepcontrol.wait)
 // before its first dependent global read, so every earlier write on the stream is visible.
@@ -956,16 +966,7 @@ cudaError_t launch_decode_d(const DecodeArgs& a, cudaStream_t stream) {
   const DecodeParams& p = a.p;
   const int64_t grid = static_cast<int64_t>(p.batch) * p.n_kv_heads * a.head_chunks * p.num_splits;
   cudaError_t err;
-  if constexpr (is_16bit<T>() && D == 128 && !PAGED) {
-    // Short splits whose grid fits one CTA per SM: the latency variant (all tiles in flight).
-    // (Paged caches measured slower with it: B1 P16 8.80 vs 8.31 us, its page ids read into
-    // shared memory before the prologue; without early loads the fifth stage does not pay.)
-    if (p.num_splits > 1 && p.split_size <= kPrefetchTiles * MmaConfig<D>::kTile && grid <= num_sms()) {
-      err = launch_split<decode_split_mma_kernel<T, D, PAGED, true>>(a, grid, MmaConfig<D, true>::kSmemBytes, stream);
-    } else {
-      err = launch_split<decode_split_mma_kernel<T, D, PAGED>>(a, grid, MmaConfig<D>::kSmemBytes, stream);
-    }
-  } else if constexpr (is_16bit<T>()) {
+  if constexpr (is_16bit<T>()) {
     err = launch_split<decode_split_mma_kernel<T, D, PAGED>>(a, grid, MmaConfig<D>::kSmemBytes, stream);
   } else {
     err = launch_split<decode_split_f32_kernel<D, PAGED>>(a, grid, F32Config<D>::kSmemBytes, stream);
@@ -1006,7 +1007,7 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
 // Split kernels x {64, 128, 256} x {contiguous, paged} plus one combine per head dim.
 template <typename T>
 constexpr int decode_num_kernels() {
-  return 3 * 2 + 3 + (is_16bit<T>() ? 1 : 0);  // + the D = 128 latency variant of 16-bit caches
+  return 3 * 2 + 3;
 }
 
 template <typename T>
