@@ -86,6 +86,10 @@ void decode(uintptr_t q, int64_t q_sb, int64_t q_sh, uintptr_t k, int64_t k_sb, 
   if (paged) {
     require(is_pow2(page_size) && page_size <= 128, "paged decode_attention: block size must be a power of two "
                                                     "<= 128, got " + std::to_string(page_size));
+    for (const int64_t st : {k_sb, v_sb, k_st, v_st}) {
+      require(st >= 0 && st <= INT_MAX, "paged decode_attention: block and token strides of k_pages / v_pages must be "
+                                        "below 2^31 elements, got " + std::to_string(st));
+    }
   }
   const int64_t e = esize(d);
   require_aligned16("k_cache", k, {k_sb, k_sh, k_st}, e);

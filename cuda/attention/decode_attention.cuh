@@ -232,7 +232,9 @@ struct TileLoader {
 
   const T* kbase;
   const T* vbase;
-  int64_t k_page, v_page, k_st, v_st;
+  int64_t k_st, v_st;
+  int k_page32, v_page32, k_st32, v_st32;  // paged: page and token strides (elements, < 2^31)
+  bool one_shuffle;                        // paged: page_size >= kRowsPerWarp
   const int32_t* bt_row;
   int page_shift, page_mask;
   int chunk, row0, start, end;
@@ -254,10 +256,13 @@ struct TileLoader {
       kbase += b * p.k_sb;
       vbase += b * p.v_sb;
     }
-    k_page = p.k_sb;
-    v_page = p.v_sb;
     k_st = p.k_st;
     v_st = p.v_st;
+    k_page32 = static_cast<int>(p.k_sb);
+    v_page32 = static_cast<int>(p.v_sb);
+    k_st32 = static_cast<int>(p.k_st);
+    v_st32 = static_cast<int>(p.v_st);
+    one_shuffle = (1 << a.page_shift) >= kRowsPerWarp;
     bt_row = p.block_table + (PAGED ? b * p.bt_sb : 0);
     page_shift = a.page_shift;
     page_mask = (1 << a.page_shift) - 1;
@@ -294,14 +299,10 @@ struct TileLoader {
       load_window(win + 1, nxt_lo, nxt_hi);
     }
   }
-  // Paged: the page holding token t, from the current window (all lanes of the warp call it; for a
-  // row past the end the result is unused).
-  __device__ __forceinline__ int page_of(int t) const {
-    const int idx = (t >> page_shift) - win * 64;
-    const int lo = __shfl_sync(0xffffffffu, cur_lo, idx & 31);
-    const int hi = __shfl_sync(0xffffffffu, cur_hi, idx & 31);
-    return idx < 32 ? lo : hi;
-  }
+  // When a page holds at least the rows a warp copies at once (32 / CPR of them, aligned), all
+  // lanes of a warp want the same table entry for a row: each lane then picks that entry's half of
+  // the window itself, and one shuffle per row does (issue_paged_rows<true>).
+  static constexpr int kRowsPerWarp = kCpr >= 32 ? 1 : 32 / kCpr;
 
   // Copies tile `tile` into ring stage `stage` (K at k_smem, V at k_smem + stage bytes). Tiles are
   // issued in increasing order. Always commits one group (empty past the end) so that
@@ -318,28 +319,56 @@ struct TileLoader {
           cur_hi = nxt_hi;
           load_window(w + 1, nxt_lo, nxt_hi);
         }
-      }
-#pragma unroll
-      for (int j = 0; j < kRows; ++j) {
-        const int row = row0 + j * kRpp;
-        const int t = t0 + row;
-        const bool ok = t < end;
-        int64_t ko, vo;
-        if constexpr (PAGED) {
-          const int64_t page = page_of(t);
-          const int64_t slot = t & page_mask;
-          ko = page * k_page + slot * k_st;
-          vo = page * v_page + slot * v_st;
+        if (one_shuffle) {
+          issue_paged_rows<true>(t0, k_smem, v_smem);
         } else {
-          ko = t * k_st;
-          vo = t * v_st;
+          issue_paged_rows<false>(t0, k_smem, v_smem);
         }
-        const int off = swz(row, chunk, kRowBytes);
-        cp_async_16(k_smem + off, ok ? kbase + ko : kbase, ok);
-        cp_async_16(v_smem + off, ok ? vbase + vo : vbase, ok);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kRows; ++j) {
+          const int row = row0 + j * kRpp;
+          const int t = t0 + row;
+          const bool ok = t < end;
+          const int off = swz(row, chunk, kRowBytes);
+          cp_async_16(k_smem + off, ok ? kbase + t * k_st : kbase, ok);
+          cp_async_16(v_smem + off, ok ? vbase + t * v_st : vbase, ok);
+        }
       }
     }
     cp_async_commit();
+  }
+
+  // Paged: this thread's rows of the tile at token t0. Strides fit 32 bits (the host checks) and
+  // page ids are trusted non-negative: one 32 x 32 -> 64-bit multiply-add per term. A row past the
+  // end reads page 0 (inside the pool; its copy is a zero fill anyway).
+  template <bool ONE_SHUFFLE>
+  __device__ __forceinline__ void issue_paged_rows(int t0, uint32_t k_smem, uint32_t v_smem) const {
+    const int wbase = win * 64;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int row = row0 + j * kRpp;
+      const int t = t0 + row;
+      const bool ok = t < end;
+      const int idx = (t >> page_shift) - wbase;
+      int id;  // every lane shuffles
+      if constexpr (ONE_SHUFFLE) {
+        id = __shfl_sync(0xffffffffu, idx < 32 ? cur_lo : cur_hi, idx & 31);
+      } else {
+        const int lo = __shfl_sync(0xffffffffu, cur_lo, idx & 31);
+        const int hi = __shfl_sync(0xffffffffu, cur_hi, idx & 31);
+        id = idx < 32 ? lo : hi;
+      }
+      const uint32_t page = ok ? static_cast<uint32_t>(id) : 0u;
+      const uint32_t slot = static_cast<uint32_t>(t & page_mask);
+      const uint64_t ko = static_cast<uint64_t>(page) * static_cast<uint32_t>(k_page32) +
+                          static_cast<uint64_t>(slot) * static_cast<uint32_t>(k_st32);
+      const uint64_t vo = static_cast<uint64_t>(page) * static_cast<uint32_t>(v_page32) +
+                          static_cast<uint64_t>(slot) * static_cast<uint32_t>(v_st32);
+      const int off = swz(row, chunk, kRowBytes);
+      cp_async_16(k_smem + off, kbase + ko, ok);
+      cp_async_16(v_smem + off, vbase + vo, ok);
+    }
   }
 };
 
