@@ -330,9 +330,11 @@ struct TileLoader {
           const int row = row0 + j * kRpp;
           const int t = t0 + row;
           const bool ok = t < end;
+          const int64_t ko = t * k_st;
+          const int64_t vo = t * v_st;
           const int off = swz(row, chunk, kRowBytes);
-          cp_async_16(k_smem + off, ok ? kbase + t * k_st : kbase, ok);
-          cp_async_16(v_smem + off, ok ? vbase + t * v_st : vbase, ok);
+          cp_async_16(k_smem + off, ok ? kbase + ko : kbase, ok);
+          cp_async_16(v_smem + off, ok ? vbase + vo : vbase, ok);
         }
       }
     }
