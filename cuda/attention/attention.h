@@ -23,6 +23,7 @@ namespace fray {
 //   paged:      k[b, kvh, t] = k + page * k_sb + kvh * k_sh + (t % page_size) * k_st,
 //               page = block_table[b * bt_sb + t / page_size]
 // q, out [b, h, d] at b * q_sb + h * q_sh + d (out alike); lse [b, h] at b * lse_sb + h.
+// Paged: k_sb, k_st, v_sb, v_st below 2^31 elements (the kernels' 32-bit stride arithmetic).
 // k, v must be 16-byte aligned with 16-byte multiples as strides (cp.async rows); q and out
 // have no alignment requirement. q, k, v, out share `dtype`.
 //
