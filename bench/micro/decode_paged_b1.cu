@@ -7,61 +7,22 @@
 // launch; every paged output must be bit-equal to contiguous.
 // Build + run on the GPU machine (repo root):
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/dp bench/micro/decode_paged_b1.cu && /tmp/dp
-#include <cuda_bf16.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <random>
 #include <vector>
 
-#include "bench/micro/micro.h"
-#include "cuda/attention/decode_attention.cuh"
+#include "bench/micro/decode_b1.h"
 
-using namespace fray;
-using namespace fray::attn_detail;
-using T = __nv_bfloat16;
-
-// Copies the contiguous HND cache [Hkv, T, D] of sequence 0 into pages [num_blocks, P, Hkv, D].
-__global__ void scatter_pages(const T* src, T* dst, const int* bt, int Hkv, int Tcap, int D, int P) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < size_t(Hkv) * Tcap * D; i += size_t(gridDim.x) * blockDim.x) {
-    const int d = int(i % D), t = int((i / D) % Tcap), h = int(i / (size_t(D) * Tcap));
-    dst[(size_t(bt[t / P]) * P + t % P) * Hkv * D + size_t(h) * D + d] = src[i];
-  }
-}
+using namespace b1;
 
 int main() {
-  const int B = 1, Hq = 32, Hkv = 8, Tcap = 4096, D = 128, splits = 16;
   char* flush;
   CK(cudaMalloc(&flush, 256 << 20));
-  const size_t kv = size_t(B) * Hkv * Tcap * D, n_out = size_t(B) * Hq * D;
-  T *q, *k, *v, *kp, *vp, *out;
-  float *lse, *po, *pl;
-  int *lens, *bt;
-  CK(cudaMalloc(&q, n_out * 2));
-  CK(cudaMalloc(&k, kv * 2));
-  CK(cudaMalloc(&v, kv * 2));
-  CK(cudaMalloc(&kp, 2 * kv * 2));  // pool of twice the blocks, shuffled
-  CK(cudaMalloc(&vp, 2 * kv * 2));
-  CK(cudaMalloc(&out, n_out * 2));
-  CK(cudaMalloc(&lse, n_out / D * 4));
-  CK(cudaMalloc(&po, n_out * splits * 4));
-  CK(cudaMalloc(&pl, n_out / D * splits * 4));
-  CK(cudaMalloc(&lens, B * 4));
-  CK(cudaMalloc(&bt, 2 * Tcap * 4));
-  fill_hash_uniform<<<1024, 256>>>(q, n_out, 1);
-  fill_hash_uniform<<<1024, 256>>>(k, kv, 2);
-  fill_hash_uniform<<<1024, 256>>>(v, kv, 3);
-  const int len_h = Tcap;
-  CK(cudaMemcpy(lens, &len_h, 4, cudaMemcpyHostToDevice));
-  DecodeParams p;
-  p.q = q; p.q_sb = Hq * D; p.q_sh = D;
-  p.k = k; p.k_sb = size_t(Hkv) * Tcap * D; p.k_sh = size_t(Tcap) * D; p.k_st = D;
-  p.v = v; p.v_sb = p.k_sb; p.v_sh = p.k_sh; p.v_st = D;
-  p.lens = lens; p.out = out; p.o_sb = Hq * D; p.o_sh = D; p.lse = lse; p.lse_sb = Hq;
-  p.part_out = po; p.part_lse = pl;
-  p.batch = B; p.n_heads = Hq; p.n_kv_heads = Hkv; p.head_dim = D; p.capacity = Tcap;
-  p.num_splits = splits; p.split_size = Tcap / splits; p.scale = 0.088f; p.dtype = DType::kBFloat16;
+  Setup su(2);  // a pool of twice the blocks, shuffled
+  const DecodeParams& p = su.p;
+  T* out = su.out;
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   std::vector<uint16_t> ref(n_out), got(n_out);
@@ -76,33 +37,10 @@ int main() {
   auto graph_time = [&](const char* name, auto launch) {
     float med[2];
     for (int mode = 0; mode < 2; ++mode) {
-      const int calls = mode == 0 ? 1 : 20;
-      cudaGraph_t g;
-      cudaGraphExec_t ge;
-      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-      for (int c = 0; c < calls; ++c) launch();
-      CK(cudaStreamEndCapture(st, &g));
-      CK(cudaGraphInstantiate(&ge, g, 0));
-      CK(cudaGraphLaunch(ge, st));
-      CK(cudaStreamSynchronize(st));
-      std::vector<float> all;
-      cudaEvent_t e0, e1;
-      CK(cudaEventCreate(&e0));
-      CK(cudaEventCreate(&e1));
-      for (int r = 0; r < 120; ++r) {
+      const std::vector<float> t = graph_times_us(st, mode == 0 ? 1 : 20, 120, launch, [&](int r) {
         if (mode == 0) CK(cudaMemsetAsync(flush, r, 256 << 20, st));
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        all.push_back(ms * 1000.0f / calls);
-      }
-      std::sort(all.begin(), all.end());
-      med[mode] = all[all.size() / 2];
-      CK(cudaGraphExecDestroy(ge));
-      CK(cudaGraphDestroy(g));
+      });
+      med[mode] = t[t.size() / 2];
     }
     printf("%-44s flushed, 1 call/graph %6.2f us   L2 warm, 20 calls/graph %6.2f us\n", name, med[0], med[1]);
   };
@@ -119,9 +57,7 @@ int main() {
     decode_combine_kernel<T, 128><<<B * Hq, kThreads, 0, st>>>(da);
     CK(cudaGetLastError());
   };
-  DecodeArgs ac;
-  ac.p = p; ac.group = Hq / Hkv; ac.head_chunks = 1; ac.page_shift = 0;
-  ac.scale_log2 = p.scale * kLog2e; ac.q_async = true;
+  const DecodeArgs ac = args_of(p);
   for (int round = 0; round < 2; ++round) {
     graph_time("contiguous, production", [&] { CK(launch_decode<T>(p, st)); });
     graph_time("contiguous, no PDL", [&] {
@@ -144,21 +80,8 @@ int main() {
       std::vector<int> perm(2 * nb);
       std::iota(perm.begin(), perm.end(), 0);
       if (!in_order) std::shuffle(perm.begin(), perm.end(), std::mt19937(P));
-      CK(cudaMemcpy(bt, perm.data(), nb * 4, cudaMemcpyHostToDevice));
-      CK(cudaMemset(kp, 0xff, 2 * kv * 2));  // unused pages hold NaN
-      CK(cudaMemset(vp, 0xff, 2 * kv * 2));
-      scatter_pages<<<1024, 256>>>(k, kp, bt, Hkv, Tcap, D, P);
-      scatter_pages<<<1024, 256>>>(v, vp, bt, Hkv, Tcap, D, P);
-      CK(cudaDeviceSynchronize());
-      DecodeParams pp = p;
-      pp.k = kp; pp.v = vp;
-      pp.k_sb = size_t(P) * Hkv * D; pp.k_sh = D; pp.k_st = size_t(Hkv) * D;
-      pp.v_sb = pp.k_sb; pp.v_sh = pp.k_sh; pp.v_st = pp.k_st;
-      pp.block_table = bt; pp.bt_sb = nb; pp.page_size = P;
-      DecodeArgs a;
-      a.p = pp; a.group = Hq / Hkv; a.head_chunks = 1; a.page_shift = 0;
-      while ((1 << a.page_shift) < P) ++a.page_shift;
-      a.scale_log2 = p.scale * kLog2e; a.q_async = true;
+      const DecodeParams pp = su.paged(P, perm);
+      const DecodeArgs a = args_of(pp);
       char name[64];
       auto variant = [&](const char* what, auto launch) {
         snprintf(name, sizeof name, "paged P%d%s, %s", P, in_order ? " in order" : "", what);

@@ -42,92 +42,29 @@ __device__ __forceinline__ unsigned smid() {
 #include <set>
 #include <vector>
 
-#include "bench/micro/micro.h"
-#include "cuda/attention/decode_attention.cuh"
+#include "bench/micro/decode_b1.h"
 
-using namespace fray;
-using namespace fray::attn_detail;
-using T = __nv_bfloat16;
-
-__global__ void scatter_pages(const T* src, T* dst, const int* bt, int Hkv, int Tcap, int D, int P) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < size_t(Hkv) * Tcap * D; i += size_t(gridDim.x) * blockDim.x) {
-    const int d = int(i % D), t = int((i / D) % Tcap), h = int(i / (size_t(D) * Tcap));
-    dst[(size_t(bt[t / P]) * P + t % P) * Hkv * D + size_t(h) * D + d] = src[i];
-  }
-}
+using namespace b1;
 
 int main() {
-  const int B = 1, Hq = 32, Hkv = 8, Tcap = 4096, D = 128, splits = 16, P = 16, grid = Hkv * splits;
-  const size_t kv = size_t(B) * Hkv * Tcap * D, n_out = size_t(B) * Hq * D;
-  T *q, *k, *v, *kp, *vp, *out;
-  float *lse, *po, *pl;
-  int *lens, *bt;
-  CK(cudaMalloc(&q, n_out * 2));
-  CK(cudaMalloc(&k, kv * 2));
-  CK(cudaMalloc(&v, kv * 2));
-  CK(cudaMalloc(&kp, kv * 2));
-  CK(cudaMalloc(&vp, kv * 2));
-  CK(cudaMalloc(&out, n_out * 2));
-  CK(cudaMalloc(&lse, n_out / D * 4));
-  CK(cudaMalloc(&po, n_out * splits * 4));
-  CK(cudaMalloc(&pl, n_out / D * splits * 4));
-  CK(cudaMalloc(&lens, B * 4));
-  CK(cudaMalloc(&bt, Tcap / P * 4));
-  fill_hash_uniform<<<1024, 256>>>(q, n_out, 1);
-  fill_hash_uniform<<<1024, 256>>>(k, kv, 2);
-  fill_hash_uniform<<<1024, 256>>>(v, kv, 3);
-  const int len_h = Tcap;
-  CK(cudaMemcpy(lens, &len_h, 4, cudaMemcpyHostToDevice));
+  const int P = 16, grid = Hkv * splits;
+  Setup su(1);
   std::vector<int> perm(Tcap / P);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), std::mt19937(P));
-  CK(cudaMemcpy(bt, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
-  // the NHD cache [T, Hkv, D] and its pages [T / P, P, Hkv, D] (k and v reused as the NHD buffers)
-  scatter_pages<<<1024, 256>>>(k, kp, bt, Hkv, Tcap, D, P);
-  scatter_pages<<<1024, 256>>>(v, vp, bt, Hkv, Tcap, D, P);
-  CK(cudaDeviceSynchronize());
-  DecodeParams p;
-  p.q = q; p.q_sb = Hq * D; p.q_sh = D;
-  p.k = k; p.k_sb = size_t(Hkv) * Tcap * D; p.k_sh = D; p.k_st = size_t(Hkv) * D;
-  p.v = v; p.v_sb = p.k_sb; p.v_sh = D; p.v_st = p.k_st;
-  p.lens = lens; p.out = out; p.o_sb = Hq * D; p.o_sh = D; p.lse = lse; p.lse_sb = Hq;
-  p.part_out = po; p.part_lse = pl;
-  p.batch = B; p.n_heads = Hq; p.n_kv_heads = Hkv; p.head_dim = D; p.capacity = Tcap;
-  p.num_splits = splits; p.split_size = Tcap / splits; p.scale = 0.088f; p.dtype = DType::kBFloat16;
-  DecodeArgs ac;
-  ac.p = p; ac.group = Hq / Hkv; ac.head_chunks = 1; ac.page_shift = 0;
-  ac.scale_log2 = p.scale * kLog2e; ac.q_async = true;
-  DecodeArgs ap = ac;
-  ap.p.k = kp; ap.p.v = vp;
-  ap.p.k_sb = size_t(P) * Hkv * D; ap.p.v_sb = ap.p.k_sb;
-  ap.p.block_table = bt; ap.p.bt_sb = Tcap / P; ap.p.page_size = P;
-  ap.page_shift = 4;
+  const DecodeArgs ap = args_of(su.paged(P, perm));
+  // the contiguous kernel reads the HND buffers as an NHD cache [T, Hkv, D] (timing only)
+  DecodeParams pn = su.p;
+  pn.k_sh = D; pn.k_st = size_t(Hkv) * D;
+  pn.v_sh = D; pn.v_st = size_t(Hkv) * D;
+  const DecodeArgs ac = args_of(pn);
   int clock_khz = 0;
   CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
 
   auto run = [&](const char* name, auto launch) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int c = 0; c < 20; ++c) launch();
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    std::vector<float> per_call;
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    for (int r = 0; r < 60; ++r) {
-      CK(cudaEventRecord(e0, st));
-      CK(cudaGraphLaunch(ge, st));
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      per_call.push_back(ms * 1000.0f / 20);
-    }
-    std::sort(per_call.begin(), per_call.end());
+    const std::vector<float> per_call = graph_times_us(st, 20, 60, launch, [](int) {});
     static unsigned long long clk[1024][8], gt[1024][8];
     static unsigned sm[1024];
     CK(cudaMemcpyFromSymbol(clk, g_clk, sizeof clk));
@@ -157,8 +94,6 @@ int main() {
     std::set<unsigned> sms(sm, sm + grid);
     printf("  global timer: first entry -> last end %.0f ns; wait released over %.0f ns; first end at +%.0f ns after the last release; %zu SMs for %d CTAs\n",
            double(g1 - g0), double(w1 - w0), double(e_min) - double(w1), sms.size(), grid);
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
   };
   for (int round = 0; round < 2; ++round) {
     run("contiguous NHD, 3 stages (production)", [&] {

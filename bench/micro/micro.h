@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -19,16 +20,15 @@
 #include <vector>
 
 // Per-launch times in µs, sorted: `reps` launches, each between two events on the default
-// stream; with `flush` set, `flush_bytes` of it are written before each launch (the L2 flush the
-// benchmarks do).
-template <typename F>
-std::vector<float> event_times_us(F launch, int reps, void* flush = nullptr, size_t flush_bytes = 0) {
+// stream, `before(r)` enqueued ahead of launch r (outside the events).
+template <typename F, typename G>
+std::vector<float> event_times_us_after(F launch, int reps, G before) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   std::vector<float> t;
   for (int r = 0; r < reps; ++r) {
-    if (flush != nullptr) CK(cudaMemsetAsync(flush, r, flush_bytes));
+    before(r);
     CK(cudaEventRecord(a));
     launch();
     CK(cudaEventRecord(b));
@@ -42,6 +42,15 @@ std::vector<float> event_times_us(F launch, int reps, void* flush = nullptr, siz
   CK(cudaEventDestroy(b));
   std::sort(t.begin(), t.end());
   return t;
+}
+
+// The same with, if `flush` is set, `flush_bytes` of it written before each launch (the L2 flush
+// the benchmarks do).
+template <typename F>
+std::vector<float> event_times_us(F launch, int reps, void* flush = nullptr, size_t flush_bytes = 0) {
+  return event_times_us_after(launch, reps, [&](int r) {
+    if (flush != nullptr) CK(cudaMemsetAsync(flush, r, flush_bytes));
+  });
 }
 
 // Fills x[0, n) with hash-based pseudo-random values (x[i] depends on i and seed only):

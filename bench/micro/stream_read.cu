@@ -201,28 +201,15 @@ __global__ void read_flush(const uint4* src, size_t n, unsigned* sink) {
 // lines); 2: 256 MB read before each launch (clean lines).
 int flush_mode = 0;
 char* flush_buf = nullptr;
+unsigned* flush_sink = nullptr;
 template <typename F>
 float time_us(F launch) {
   for (int i = 0; i < 3; ++i) launch();
   CK(cudaGetLastError());
-  std::vector<float> t;
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  for (int r = 0; r < 30; ++r) {
+  const std::vector<float> t = event_times_us_after(launch, 30, [](int r) {
     if (flush_mode == 1) CK(cudaMemsetAsync(flush_buf, r, 256 << 20));
-    if (flush_mode == 2) read_flush<<<1024, 256>>>(reinterpret_cast<const uint4*>(flush_buf), (256 << 20) / 16, nullptr);
-    CK(cudaEventRecord(e0));
-    launch();
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(ms * 1000.0f);
-  }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  std::sort(t.begin(), t.end());
+    if (flush_mode == 2) read_flush<<<1024, 256>>>(reinterpret_cast<const uint4*>(flush_buf), (256 << 20) / 16, flush_sink);
+  });
   return t[t.size() / 2];
 }
 
@@ -237,6 +224,7 @@ int main(int argc, char** argv) {
   CK(cudaMemset(k, 1, bytes));
   CK(cudaMemset(v, 2, bytes));
   CK(cudaMalloc(&flush_buf, 256 << 20));
+  CK(cudaMalloc(&flush_sink, 4));
   CK(cudaMemset(flush_buf, 0, 256 << 20));
   struct Shape { const char* name; int ctas; int tokens; };
   const Shape shapes[] = {{"B32T4096 (256 x 4096)", 256, 4096}, {"B64T8192 (1024 x 4096)", 1024, 4096},
