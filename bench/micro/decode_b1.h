@@ -6,7 +6,6 @@
 
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -109,25 +108,10 @@ std::vector<float> graph_times_us(cudaStream_t st, int calls, int reps, F launch
   CK(cudaGraphInstantiate(&ge, g, 0));
   CK(cudaGraphLaunch(ge, st));
   CK(cudaStreamSynchronize(st));
-  std::vector<float> t;
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  for (int r = 0; r < reps; ++r) {
-    before(r);
-    CK(cudaEventRecord(e0, st));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(ms * 1000.0f / calls);
-  }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
+  std::vector<float> t = event_times_us_after([&] { CK(cudaGraphLaunch(ge, st)); }, reps, before, st);
+  for (float& x : t) x /= calls;
   CK(cudaGraphExecDestroy(ge));
   CK(cudaGraphDestroy(g));
-  std::sort(t.begin(), t.end());
   return t;
 }
 

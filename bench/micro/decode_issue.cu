@@ -19,10 +19,26 @@
 #include <vector>
 
 #include "bench/micro/micro.h"
+#include "cuda/common/bulk_copy.cuh"
+
+using fray::mbar_arrive_expect_tx;
+using fray::mbar_init;
+using fray::mbar_init_fence;
+using fray::mbar_wait;
+using fray::smem_u32;
 
 constexpr int kThreads = 128, kTile = 64, kRow = 256, kTiles = 4, kHkv = 8, kT = 4096, kSplits = 16, kP = 16;
 
-__device__ __forceinline__ uint32_t sa(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+// 16-byte cp.async (L2 only) and a bulk copy completing on `bar`, both with no cache hint.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
 
 // Source row `t` of kv head h: HND (h * T + t) * 256 B, or paged NHD ((page * P + t % P) * Hkv + h)
 // * 256 B with page = the block-table entry of t (looked up before any copy is issued).
@@ -49,14 +65,11 @@ __global__ void __launch_bounds__(kThreads, 1) load_tiles(const unsigned char* k
   constexpr int kStage = kTile * kPitch;  // one of K, V
   if (MODE != 0) {
     if (tid == 0) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(sa(&bar)) : "memory");
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      mbar_init(&bar, 1);
+      mbar_init_fence();
     }
     __syncthreads();
-    if (tid == 0) {
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sa(&bar)), "r"(kTiles * 2 * kTile * kRow)
-                   : "memory");
-    }
+    if (tid == 0) mbar_arrive_expect_tx(&bar, kTiles * 2 * kTile * kRow);
     __syncthreads();
   }
   // paged: this thread's rows' page ids, all requested before the first copy
@@ -80,27 +93,18 @@ __global__ void __launch_bounds__(kThreads, 1) load_tiles(const unsigned char* k
       for (int j = 0; j < 8; ++j) {
         const int r = r0 + 8 * j;
         const int off = r * kRow + ((chunk ^ (r & 7)) << 4);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa(ks + off)), "l"(row_ptr<PAGED>(k, pg[tile][j], h, t0 + r) + chunk * 16)
-                     : "memory");
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa(vs + off)), "l"(row_ptr<PAGED>(v, pg[tile][j], h, t0 + r) + chunk * 16)
-                     : "memory");
+        cp_async_16(ks + off, row_ptr<PAGED>(k, pg[tile][j], h, t0 + r) + chunk * 16);
+        cp_async_16(vs + off, row_ptr<PAGED>(v, pg[tile][j], h, t0 + r) + chunk * 16);
       }
       asm volatile("cp.async.commit_group;" ::: "memory");
     } else if constexpr (MODE == 1) {
       const int r = tid % 64;
       const unsigned char* src = row_ptr<PAGED>(tid < 64 ? k : v, pg[tile][0], h, t0 + r);
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                       sa((tid < 64 ? ks : vs) + r * kPitch)),
-                   "l"(src), "r"(kRow), "r"(sa(&bar))
-                   : "memory");
+      bulk_copy((tid < 64 ? ks : vs) + r * kPitch, src, kRow, &bar);
     } else {
       if (tid == 0) {
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(sa(ks)),
-                     "l"(row_ptr<false>(k, 0, h, t0)), "r"(kTile * kRow), "r"(sa(&bar))
-                     : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(sa(vs)),
-                     "l"(row_ptr<false>(v, 0, h, t0)), "r"(kTile * kRow), "r"(sa(&bar))
-                     : "memory");
+        bulk_copy(ks, row_ptr<false>(k, 0, h, t0), kTile * kRow, &bar);
+        bulk_copy(vs, row_ptr<false>(v, 0, h, t0), kTile * kRow, &bar);
       }
     }
   }
@@ -108,9 +112,7 @@ __global__ void __launch_bounds__(kThreads, 1) load_tiles(const unsigned char* k
   if constexpr (MODE == 0) {
     asm volatile("cp.async.wait_group 0;" ::: "memory");
   } else {
-    asm volatile(
-        "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n @!p bra W;\n}\n" ::"r"(sa(&bar))
-        : "memory");
+    mbar_wait(&bar, 0);
   }
   __syncthreads();
   const long long c2 = clock64();

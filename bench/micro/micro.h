@@ -19,19 +19,19 @@
 #include <algorithm>
 #include <vector>
 
-// Per-launch times in µs, sorted: `reps` launches, each between two events on the default
-// stream, `before(r)` enqueued ahead of launch r (outside the events).
+// Per-launch times in µs, sorted: `reps` launches, each between two events on `stream` (default:
+// the legacy default stream), `before(r)` enqueued ahead of launch r (outside the events).
 template <typename F, typename G>
-std::vector<float> event_times_us_after(F launch, int reps, G before) {
+std::vector<float> event_times_us_after(F launch, int reps, G before, cudaStream_t stream = nullptr) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   std::vector<float> t;
   for (int r = 0; r < reps; ++r) {
     before(r);
-    CK(cudaEventRecord(a));
+    CK(cudaEventRecord(a, stream));
     launch();
-    CK(cudaEventRecord(b));
+    CK(cudaEventRecord(b, stream));
     CK(cudaEventSynchronize(b));
     float ms;
     CK(cudaEventElapsedTime(&ms, a, b));
