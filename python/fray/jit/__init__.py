@@ -405,6 +405,7 @@ def _compile_cached(name, source, arch, flags):
     problem = _entry_problem(entry, key)
     if problem is None:
         _count("hits")
+        _debug("cache hit %s" % entry)
         return entry / _SO, key
     for sub in ("tmp", "locks"):
         (root / sub).mkdir(parents=True, exist_ok=True)
