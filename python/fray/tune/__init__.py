@@ -24,6 +24,7 @@ import re
 import sys
 import tempfile
 import threading
+import time
 
 from fray import env
 
@@ -167,19 +168,19 @@ def choose(kernel, bucket, dtype, candidates, *, build, run, check, default, flo
     result is wrong; default is the heuristic used when tuning is not allowed. flops / bytes of
     one call fill the TFLOP/s and GB/s columns. timer(fn) -> µs replaces the L2-flushed median
     (tests pass a fake one). A persisted or shipped choice that is no longer among the candidates
-    is ignored.
+    is ignored. The choice is remembered per process by (kernel, bucket, dtype, device): later
+    calls cost one dictionary lookup and do not look at `candidates` again.
     """
+    ident = device_identity(device)
+    key = record_key(kernel, bucket, dtype, ident)
+    hit = _memo.get(key)  # the per-call path: one key, one dict lookup
+    if hit is not None:
+        return dict(hit)
     candidates = [dict(c) for c in candidates]
     if not candidates:
         raise ValueError("fray.tune.choose(%s): candidates must not be empty" % kernel)
     if _find(candidates, default) is None:
         raise ValueError("fray.tune.choose(%s): default %s is not among the candidates" % (kernel, config_label(default)))
-    ident = device_identity(device)
-    key = record_key(kernel, bucket, dtype, ident)
-    with _lock:
-        hit = _memo.get(key)
-    if hit is not None and _find(candidates, hit) is not None:
-        return dict(hit)
 
     persisted = _read_json(_store_path(ident)).get(key)
     if isinstance(persisted, dict) and _find(candidates, persisted.get("config", {})) is not None:
@@ -207,13 +208,15 @@ def choose(kernel, bucket, dtype, candidates, *, build, run, check, default, flo
         hit = _memo.get(key)
         if hit is not None:
             return dict(hit)
-        config, rows = _tune(kernel, bucket, dtype, candidates, build, run, check, flops, bytes,
-                             timer or _default_timer)
+        start = time.monotonic()
+        config, rows, build_s = _tune(kernel, bucket, dtype, candidates, build, run, check, flops, bytes,
+                                      timer or _default_timer)
+        tune_s = time.monotonic() - start
         _memo[key] = config
     winner = next(r for r in rows if r["config"] == config)
     _persist(_store_path(ident), key, {
         "config": config, "us": winner["us"], "kernel": kernel, "bucket": bucket, "dtype": dtype,
-        "identity": ident, "candidates": len(candidates),
+        "identity": ident, "candidates": len(candidates), "build_s": round(build_s, 3), "tune_s": round(tune_s, 3),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     })
     if env.print_autotune():
@@ -226,7 +229,9 @@ def _tune(kernel, bucket, dtype, candidates, build, run, check, flops, bytes_, t
           file=sys.stderr, flush=True)
     stats["tunings"] += 1
     stats["builds"] += len(candidates)
+    start = time.monotonic()
     runners = list(build(candidates))
+    build_s = time.monotonic() - start
     if len(runners) != len(candidates):
         raise RuntimeError("fray.tune: build() returned %d runners for %d candidates" % (len(runners), len(candidates)))
     rows = []
@@ -249,7 +254,7 @@ def _tune(kernel, bucket, dtype, candidates, build, run, check, flops, bytes_, t
                            % (kernel, bucket, dtype,
                               "\n".join("  %s: %s" % (config_label(r["config"]), r["note"]) for r in rows)))
     best = min(timed, key=lambda r: r["us"])
-    return best["config"], rows
+    return best["config"], rows, build_s
 
 
 def _print_table(kernel, bucket, dtype, rows, chosen, flops, bytes_):
