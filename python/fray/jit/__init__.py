@@ -82,11 +82,16 @@ def include_root():
 
 @functools.lru_cache(maxsize=None)
 def _cutlass_include_cached():
+    import importlib.util
+    # Located, not imported: importing cutlass_library runs its kernel generator modules (~23 ms),
+    # a large part of a warm first call's budget.
     try:
-        import cutlass_library
-    except ImportError:
+        spec = importlib.util.find_spec("cutlass_library")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin:
         return None
-    root = os.path.join(os.path.dirname(os.path.abspath(cutlass_library.__file__)), "source")
+    root = os.path.join(os.path.dirname(os.path.abspath(spec.origin)), "source")
     inc = os.path.join(root, "include")
     return inc if os.path.isfile(os.path.join(inc, "cute", "tensor.hpp")) else None
 
@@ -100,17 +105,15 @@ def _require_cutlass():
     inc = cutlass_include()
     if inc is None:
         raise RuntimeError("fray.jit: the kernel includes CUTLASS/CuTe headers but the nvidia-cutlass package "
-                           "is not installed (import cutlass_library failed or has no source/include): "
+                           "is not installed (no cutlass_library package with source/include found): "
                            "pip install nvidia-cutlass")
     return inc
 
 
 @functools.lru_cache(maxsize=None)
 def _find_nvcc(candidates):
-    tried = []
     for cand in candidates:
         path = cand if os.sep in cand else shutil.which(cand)
-        tried.append(cand)
         if path and os.path.isfile(path) and os.access(path, os.X_OK):
             return os.path.abspath(path)
     return None
@@ -126,34 +129,53 @@ def nvcc_path():
     return path
 
 
+def _run_versions(paths):
+    """`<path> --version` of each path, run at once (each costs 5-10 ms of a warm first call)."""
+    procs = []
+    for path in paths:
+        try:
+            procs.append(subprocess.Popen([path, "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+        except OSError as exc:
+            procs.append(exc)
+    out = []
+    for path, proc in zip(paths, procs):
+        if isinstance(proc, OSError):
+            out.append((None, str(proc)))
+            continue
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            out.append((None, "timed out"))
+            continue
+        out.append((stdout.strip(), None) if proc.returncode == 0 else (None, "rc %d: %s" % (proc.returncode, stderr.strip())))
+    return out
+
+
 @functools.lru_cache(maxsize=None)
-def _tool_version(path):
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise RuntimeError("fray.jit: cannot run %s --version: %s" % (path, exc)) from None
-    if out.returncode != 0:
-        raise RuntimeError("fray.jit: %s --version failed (rc %d): %s" % (path, out.returncode, out.stderr.strip()))
-    return out.stdout.strip()
+def _identities(nvcc):
+    """(`nvcc --version`, the host compiler's path and version). nvcc runs the host compiler it
+    finds on PATH (no -ccbin), which compiles the host half of every kernel, so both are part of
+    the key."""
+    host = shutil.which("g++") or shutil.which("c++")
+    (nv, nv_err), *rest = _run_versions([nvcc] + ([host] if host else []))
+    if nv is None:
+        raise RuntimeError("fray.jit: %s --version failed (%s): point FRAY_NVCC_COMPILER at a working nvcc" % (nvcc, nv_err))
+    if not host:
+        return nv, "none"
+    text = rest[0][0] or ""
+    return nv, "%s %s" % (os.path.realpath(host), text.splitlines()[0] if text else "")
+
+
+def _tool_version(nvcc):
+    return _identities(nvcc)[0]
 
 
 def _nvcc_release(version_text):
     m = re.search(r"release (\d+\.\d+)", version_text)
     return m.group(1) if m else "unknown"
-
-
-@functools.lru_cache(maxsize=None)
-def _host_compiler():
-    """nvcc runs the host compiler it finds on PATH (no -ccbin): its path and version are part of
-    the key, since it compiles the host half of every kernel."""
-    path = shutil.which("g++") or shutil.which("c++")
-    if path is None:
-        return "none"
-    try:
-        first = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        first = ""
-    return "%s %s" % (os.path.realpath(path), first.splitlines()[0] if first else "")
 
 
 def _cache_root():
@@ -197,15 +219,18 @@ def _key(name, source, cmd, nvcc, arch):
         "command": cmd[1:],
         "nvcc": os.path.realpath(nvcc),
         "nvcc_version": _tool_version(nvcc),
-        "host_compiler": _host_compiler(),
+        "host_compiler": _identities(nvcc)[1],
         "arch": arch,
         "fray": _fray_version(),
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.+-")
+
+
 def _check_name(name):
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.+-]{1,96}", name):
+    if not isinstance(name, str) or not 0 < len(name) <= 96 or not _NAME_CHARS.issuperset(name):
         raise ValueError("fray.jit: name must be 1-96 characters of [A-Za-z0-9_.+-] (it names the cache entry), "
                          "got %r" % (name,))
 
