@@ -308,6 +308,53 @@ def test_build_refuses_without_a_device_and_on_older_archs(cache, monkeypatch):
     assert jit.stats["compiles"] == 0
 
 
+class _FakeLoader:
+    """Stands in for fray._C._jit on a machine without a GPU: records what would be loaded."""
+
+    class Module:
+        loaded = []
+
+        def __init__(self, path):
+            self.path = path
+            _FakeLoader.Module.loaded.append(path)
+
+        def launch(self, *args):
+            raise AssertionError("nothing is launched on the CPU")
+
+        def workspace_bytes(self, *args):
+            return 0
+
+        def describe(self):
+            return "fake"
+
+
+def test_build_many_compiles_in_parallel_and_returns_failures(cache, monkeypatch, tmp_path):
+    log = tmp_path / "nvcc.log"
+    monkeypatch.setenv("FRAY_NVCC_COMPILER", str(_wrapper(tmp_path / "nvcc", log)))
+    monkeypatch.setenv("FRAY_JIT_MAX_WORKERS", "2")
+    monkeypatch.setattr(jit, "_device_arch", lambda device: "90a")
+    monkeypatch.setattr(jit, "_loader", lambda: _FakeLoader)
+    monkeypatch.setattr(jit, "_loaded", {})
+    _FakeLoader.Module.loaded = []
+    bad = tiny_kernel.source().replace("return 0;\n}\n\nFRAY_EXPORT int64_t", "return nope;\n}\n\nFRAY_EXPORT int64_t")
+    good, broken = jit.build_many([("tiny", tiny_kernel.source(), ()), ("tiny_bad", bad, ())])
+    assert isinstance(good, jit.Kernel) and good.describe() == "fake" and good.path.is_file()
+    assert isinstance(broken, RuntimeError) and "nope" in str(broken)
+    assert _compiles(log) == 2 and _FakeLoader.Module.loaded == [str(good.path)]
+    assert jit.build("tiny", tiny_kernel.source()) is good and _compiles(log) == 2  # per-process memo
+
+
+def test_max_workers_knob(monkeypatch):
+    from fray import env
+    monkeypatch.setenv("FRAY_JIT_MAX_WORKERS", "3")
+    assert env.jit_max_workers() == 3
+    monkeypatch.setenv("FRAY_JIT_MAX_WORKERS", "0")
+    with pytest.raises(ValueError, match="FRAY_JIT_MAX_WORKERS"):
+        env.jit_max_workers()
+    monkeypatch.delenv("FRAY_JIT_MAX_WORKERS")
+    assert 1 <= env.jit_max_workers() <= 8
+
+
 def test_loader_reports_unloadable_objects(tmp_path):
     from fray._C import _jit
     with pytest.raises(RuntimeError, match="cannot load"):
