@@ -88,7 +88,7 @@ def test_compiles_sm90a_shared_object_with_the_entry_points(cache):
     manifest = json.loads((so.parent / "manifest.json").read_text())
     assert manifest["so_bytes"] == so.stat().st_size
     abi = os.path.realpath(os.path.join(jit.include_root(), "cuda", "common", "launch_abi.h"))
-    assert abi in manifest["headers"], sorted(manifest["headers"])
+    assert abi in {os.path.realpath(h) for h in manifest["headers"]}, sorted(manifest["headers"])
     assert not any("cuda_runtime.h" in h for h in manifest["headers"])  # the toolkit's: nvcc --version
     assert jit.stats["compiles"] == 1
 
@@ -113,7 +113,7 @@ def test_header_byte_change_rebuilds(cache, tmp_path):
     flags = ["-I" + str(inc)]
     so = jit.compile_only("tiny", src, flags=flags)
     manifest = json.loads((so.parent / "manifest.json").read_text())
-    assert str(header.resolve()) in manifest["headers"]
+    recorded = next(h for h in manifest["headers"] if os.path.realpath(h) == str(header.resolve()))
 
     os.utime(header)  # touched, same bytes: re-hashed, still valid
     assert jit.compile_only("tiny", src, flags=flags) == so and jit.stats["compiles"] == 1
@@ -122,8 +122,25 @@ def test_header_byte_change_rebuilds(cache, tmp_path):
     assert jit.compile_only("tiny", src, flags=flags) == so
     assert jit.stats["compiles"] == 2 and jit.stats["rebuilds"] == 1
     rebuilt = json.loads((so.parent / "manifest.json").read_text())
-    assert rebuilt["headers"][str(header.resolve())][0] != manifest["headers"][str(header.resolve())][0]
+    assert rebuilt["headers"][recorded][0] != manifest["headers"][recorded][0]
     assert rebuilt["so_sha256"] == jit._sha256_file(so)
+
+
+def test_header_link_pointing_elsewhere_rebuilds(cache, tmp_path):
+    """Runfiles and the bundle reach headers through links: a link retargeted to other bytes is a
+    changed header even though no file was written."""
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (tmp_path / "one.h").write_text("#pragma once\nconstexpr int kTinyExtra = 1;\n")
+    (tmp_path / "two.h").write_text("#pragma once\nconstexpr int kTinyExtra = 2;\n")
+    link = inc / "tiny_extra.h"
+    link.symlink_to(tmp_path / "one.h")
+    src = tiny_kernel.source(include='#include "tiny_extra.h"')
+    so = jit.compile_only("tiny", src, flags=["-I" + str(inc)])
+    link.unlink()
+    link.symlink_to(tmp_path / "two.h")
+    assert jit.compile_only("tiny", src, flags=["-I" + str(inc)]) == so
+    assert jit.stats["compiles"] == 2 and jit.stats["rebuilds"] == 1
 
 
 def test_flag_change_is_another_entry(cache):
@@ -280,7 +297,7 @@ def test_cute_kernel_compiles_against_the_cutlass_package(cache):
     so = jit.compile_only("tiny_cute", src)
     headers = json.loads((so.parent / "manifest.json").read_text())["headers"]
     assert any(h.endswith(os.path.join("cute", "tensor.hpp")) for h in headers)
-    assert any(h.startswith(os.path.realpath(jit.cutlass_include())) for h in headers)
+    assert any(os.path.realpath(h).startswith(os.path.realpath(jit.cutlass_include())) for h in headers)
 
 
 def test_bad_arguments(cache):
