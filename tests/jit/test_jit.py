@@ -407,6 +407,8 @@ def test_gpu_build_launch_pattern(cache, cuda):
     kernel = jit.build("tiny", tiny_kernel.source())
     assert kernel.describe() == "tiny fill v1"
     assert kernel.workspace_bytes((0,), (1000, 0), (), 0, _stream()) == 4000
+    with pytest.raises(RuntimeError, match="fray_jit_workspace_bytes refused"):
+        kernel.workspace_bytes((0,), (), (), 0, _stream())
     n = 4097
     out = torch.zeros(n, dtype=torch.int32, device=cuda)
     kernel.launch((out.data_ptr(),), (n, 0x1234), (), out.device.index, _stream())

@@ -2,7 +2,8 @@
 cuda/common/launch_abi.h around a trivial fill kernel (compiles in a few seconds).
 
 Slots: ptrs (out: uint32 [n]), ints (n, seed); out[i] = seed ^ (i * 2654435761) mod 2^32.
-n < 0 makes fray_jit_launch fail with a message, before any CUDA call.
+n < 0 makes fray_jit_launch fail with a message, before any CUDA call; fray_jit_workspace_bytes is
+4 * n, and -1 (refused) without ints.
 """
 
 SOURCE = r"""
@@ -43,7 +44,7 @@ FRAY_EXPORT int fray_jit_launch(const FrayArgs* a, char* err, int32_t err_len) {
   return 0;
 }
 
-FRAY_EXPORT int64_t fray_jit_workspace_bytes(const FrayArgs* a) { return a->num_ints > 0 ? 4 * a->ints[0] : 0; }
+FRAY_EXPORT int64_t fray_jit_workspace_bytes(const FrayArgs* a) { return a->num_ints > 0 ? 4 * a->ints[0] : -1; }
 
 FRAY_EXPORT const char* fray_jit_describe(void) { return "tiny fill %(tag)s"; }
 """

@@ -472,7 +472,10 @@ def _device_arch(device):
 
 class Kernel:
     """A loaded JIT kernel. launch(ptrs, ints, floats, device, stream) is the loader's C++ method
-    itself (no Python frame in between); RuntimeError carries the kernel's own message."""
+    itself (no Python frame in between); RuntimeError carries the kernel's own message.
+    workspace_bytes(ptrs, ints, floats, device, stream): the device workspace the launch needs
+    (0 when the kernel does not export fray_jit_workspace_bytes; the caller passes the buffer as
+    the last ptr); RuntimeError when the kernel refuses the arguments (a negative answer)."""
 
     __slots__ = ("name", "path", "key", "launch", "workspace_bytes", "_module")
 
