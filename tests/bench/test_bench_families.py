@@ -183,3 +183,26 @@ def test_cli_knows_the_bench_only_names():
     names = cli._bench_ops()
     assert names["sample_topp"] == names["sample_topk"] == names["topk"] == "sampling"
     assert names["kv_append_paged"] == "attention" and names["softmax"] == "softmax"
+
+
+def test_host_bench_covers_every_op_and_records_host_rows():
+    from fray.bench import host as bh
+    rec = fb.Recorder()
+    calls = []
+
+    def timer(fn):
+        calls.append(fn)
+        fn()  # the peers really run on the CPU tensors; Fray's CUDA backends raise here
+        return 4.0
+
+    bh.run("host", rec, device="cpu", timer=timer)
+    assert {r["op"] for r in rec.records} == set(fray.OPS)
+    assert all(r["shape"].endswith(":host") for r in rec.records)
+    peers = {r["op"]: r for r in rec.records if r["impl"] == "torch.builtin"}
+    assert {"rmsnorm", "softmax", "topk", "decode_attention", "vector_add"} <= set(peers)
+    assert all(r["us"] == 4.0 and len(r["rounds"]) == 3 for r in peers.values())
+    for r in rec.records:
+        if r["impl"].startswith("fray."):
+            assert r["us"] is None and r["note"].startswith("error:"), r
+    from fray import cli
+    assert cli._bench_ops()["host"] == "host"
