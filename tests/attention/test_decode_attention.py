@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import fray
+from fray import _plan as P
 from fray import backend as B
 from fray.ops import attention as A
 from fray.reference import attention as ref
@@ -164,6 +165,7 @@ def test_ops_layer_wiring_under_interpreter(monkeypatch):
     """The GPU implementations of the ops layer (strides of both layouts, paged, 4-d q, appends)
     driven on CPU tensors through the interpreter, with the CUDA-only calls stubbed out."""
     import contextlib
+    monkeypatch.setattr(P, "PLANS", P.PlanCache())  # plans built under the stubs below stay in this test
     monkeypatch.setattr(A.B, "resolve", lambda *a: "triton")
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -345,6 +347,7 @@ def test_ops_layer_cuda_wiring(monkeypatch):
     replaced by a recorder)."""
     import contextlib
     rec = _RecordingExtension(_ext())
+    monkeypatch.setattr(P, "PLANS", P.PlanCache())  # plans built under the stubs below stay in this test
     monkeypatch.setattr(A.B, "resolve", lambda *a: "cuda")
     monkeypatch.setattr(A.B, "load_extension", lambda family: rec)
     monkeypatch.setattr(A.B, "current_stream", lambda device: 1234)
