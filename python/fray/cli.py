@@ -6,7 +6,8 @@
                 the reference (against hand-computed values) and the Triton kernels under
                 Triton's interpreter. Prints a pass/fail table; exits 1 on any failure.
   bench <op>    run the op's benchmark (see bench/<family>/), flags as the bench binaries take;
-                `bench host`: every op's eager per-call host cost beside torch's (bench/host/)
+                `bench host`: every op's eager per-call host cost beside torch's (bench/host/);
+                `bench e2e`: a Llama-shaped decoder step from Fray ops vs torch (bench/e2e/)
 """
 import os
 import sys
@@ -57,8 +58,9 @@ def _cmd_check(device_flag):
     return 1 if failed else 0
 
 
-# Benchmarks of no one family (bench/<name>/, fray.bench.<name>): the eager host cost of every op.
-WHOLE_LIBRARY_BENCHES = ("host",)
+# Benchmarks of no one family (bench/<name>/, fray.bench.<name>): the eager host cost of every op,
+# and a decoder step built from Fray ops.
+WHOLE_LIBRARY_BENCHES = ("host", "e2e")
 
 
 def _bench_ops():

@@ -206,3 +206,19 @@ def test_host_bench_covers_every_op_and_records_host_rows():
             assert r["us"] is None and r["note"].startswith("error:"), r
     from fray import cli
     assert cli._bench_ops()["host"] == "host"
+
+
+def test_e2e_decoder_step_in_lockstep_on_the_cpu_references():
+    """The decoder step's wiring: Fray's ops (their float64 references on CPU tensors) against the
+    torch model, three steps over a paged cache whose lens advance."""
+    from fray.bench import e2e
+    cfg = e2e.Config(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=64, intermediate=96, vocab=300, batch=3,
+                     context=20, page=16, max_position=64)
+    base = e2e.build(cfg, torch.device("cpu"))
+    a, b = e2e._clone(base), e2e._clone(base)
+    checks = e2e.lockstep(cfg, a, b, steps=3)
+    assert len(checks) == 3 and all(diff <= tol for diff, tol, _, _ in checks)
+    assert sum(c[2] for c in checks) >= 3  # some rows are decided, so tokens were compared
+    assert torch.equal(a["lens"], torch.full((3,), 23, dtype=torch.int32))
+    # the caches took the new tokens identically
+    assert torch.allclose(a["layers"][1]["k_pages"].float(), b["layers"][1]["k_pages"].float(), atol=0.1)
