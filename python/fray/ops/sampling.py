@@ -5,7 +5,8 @@ temperature -> top-k -> top-p -> min-p, the Philox-4x32-10 draw and the inverse-
 written down once, in fray.reference.sampling; the Triton kernels (fray_triton.sampling) make the
 same choices. Validation happens here, once. GPU entry points are torch custom ops
 (fray::topk, fray::argmax, fray::sample, fray::apply_penalties, fray::decode_step) with fakes,
-called directly in eager mode. CPU tensors and numpy arrays run the reference. CUDA C++ kernels:
+called directly in eager mode; sample and argmax validate a GPU call signature once (fray._plan:
+scalar parameters by value, tensor ones by layout) and launch from the cached plan after that. CPU tensors and numpy arrays run the reference. CUDA C++ kernels:
 cuda/topk (topk, argmax) and cuda/sampling (sample, apply_penalties, decode_step); "auto" tries
 CUDA first, then Triton.
 
@@ -22,6 +23,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
+from fray import _plan as P
 from fray import _validate as V
 from fray import backend as B
 from fray.reference import sampling as ref
@@ -316,18 +318,33 @@ def topk(x, k, *, algorithm="auto", largest=True, sorted=True, workspace=None, b
 # ---------------------------------------------------------------------------------------------
 # argmax
 
-def _argmax_impl(x, out, backend):
+def _argmax_plan(x, backend):
     width = x.shape[-1]
     rows = x.numel() // width
     if rows == 0:
-        return
+        return None
+    stride = V.row_stride("x", x)
     if B.resolve("argmax", TOPK_FAMILY, backend, x.device) == "cuda":
-        B.load_extension(TOPK_FAMILY).argmax(x.data_ptr(), V.row_stride("x", x), V.DTYPE_CODES[x.dtype], rows, width,
-                                             out.data_ptr(), x.device.index, B.current_stream(x.device))
+        return B.load_extension(TOPK_FAMILY).argmax, stride, V.DTYPE_CODES[x.dtype], rows, width
+    return None, stride, None, rows, width
+
+
+def _argmax_launch(plan, x, out):
+    if plan is None:
+        return
+    fn, stride, code, rows, width = plan
+    if fn is not None:
+        fn(x.data_ptr(), stride, code, rows, width, out.data_ptr(), x.device.index, B.current_stream(x.device))
         return
     from fray_triton import sampling as ts
     with torch.cuda.device(x.device):
-        ts.argmax(x, out, V.row_stride("x", x), rows, width)
+        ts.argmax(x, out, stride, rows, width)
+
+
+def _argmax_impl(x, out, backend):
+    key = P.signature("argmax:op", backend, (x,))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, (_argmax_plan(x, backend),))
+    _argmax_launch(plan[0], x, out)
 
 
 @torch.library.custom_op("fray::argmax", mutates_args=("out",))
@@ -342,6 +359,13 @@ def argmax(x, *, backend="auto"):
     index, -0.0 == +0.0. x: [..., width] fp32/fp16/bf16, last dim contiguous. No host
     synchronisation (CUDA-graph capturable); the CUDA backend splits few wide rows over a
     thread-block cluster."""
+    if not _compiling():
+        key = P.signature("argmax", backend, (x,))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            out = torch.empty(x.shape[:-1], dtype=torch.int64, device=x.device)
+            _argmax_launch(plan[0], x, out)
+            return out
     V.require_backend(backend, B.BACKENDS)
     _check_logits("x", x, V.FLOAT_DTYPES)
     if V.is_array(x):
@@ -354,7 +378,8 @@ def argmax(x, *, backend="auto"):
     if _compiling():
         torch.ops.fray.argmax(x, out, backend)
     else:
-        _argmax_impl(x, out, backend)
+        plan = P.PLANS.put(key, (_argmax_plan(x, backend),))
+        _argmax_launch(plan[0], x, out)
     return out
 
 
@@ -429,6 +454,20 @@ def _join_params(tensors, fvals, ivals, kinds):
     return tuple(out)
 
 
+def _params_key(values):
+    """The plan-key parts of raw per-row parameters: tensors (by layout) and scalars (by value)."""
+    return (tuple(v if isinstance(v, torch.Tensor) else None for v in values),
+            tuple(None if isinstance(v, torch.Tensor) else v for v in values))
+
+
+def _params_again(values, validated, kinds):
+    """A signature's validated parameters for this call's tensors: scalars as validated (their
+    values are in the key), tensors converted as _row_param converts them (a no-op when the
+    dtype, which is in the key, is already the kernels')."""
+    return tuple(v.to(torch.float32 if k == "float" else torch.int64).contiguous() if isinstance(v, torch.Tensor)
+                 else p for v, p, k in zip(values, validated, kinds))
+
+
 def _range_check(name, lo, hi, lo_open=False, finite=True):
     def check(v):
         ok = (v > lo if lo_open else v >= lo) and (hi is None or v <= hi) and (not finite or math.isfinite(v))
@@ -498,23 +537,30 @@ def _check_cuda_width(logits, backend):
                          "or 'triton')" % (CUDA_SAMPLE_MAX_WIDTH[logits.dtype], _dt(logits.dtype), logits.shape[1]))
 
 
-def _sample_impl(logits, params, tokens, logprobs, backend):
+def _sample_launch(logits, backend):
+    """(ext.sample or None for Triton, row stride, dtype code, rows, width) of one logits signature."""
     rows, width = logits.shape
-    if rows == 0:
-        return
     be = B.resolve("sample", FAMILY, backend, logits.device)
     if be == "cuda" and not _cuda_sample_fits(logits):
         be = "triton"  # only under "auto": a forced "cuda" was refused by _check_cuda_width
-    if be == "cuda":
-        B.load_extension(FAMILY).sample(
-            logits.data_ptr(), V.row_stride("logits", logits), V.DTYPE_CODES[logits.dtype], rows, width,
-            *_cuda_args(params), tokens.data_ptr(), logprobs.data_ptr(), logits.device.index,
-            B.current_stream(logits.device))
+    fn = B.load_extension(FAMILY).sample if be == "cuda" else None
+    return fn, V.row_stride("logits", logits), V.DTYPE_CODES[logits.dtype], rows, width
+
+
+def _sample_impl(logits, params, tokens, logprobs, backend):
+    if logits.shape[0] == 0:
+        return
+    key = P.signature("sample:op", backend, (logits,))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, _sample_launch(logits, backend))
+    fn, stride, code, rows, width = plan
+    if fn is not None:
+        fn(logits.data_ptr(), stride, code, rows, width, *_cuda_args(params), tokens.data_ptr(), logprobs.data_ptr(),
+           logits.device.index, B.current_stream(logits.device))
         return
     from fray_triton import sampling as ts
     with torch.cuda.device(logits.device):
         ts.sample(logits, tokens, logprobs, *_materialize_all(params, _SAMPLE_KINDS, rows, logits.device),
-                  V.row_stride("logits", logits), rows, width)
+                  stride, rows, width)
 
 
 @torch.library.custom_op("fray::sample", mutates_args=("tokens", "logprobs"))
@@ -569,8 +615,18 @@ def sample(logits, *, temperature, top_k=None, top_p=None, min_p=None, seeds, of
     CUDA_SAMPLE_MAX_WIDTH; Python-scalar parameters are passed by value, no [B] tensor is built),
     "triton", or "auto" (CUDA first, Triton for wider rows).
     """
+    raw = (temperature, top_k, top_p, min_p, seeds, offsets)
+    key = None
+    if not _compiling():  # a GPU call validated once per signature (CPU parameter values are checked per call)
+        tensors, scalars = _params_key(raw)
+        key = P.signature("sample", backend, (logits,) + tensors, (return_logprobs,) + scalars)
+        validated = P.PLANS.get(key)
+        if validated is not None:
+            return _sample_validated(logits, _params_again(raw, validated, _SAMPLE_KINDS), return_logprobs, backend)
     _check_sample_common(logits, return_logprobs, backend)
     params = _sampling_params(logits, temperature, top_k, top_p, min_p, seeds, offsets)
+    if key is not None and logits.device.type == "cuda":
+        P.PLANS.put(key, params)
     return _sample_validated(logits, params, return_logprobs, backend)
 
 
