@@ -5,8 +5,9 @@ temperature -> top-k -> top-p -> min-p, the Philox-4x32-10 draw and the inverse-
 written down once, in fray.reference.sampling; the Triton kernels (fray_triton.sampling) make the
 same choices. Validation happens here, once. GPU entry points are torch custom ops
 (fray::topk, fray::argmax, fray::sample, fray::apply_penalties, fray::decode_step) with fakes,
-called directly in eager mode; sample and argmax validate a GPU call signature once (fray._plan:
-scalar parameters by value, tensor ones by layout) and launch from the cached plan after that. CPU tensors and numpy arrays run the reference. CUDA C++ kernels:
+called directly in eager mode; each validates a GPU call signature once (fray._plan: scalar
+parameters by value, tensor ones by layout) and skips to the launch after that (sample and argmax
+from a cached launch plan). CPU tensors and numpy arrays run the reference. CUDA C++ kernels:
 cuda/topk (topk, argmax) and cuda/sampling (sample, apply_penalties, decode_step); "auto" tries
 CUDA first, then Triton.
 
@@ -268,6 +269,11 @@ def topk(x, k, *, algorithm="auto", largest=True, sorted=True, workspace=None, b
     graph capture: every path is capturable.
     CPU tensors and numpy arrays run the reference (algorithm is then only validated).
     """
+    key = None
+    if not _compiling():
+        key = P.signature("topk", backend, (x, workspace), (k, algorithm, largest, sorted))
+        if P.PLANS.get(key) is not None:
+            return _topk_validated(x, k, largest, sorted, workspace, algorithm, backend)
     V.require_backend(backend, B.BACKENDS)
     if not isinstance(algorithm, str) or algorithm not in TOPK_ALGORITHMS:
         raise ValueError("algorithm: expected one of %s, got %r" % (", ".join(map(repr, TOPK_ALGORITHMS)), algorithm))
@@ -296,6 +302,14 @@ def topk(x, k, *, algorithm="auto", largest=True, sorted=True, workspace=None, b
         if workspace.dtype != torch.uint8 or not workspace.is_contiguous():
             raise TypeError("workspace: expected a contiguous uint8 tensor, got %s (contiguous=%s)"
                             % (_dt(workspace.dtype), workspace.is_contiguous()))
+    if key is not None:
+        P.PLANS.put(key, True)  # validated: later calls of this signature skip to _topk_validated
+    return _topk_validated(x, k, largest, sorted, workspace, algorithm, backend)
+
+
+def _topk_validated(x, k, largest, sorted, workspace, algorithm, backend):
+    """topk on a validated GPU call."""
+    width = x.shape[-1]
     if algorithm == "torch" or (algorithm == "auto" and width > TOPK_MAX_WIDTH):
         if workspace is not None:
             rows = x.numel() // width
@@ -751,6 +765,15 @@ def apply_penalties(logits, token_ids, token_offsets, *, repetition=1.0, presenc
     For each distinct id with count n: l = l / rep if l > 0 else l * rep, then l -= presence,
     then l -= n * frequency; fp32 math, one rounding. Ids outside [0, V) raise on the CPU and are
     ignored on the GPU (checking them there would need a host sync)."""
+    raw = (repetition, presence, frequency)
+    key = None
+    if not _compiling():  # a GPU call validated once per signature (CPU history values are checked per call)
+        tensors, scalars = _params_key(raw)
+        key = P.signature("apply_penalties", backend, (logits, token_ids, token_offsets) + tensors, scalars)
+        validated = P.PLANS.get(key)
+        if validated is not None:
+            return _penalties_validated(logits, token_ids, token_offsets, _params_again(raw, validated,
+                                                                                        _PENALTY_KINDS), backend)
     V.require_backend(backend, B.BACKENDS)
     V.require_tensor("logits", logits)
     _check_logits("logits", logits, V.FLOAT_DTYPES, ndim=2)
@@ -759,6 +782,8 @@ def apply_penalties(logits, token_ids, token_offsets, *, repetition=1.0, presenc
     _check_rows_writable(logits)
     _check_history(logits, token_ids, token_offsets)
     params = _penalty_params(logits, repetition, presence, frequency)
+    if key is not None and logits.device.type == "cuda":
+        P.PLANS.put(key, params)
     return _penalties_validated(logits, token_ids, token_offsets, params, backend)
 
 
@@ -769,11 +794,29 @@ def decode_step(logits, token_ids, token_offsets, *, repetition=1.0, presence=0.
     (and logprobs). Everything is validated before logits are touched. On CUDA tensors with the
     "cuda" backend: exactly two kernel launches (penalties, then sampling), no host sync, no
     allocation beyond the outputs; graph-capturable (bump `offsets` in place between replays)."""
+    raw_pen, raw = (repetition, presence, frequency), (temperature, top_k, top_p, min_p, seeds, offsets)
+    key = None
+    if not _compiling():  # a GPU call validated once per signature
+        pen_t, pen_s = _params_key(raw_pen)
+        tensors, scalars = _params_key(raw)
+        key = P.signature("decode_step", backend, (logits, token_ids, token_offsets) + pen_t + tensors,
+                          (return_logprobs,) + pen_s + scalars)
+        validated = P.PLANS.get(key)
+        if validated is not None:
+            return _decode_validated(logits, token_ids, token_offsets, _params_again(raw_pen, validated[0],
+                                                                                     _PENALTY_KINDS),
+                                     _params_again(raw, validated[1], _SAMPLE_KINDS), return_logprobs, backend)
     _check_sample_common(logits, return_logprobs, backend)
     _check_rows_writable(logits)
     _check_history(logits, token_ids, token_offsets)
     pen = _penalty_params(logits, repetition, presence, frequency)
     params = _sampling_params(logits, temperature, top_k, top_p, min_p, seeds, offsets)
+    if key is not None and logits.device.type == "cuda":
+        P.PLANS.put(key, (pen, params))
+    return _decode_validated(logits, token_ids, token_offsets, pen, params, return_logprobs, backend)
+
+
+def _decode_validated(logits, token_ids, token_offsets, pen, params, return_logprobs, backend):
     if logits.device.type == "cpu":
         _penalties_validated(logits, token_ids, token_offsets, pen, backend)
         return _sample_validated(logits, params, return_logprobs, backend)
