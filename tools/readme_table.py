@@ -81,7 +81,7 @@ ROWS = [
     ("attention", "kv_append_paged", "B64Hkv8D128P16", "bf16", None),
 ]
 PEER_NAMES = {"torch.builtin": None, "torch.eager": "torch eager", "torch.compile": "torch.compile"}
-BUILTIN = {"softmax": "torch.softmax", "online_softmax": "torch.softmax+amax+logsumexp", "layernorm": "F.layer_norm",
+BUILTIN = {"rmsnorm": "F.rms_norm", "softmax": "torch.softmax", "online_softmax": "torch.softmax+amax+logsumexp", "layernorm": "F.layer_norm",
            "vector_add": "torch.add", "topk": "torch.topk", "argmax": "torch.argmax",
            "decode_attention": "SDPA", "paged_decode_attention": "SDPA (contiguous)"}
 
