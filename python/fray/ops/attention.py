@@ -326,16 +326,13 @@ class _DecodePlan:
         self._triton(q, k, v, lens, block_table, out, lse)
 
     def _cuda(self, q, k, v, lens, block_table, out, lse):
-        (q_sb, q_sh, bt_sb, o_sb, o_sh, lse_sb, batch, hq, d, code) = self.cuda_args
-        po = pl = 0
+        po = pl = None
         if self.splits > 1:  # the combine's inputs; from the caching allocator (a graph's pool while capturing)
-            po = torch.empty((batch, hq, self.splits, d), dtype=torch.float32, device=q.device).data_ptr()
-            pl = torch.empty((batch, hq, self.splits), dtype=torch.float32, device=q.device).data_ptr()
-        B.load_extension(FAMILY).decode(
-            q.data_ptr(), q_sb, q_sh, k.data_ptr(), *self.ks, v.data_ptr(), *self.vs, lens.data_ptr(),
-            block_table.data_ptr() if block_table is not None else 0, bt_sb, self.page, out.data_ptr(), o_sb, o_sh,
-            lse.data_ptr(), lse_sb, po, pl, batch, hq, self.hkv, d, self.capacity, self.splits, self.split,
-            self.scale, code, self.dev, B.current_stream(q.device))
+            batch, hq, d = self.q_shape
+            po = torch.empty((batch, hq, self.splits, d), dtype=torch.float32, device=q.device)
+            pl = torch.empty((batch, hq, self.splits), dtype=torch.float32, device=q.device)
+        B.load_extension(FAMILY).decode((q, k, v, lens, block_table, out, lse, po, pl), self.cuda_args,
+                                        (self.scale,), self.dev, B.current_stream(q.device))
 
     def _triton(self, q, k, v, lens, block_table, out, lse):
         from fray_triton import attention as tattn
@@ -377,8 +374,11 @@ def _decode_plan(op, q, k, v, block_table, out, lse, scale, nhd, num_splits, bac
         code = V.DTYPE_CODES[q3.dtype]
         p.split = _cuda_split_size(code, d, hq // p.hkv, batch, p.hkv, p.capacity, num_splits, p.num_sms, p.paged)
         p.splits = -(-p.capacity // p.split)
-        p.cuda_args = (q3.stride(0), q3.stride(1), block_table.stride(0) if p.paged else 0, o3.stride(0),
-                       o3.stride(1), lse.stride(0), batch, hq, d, code)
+        p.q_shape = (batch, hq, d)
+        # the launcher's int slots (cuda/attention/attention.h)
+        p.cuda_args = (q3.stride(0), q3.stride(1)) + p.ks + p.vs + (
+            block_table.stride(0) if p.paged else 0, p.page, o3.stride(0), o3.stride(1), lse.stride(0), batch, hq,
+            p.hkv, d, p.capacity, p.splits, p.split, code)
     return p
 
 
@@ -410,13 +410,11 @@ def _append_plan(op, k, v, k_new, v_new, block_table, nhd, backend):
         dev = k.device.index if k.device.index is not None else torch.cuda.current_device()
         ks, vs, kns, vns = _strides(k, dims), _strides(v, dims), _strides(k_new, (0, 1)), _strides(v_new, (0, 1))
         bt_sb = block_table.stride(0) if block_table is not None else 0
-        tail = (page, batch, hkv, d, capacity, V.DTYPE_CODES[k.dtype], dev)
-        ext = B.load_extension(FAMILY)
+        ints = ks + vs + kns + vns + (bt_sb, page, batch, hkv, d, capacity, V.DTYPE_CODES[k.dtype])
+        fn = B.load_extension(FAMILY).kv_append
 
         def launch(k_, v_, kn_, vn_, lens_, bt_):
-            ext.kv_append(k_.data_ptr(), *ks, v_.data_ptr(), *vs, kn_.data_ptr(), *kns, vn_.data_ptr(), *vns,
-                          lens_.data_ptr(), bt_.data_ptr() if bt_ is not None else 0, bt_sb, *tail,
-                          B.current_stream(k_.device))
+            fn((k_, v_, kn_, vn_, lens_, bt_), ints, (), dev, B.current_stream(k_.device))
         return launch, capacity, page
     from fray_triton import attention as tattn
     ks, vs = tuple(k.stride(i) for i in dims), tuple(v.stride(i) for i in dims)
