@@ -140,10 +140,11 @@ def test_rope_plan_follows_the_launcher_slots_with_the_offset_last(fake_cuda):
     q, k = qkv[:, :4], qkv[:, 4:]
     table = torch.empty(32, 16)
     plan = rope._rope_plan(q, k, q, k, None, table, None, 32, 16, 1e4, True, "auto")
-    rope._rope_launch(plan, q, k, q, k, None, 7, 32)
-    rope._rope_launch(plan, q, k, q, k, None, 9, 32)
+    rope._rope_launch(plan, q, k, q, k, None, 7, table, None, 32)
+    other = torch.empty(32, 16)  # a later call's own table, not the first call's
+    rope._rope_launch(plan, q, k, q, k, None, 9, other, None, 32)
     (name, ptrs, ints, floats, dev, stream), second = fake_cuda.calls
     assert name == "rope" and (dev, stream) == (0, 4321) and floats == ()
     assert ptrs == (q.data_ptr(), q.data_ptr(), k.data_ptr(), k.data_ptr(), 0, table.data_ptr(), 0)
     assert ints == (96, 16, 96, 16, 96, 16, 96, 16, 0, 0, 16, 3, 4, 2, 16, 16, 1, 2, 7)
-    assert second[2][-1] == 9 and second[2][:-1] == ints[:-1]
+    assert second[2][-1] == 9 and second[2][:-1] == ints[:-1] and second[1][5] == other.data_ptr()

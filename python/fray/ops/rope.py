@@ -302,25 +302,27 @@ def _check_indices(positions, max_position):
 
 
 class _RopePlan:
-    """One rope signature's launch: the table (the built-in cos/sin cache when none was passed) and
-    every size and stride fixed; called with the tensors and the call's int position offset."""
+    """One rope signature's launch: every size and stride fixed, and the built-in cos/sin table
+    when the call passes none (a passed table is the call's own: read per call, like q and k)."""
 
-    __slots__ = ("cuda", "triton", "cos", "sin", "device")
+    __slots__ = ("cuda", "triton", "cos", "device")
 
-    def __init__(self, cuda, triton, cos, sin, device):
-        self.cuda, self.triton, self.cos, self.sin, self.device = cuda, triton, cos, sin, device
+    def __init__(self, cuda, triton, cos, device):
+        self.cuda, self.triton, self.cos, self.device = cuda, triton, cos, device
 
-    def __call__(self, q, k, q_out, k_out, positions, offset):
+    def __call__(self, q, k, q_out, k_out, positions, offset, cos, sin):
+        if cos is None:
+            cos = self.cos
         if self.cuda is not None:
             c = self.cuda
-            c.launcher((q, q_out, k, k_out, positions, self.cos, self.sin), c.ints + (offset,), (), c.device,
+            c.launcher((q, q_out, k, k_out, positions, cos, sin), c.ints + (offset,), (), c.device,
                        P.current_stream(c.device))
         elif self.triton is not None:
             with torch.cuda.device(self.device):
-                self.triton(q, k, q_out, k_out, positions, offset)
+                self.triton(q, k, q_out, k_out, positions, offset, cos, sin)
 
 
-_NOTHING = _RopePlan(None, None, None, None, None)
+_NOTHING = _RopePlan(None, None, None, None)
 
 
 def _rope_plan(q, k, q_out, k_out, positions, cos, sin, max_position, rotary_dim, theta, neox, backend):
@@ -329,31 +331,32 @@ def _rope_plan(q, k, q_out, k_out, positions, cos, sin, max_position, rotary_dim
     if tokens == 0 or n_qh + n_kh == 0:
         return _NOTHING
     be = B.resolve("rope", FAMILY, backend, q.device)
-    if cos is None:
-        cos = cos_sin_cache(max_position, rotary_dim, theta, q.device)
+    builtin = cos_sin_cache(max_position, rotary_dim, theta, q.device) if cos is None else None
+    table = cos if cos is not None else builtin
     half = rotary_dim // 2
-    cs_stride = cos.stride(0)
+    cs_stride = table.stride(0)
     if be == "cuda":
         has_pos = positions is not None
         ks = (k.stride(0), k.stride(1), k_out.stride(0), k_out.stride(1)) if n_kh else (0, 0, 0, 0)
         ints = (q.stride(0), q.stride(1), q_out.stride(0), q_out.stride(1)) + ks + (
             _POSITION_CODES[positions.dtype] if has_pos else 0, positions.stride(0) if has_pos else 0, cs_stride,
             tokens, n_qh, n_kh, head_dim, rotary_dim, int(neox), V.DTYPE_CODES[q.dtype])
-        return _RopePlan(P.CudaPlan(B.load_extension(FAMILY).rope, ints, (), q.device), None, cos, sin, q.device)
+        return _RopePlan(P.CudaPlan(B.load_extension(FAMILY).rope, ints, (), q.device), None, builtin, q.device)
     from fray_triton import rope as trope
-    tcos, tsin = (cos[:, :half], cos[:, half:]) if sin is None else (cos, sin)
 
-    def run(q_, k_, qo_, ko_, pos_, offset):
+    def run(q_, k_, qo_, ko_, pos_, offset, cos_, sin_):
+        tcos, tsin = (cos_[:, :half], cos_[:, half:]) if sin_ is None else (cos_, sin_)
         trope.rope(q_, k_ if n_kh else None, qo_, ko_ if n_kh else None, pos_, offset, tcos, tsin, cs_stride,
                    rotary_dim, neox)
-    return _RopePlan(None, run, cos, sin, q.device)
+    return _RopePlan(None, run, builtin, q.device)
 
 
-def _rope_launch(plan, q, k, q_out, k_out, positions, offset, max_position):
-    """Per call: what no plan can hold (the FRAY_CHECK_INDICES range check, the offset), then launch."""
+def _rope_launch(plan, q, k, q_out, k_out, positions, offset, cos, sin, max_position):
+    """Per call: what no plan can hold (the FRAY_CHECK_INDICES range check, the offset, a passed
+    table), then launch."""
     if positions is not None and env.check_indices() and plan is not _NOTHING:
         _check_indices(positions, max_position)
-    plan(q, k, q_out, k_out, positions, offset)
+    plan(q, k, q_out, k_out, positions, offset, cos, sin)
 
 
 def _rope_impl(q, k, q_out, k_out, positions, offset, cos, sin, max_position, rotary_dim, theta, neox, backend):
@@ -361,7 +364,7 @@ def _rope_impl(q, k, q_out, k_out, positions, offset, cos, sin, max_position, ro
                       (max_position, rotary_dim, theta, neox))
     plan = P.PLANS.get(key) or P.PLANS.put(key, _rope_plan(q, k, q_out, k_out, positions, cos, sin, max_position,
                                                            rotary_dim, theta, neox, backend))
-    _rope_launch(plan, q, k, q_out, k_out, positions, offset, max_position)
+    _rope_launch(plan, q, k, q_out, k_out, positions, offset, cos, sin, max_position)
 
 
 def _public_key(q, k, positions, cos_sin_cache, max_position, theta, rotary_dim, style, inplace, backend):
@@ -426,12 +429,13 @@ def rope(q, k, positions, *, max_position, cos_sin_cache=None, theta=10000.0, ro
                 offset, pos_t = 0, positions
             else:  # the offset's range depends on its value: checked on every call
                 offset, pos_t = _check_positions(positions, q.shape[0], max_position, q)
+            cos, sin = cos_sin_cache if isinstance(cos_sin_cache, (tuple, list)) else (cos_sin_cache, None)
             if inplace:
-                _rope_launch(plan, q, k, q, k, pos_t, offset, max_position)
+                _rope_launch(plan, q, k, q, k, pos_t, offset, cos, sin, max_position)
                 return q, k
             q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
             k_out = torch.empty_like(k, memory_format=torch.contiguous_format) if k is not None else None
-            _rope_launch(plan, q, k, q_out, k_out, pos_t, offset, max_position)
+            _rope_launch(plan, q, k, q_out, k_out, pos_t, offset, cos, sin, max_position)
             return q_out, k_out
     V.require_backend(backend, B.BACKENDS)
     if not isinstance(inplace, bool):
@@ -457,7 +461,7 @@ def rope(q, k, positions, *, max_position, cos_sin_cache=None, theta=10000.0, ro
         else:
             plan = P.PLANS.put(key, _rope_plan(q, k, q, k, pos_t, cos, sin, max_position, rotary_dim, theta, neox,
                                                backend))
-            _rope_launch(plan, q, k, q, k, pos_t, offset, max_position)
+            _rope_launch(plan, q, k, q, k, pos_t, offset, cos, sin, max_position)
         return q, k
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device) if k is not None else None
@@ -466,7 +470,7 @@ def rope(q, k, positions, *, max_position, cos_sin_cache=None, theta=10000.0, ro
     else:
         plan = P.PLANS.put(key, _rope_plan(q, k, q_out, k_out, pos_t, cos, sin, max_position, rotary_dim, theta,
                                            neox, backend))
-        _rope_launch(plan, q, k, q_out, k_out, pos_t, offset, max_position)
+        _rope_launch(plan, q, k, q_out, k_out, pos_t, offset, cos, sin, max_position)
     return q_out, k_out
 
 
