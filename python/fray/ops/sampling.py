@@ -474,6 +474,11 @@ def _params_key(values):
             tuple(None if isinstance(v, torch.Tensor) else v for v in values))
 
 
+def _scalars_only(params):
+    """What a plan keeps of validated parameters: the scalars (a tensor is the call's own)."""
+    return tuple(None if isinstance(v, torch.Tensor) else v for v in params)
+
+
 def _params_again(values, validated, kinds):
     """A signature's validated parameters for this call's tensors: scalars as validated (their
     values are in the key), tensors converted as _row_param converts them (a no-op when the
@@ -640,7 +645,7 @@ def sample(logits, *, temperature, top_k=None, top_p=None, min_p=None, seeds, of
     _check_sample_common(logits, return_logprobs, backend)
     params = _sampling_params(logits, temperature, top_k, top_p, min_p, seeds, offsets)
     if key is not None and logits.device.type == "cuda":
-        P.PLANS.put(key, params)
+        P.PLANS.put(key, _scalars_only(params))
     return _sample_validated(logits, params, return_logprobs, backend)
 
 
@@ -783,7 +788,7 @@ def apply_penalties(logits, token_ids, token_offsets, *, repetition=1.0, presenc
     _check_history(logits, token_ids, token_offsets)
     params = _penalty_params(logits, repetition, presence, frequency)
     if key is not None and logits.device.type == "cuda":
-        P.PLANS.put(key, params)
+        P.PLANS.put(key, _scalars_only(params))
     return _penalties_validated(logits, token_ids, token_offsets, params, backend)
 
 
@@ -812,7 +817,7 @@ def decode_step(logits, token_ids, token_offsets, *, repetition=1.0, presence=0.
     pen = _penalty_params(logits, repetition, presence, frequency)
     params = _sampling_params(logits, temperature, top_k, top_p, min_p, seeds, offsets)
     if key is not None and logits.device.type == "cuda":
-        P.PLANS.put(key, (pen, params))
+        P.PLANS.put(key, (_scalars_only(pen), _scalars_only(params)))
     return _decode_validated(logits, token_ids, token_offsets, pen, params, return_logprobs, backend)
 
 
