@@ -11,19 +11,23 @@ within bf16 tolerance (a few roundings per layer differ in order) and the greedy
 equal wherever torch's top-2 logit margin exceeds that tolerance (a closer pair is a tie either
 model may break its own way; those rows are counted, not compared).
 
-Timed (µs per step, median of rounds): fray eager, fray under CUDA-graph replay, fray under
-torch.compile(fullgraph=True), torch eager, and the matmuls alone eager (what the step costs
+Timed (µs per step, median of rounds; eager forms as bench/host times a call, 50 steps back to
+back, the graph as the benchmarks' graph rows, by events around each replay): fray eager, fray
+under CUDA-graph replay, fray under torch.compile(fullgraph=True), torch eager, and the matmuls
+alone eager (what the step costs
 without any Fray op: the eager step should be within 1.2x of graph replay + this).
 Records: op "decoder_step", shape "L2H4096B8T1000P16" (+ ":graph", ":compile", ":matmuls").
 """
 import math
-import time
 
 import torch
 import torch.nn.functional as F
 
 import fray
-from fray.bench import median
+from fray.bench import graph_us, median
+from fray.bench.host import host_us
+
+STEPS = 50  # back-to-back steps per timed round
 
 OPS = ("e2e",)
 BENCH_OPS = ("e2e",)
@@ -184,30 +188,6 @@ def _clone(model):
             for k, v in model.items()}
 
 
-def _eager_us(fn, steps=50):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e6 / steps
-
-
-def _graph_us(fn, replays=50):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return _eager_us(graph.replay, replays)
-
-
 def run(op, recorder, shapes=None, graph=True, cfg=None, rounds=3):
     del op, shapes
     cfg = cfg or Config()
@@ -225,9 +205,9 @@ def run(op, recorder, shapes=None, graph=True, cfg=None, rounds=3):
         graph_times = []
         for _ in range(rounds):
             for name, fn in impls.items():
-                times[name].append(_eager_us(fn))
+                times[name].append(host_us(fn, calls=STEPS))
             if graph:
-                graph_times.append(_graph_us(step))
+                graph_times.append(graph_us(step, calls=1, replays=STEPS))
     shape = cfg.name()
     extra = {"lockstep": [{"max_logit_diff": round(c[0], 5), "tol": round(c[1], 5), "compared": c[2], "ties": c[3]}
                           for c in checks]}
