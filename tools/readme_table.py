@@ -3,7 +3,8 @@
 
 Tables are data first: every cell comes from a committed result row. "best peer" is the fastest
 non-Fray impl of the row measured in the same process (error rows skipped); ratios use the
-faster of fray.cuda and fray.triton. --write replaces the text between the README's
+faster of fray.cuda and fray.triton; the host table (bench/host) compares fray.cuda's eager
+per-call cost with torch's counterpart. --write replaces the text between the README's
 <!-- table:NAME --> and <!-- /table:NAME --> markers.
 """
 import argparse
@@ -80,7 +81,7 @@ ROWS = [
     ("attention", "kv_append_paged", "B64Hkv8D128P16", "bf16", None),
 ]
 PEER_NAMES = {"torch.builtin": None, "torch.eager": "torch eager", "torch.compile": "torch.compile"}
-BUILTIN = {"softmax": "torch.softmax", "online_softmax": "torch.softmax+amax+logsumexp", "layernorm": "F.layer_norm",
+BUILTIN = {"rmsnorm": "F.rms_norm", "softmax": "torch.softmax", "online_softmax": "torch.softmax+amax+logsumexp", "layernorm": "F.layer_norm",
            "vector_add": "torch.add", "topk": "torch.topk", "argmax": "torch.argmax",
            "decode_attention": "SDPA", "paged_decode_attention": "SDPA (contiguous)"}
 
@@ -133,23 +134,48 @@ def table(name, data):
     return "\n".join(out)
 
 
+HOST_PEERS = {"torch.builtin": None, "torch.eager": "torch composite", "flashinfer": "FlashInfer"}
+
+
+def host_table(data):
+    """bench/host rows (shape suffixed ":host"): eager per-call host cost, fray.cuda against the
+    fastest torch counterpart (built-in, else composite), FlashInfer where measured, and the
+    torch.add floor (the vector_add row's built-in peer)."""
+    out = ["| op | shape dtype | fray.cuda | fray.triton | torch | fray.cuda vs torch | FlashInfer |",
+           "|---|---|---|---|---|---|---|"]
+    keys = sorted((k for k in data if k[1].endswith(":host")), key=lambda k: k[0])
+    for op, shape, dtype in keys:
+        impls = data[(op, shape, dtype)]
+        torch_rows = [r for k, r in impls.items() if k.startswith("torch.") and r.get("us")]
+        peer = min(torch_rows, key=lambda r: r["us"]) if torch_rows else None
+        mine = impls.get("fray.cuda")
+        ratio = "%.2fx" % (mine["us"] / peer["us"]) if peer and mine and mine.get("us") else "-"
+        label = (HOST_PEERS.get(peer["impl"]) or BUILTIN.get(op, "torch built-in")) if peer else None
+        out.append("| %s | %s %s | %s | %s | %s | %s | %s |" % (
+            op, shape[:-len(":host")], dtype, cell(mine), cell(impls.get("fray.triton")),
+            "%s: %s" % (label, cell(peer)) if peer else "-", ratio, cell(impls.get("flashinfer"))))
+    return "\n".join(out)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args()
     data = load()
     names = sorted({r[0] for r in ROWS})
+    tables = {n: table(n, data) for n in names}
+    tables["host"] = host_table(data)
     if not a.write:
-        for n in names:
-            print("## %s\n\n%s\n" % (n, table(n, data)))
+        for n, t in tables.items():
+            print("## %s\n\n%s\n" % (n, t))
         return
     path = os.path.join(ROOT, "README.md")
     text = open(path).read()
-    for n in names:
+    for n in tables:
         pat = re.compile(r"(<!-- table:%s -->\n).*?(<!-- /table:%s -->)" % (n, n), re.S)
         if not pat.search(text):
             raise SystemExit("README.md has no <!-- table:%s --> markers" % n)
-        text = pat.sub(lambda m: m.group(1) + table(n, data) + "\n" + m.group(2), text)
+        text = pat.sub(lambda m: m.group(1) + tables[n] + "\n" + m.group(2), text)
     open(path, "w").write(text)
 
 

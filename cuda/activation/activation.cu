@@ -1,28 +1,13 @@
 // Fray activation family: non-template entry points. The kernels are compiled
-// by the per-dtype units act_mul_{f32,f16,bf16}.cu (declared extern here).
+// by the per-dtype units act_mul_{f32,f16,bf16}.cu.
 #include "cuda/activation/activation.h"
 
 #include "cuda/activation/act_mul.cuh"
-#include "cuda/common/dtype.h"
+#include "cuda/common/dtype_entry.h"
 
 namespace fray {
 
-extern template cudaError_t launch_act_mul<float>(const ActMulParams&, cudaStream_t);
-extern template cudaError_t launch_act_mul<__half>(const ActMulParams&, cudaStream_t);
-extern template cudaError_t launch_act_mul<__nv_bfloat16>(const ActMulParams&, cudaStream_t);
-extern template int act_mul_num_kernels<float>();
-extern template int act_mul_num_kernels<__half>();
-extern template int act_mul_num_kernels<__nv_bfloat16>();
-
-cudaError_t act_mul(DType dtype, const ActMulParams& p, cudaStream_t stream) {
-  return dispatch_dtype(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return launch_act_mul<T>(p, stream);
-  });
-}
-
-int act_mul_num_kernel_instances() {
-  return act_mul_num_kernels<float>() + act_mul_num_kernels<__half>() + act_mul_num_kernels<__nv_bfloat16>();
-}
+FRAY_DTYPE_ENTRY(act_mul, launch_act_mul, ActMulParams)
+FRAY_DTYPE_KERNEL_COUNT(act_mul_num_kernel_instances, act_mul_num_kernels)
 
 }  // namespace fray

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda/common/dtype.h"
+#include "cuda/common/launch_abi.h"
 
 namespace fray {
 
@@ -49,18 +50,15 @@ cudaError_t act_mul(DType dtype, const ActMulParams& p, cudaStream_t stream);
 // Number of distinct activation kernels compiled into the library.
 int act_mul_num_kernel_instances();
 
-// Python adapters (activation_api.cc): plain integer arguments; throw
-// std::invalid_argument for bad dtype codes and std::runtime_error for CUDA
-// errors. dtype codes: 0 fp32, 1 fp16, 2 bf16; `stream` is a raw cudaStream_t.
+// The launcher (activation_api.cc), called through the generic binder (cuda/common/binder.h) as
+// ext.act_mul(ptrs, ints, floats, device, stream); dtype codes 0 fp32, 1 fp16, 2 bf16. Throws
+// std::invalid_argument for bad codes and std::runtime_error for CUDA errors.
 namespace activation_api {
 
-void silu_mul(uintptr_t gate, int64_t gate_row_stride, uintptr_t up, int64_t up_row_stride, uintptr_t out,
-              int64_t out_row_stride, int64_t rows, int64_t d, int dtype, int device_index, uintptr_t stream);
-
-// approximate_tanh: false = exact (erf) GELU, true = the tanh approximation.
-void gelu_mul(uintptr_t gate, int64_t gate_row_stride, uintptr_t up, int64_t up_row_stride, uintptr_t out,
-              int64_t out_row_stride, int64_t rows, int64_t d, bool approximate_tanh, int dtype, int device_index,
-              uintptr_t stream);
+//   ptrs   gate, up (0: the fused [rows, 2d] layout, up = gate + d), out
+//   ints   gate_row_stride, up_row_stride, out_row_stride, rows, d, activation code, dtype
+//   floats none
+void act_mul(const FrayArgs& a);
 
 std::string archs();
 int cuda_runtime_version();

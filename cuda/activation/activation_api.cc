@@ -1,5 +1,5 @@
-// Fray activation family: Python-facing adapters with plain integer arguments
-// (no torch, no pybind11). Host-only; compiled by the C++ compiler.
+// Fray activation family: the launcher behind the generic binder (FrayArgs in; no torch, no
+// pybind11). Host-only; compiled by the C++ compiler. Slot order: cuda/activation/activation.h.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -16,39 +16,29 @@
 
 namespace fray {
 namespace activation_api {
-namespace {
-
-void run(Activation act, uintptr_t gate, int64_t gate_row_stride, uintptr_t up, int64_t up_row_stride,
-         uintptr_t out, int64_t out_row_stride, int64_t rows, int64_t d, int dtype, int device_index,
-         uintptr_t stream, const char* what) {
-  const DType dt = dtype_from_code(dtype, "gate");
+void act_mul(const FrayArgs& a) {
+  require_slots(a, 3, 7, 0, "act_mul");
+  const DType dt = dtype_from_code(static_cast<int>(a.ints[6]), "gate");
+  const int act = static_cast<int>(a.ints[5]);
+  if (!is_valid_activation_code(act)) {
+    throw std::invalid_argument("fray: act_mul activation code " + std::to_string(act) +
+                                " (expected 0 silu, 1 gelu erf, 2 gelu tanh)");
+  }
+  static const char* const kNames[] = {"silu_mul", "gelu_mul", "gelu_mul"};
   ActMulParams p;
-  p.act = act;
-  p.gate = reinterpret_cast<const void*>(gate);
-  p.gate_row_stride = gate_row_stride;
-  p.up = reinterpret_cast<const void*>(up);
-  p.up_row_stride = up_row_stride;
-  p.out = reinterpret_cast<void*>(out);
-  p.out_row_stride = out_row_stride;
-  p.rows = rows;
-  p.d = d;
-  DeviceGuard guard(device_index);
-  check_cuda(fray::act_mul(dt, p, reinterpret_cast<cudaStream_t>(stream)), what);
-}
-
-}  // namespace
-
-void silu_mul(uintptr_t gate, int64_t gate_row_stride, uintptr_t up, int64_t up_row_stride, uintptr_t out,
-              int64_t out_row_stride, int64_t rows, int64_t d, int dtype, int device_index, uintptr_t stream) {
-  run(Activation::kSilu, gate, gate_row_stride, up, up_row_stride, out, out_row_stride, rows, d, dtype,
-      device_index, stream, "silu_mul");
-}
-
-void gelu_mul(uintptr_t gate, int64_t gate_row_stride, uintptr_t up, int64_t up_row_stride, uintptr_t out,
-              int64_t out_row_stride, int64_t rows, int64_t d, bool approximate_tanh, int dtype, int device_index,
-              uintptr_t stream) {
-  run(approximate_tanh ? Activation::kGeluTanh : Activation::kGeluErf, gate, gate_row_stride, up, up_row_stride,
-      out, out_row_stride, rows, d, dtype, device_index, stream, "gelu_mul");
+  p.act = static_cast<Activation>(act);
+  p.gate = reinterpret_cast<const void*>(a.ptrs[0]);
+  p.d = a.ints[4];
+  // up == 0: the fused [rows, 2d] layout, up is the second half of each gate row.
+  p.up = a.ptrs[1] != 0 ? reinterpret_cast<const void*>(a.ptrs[1])
+                        : static_cast<const char*>(p.gate) + p.d * static_cast<int64_t>(dtype_size(dt));
+  p.out = reinterpret_cast<void*>(a.ptrs[2]);
+  p.gate_row_stride = a.ints[0];
+  p.up_row_stride = a.ints[1];
+  p.out_row_stride = a.ints[2];
+  p.rows = a.ints[3];
+  DeviceGuard guard(a.device);
+  check_cuda(fray::act_mul(dt, p, reinterpret_cast<cudaStream_t>(a.stream)), kNames[act]);
 }
 
 std::string archs() { return FRAY_CUDA_ARCHS; }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda/common/dtype.h"
+#include "cuda/common/launch_abi.h"
 
 namespace fray {
 
@@ -106,26 +107,28 @@ cudaError_t kv_append(const AppendParams& p, cudaStream_t stream);
 // Number of distinct attention kernels compiled into the library.
 int attention_num_kernel_instances();
 
-// Python adapters (attention_api.cc): plain integer / float arguments (pointers as integers,
-// 0 = none); throw std::invalid_argument for bad arguments and std::runtime_error for CUDA
-// errors. dtype codes: 0 fp32, 1 fp16, 2 bf16; `stream` is a raw cudaStream_t.
+// Launchers (attention_api.cc), called through the generic binder (cuda/common/binder.h) as
+// ext.<name>(ptrs, ints, floats, device, stream); pointers 0 = none; dtype codes 0 fp32, 1 fp16,
+// 2 bf16. They check what the kernels assume (sizes, alignment, the split plan) and throw
+// std::invalid_argument for a bad call, std::runtime_error for CUDA errors.
 namespace attention_api {
 
 int64_t decode_split_size(int dtype, int head_dim, int group, int64_t batch, int64_t n_kv_heads,
                           int64_t capacity, int64_t num_splits, int num_sms, bool paged = false);
 
-void decode(uintptr_t q, int64_t q_sb, int64_t q_sh, uintptr_t k, int64_t k_sb, int64_t k_sh, int64_t k_st,
-            uintptr_t v, int64_t v_sb, int64_t v_sh, int64_t v_st, uintptr_t lens, uintptr_t block_table,
-            int64_t bt_sb, int64_t page_size, uintptr_t out, int64_t o_sb, int64_t o_sh, uintptr_t lse,
-            int64_t lse_sb, uintptr_t part_out, uintptr_t part_lse, int64_t batch, int64_t n_heads,
-            int64_t n_kv_heads, int64_t head_dim, int64_t capacity, int64_t num_splits, int64_t split_size,
-            double scale, int dtype, int device_index, uintptr_t stream);
+// decode_attention over a contiguous (block_table 0) or paged cache:
+//   ptrs   q, k, v, lens, block_table, out, lse, part_out, part_lse (the combine's inputs; 0 for one split)
+//   ints   q_sb, q_sh, k_sb, k_sh, k_st, v_sb, v_sh, v_st, bt_sb, page_size, o_sb, o_sh, lse_sb,
+//          batch, n_heads, n_kv_heads, head_dim, capacity, num_splits, split_size, dtype
+//   floats scale
+void decode(const FrayArgs& a);
 
-void kv_append(uintptr_t k, int64_t k_sb, int64_t k_sh, int64_t k_st, uintptr_t v, int64_t v_sb, int64_t v_sh,
-               int64_t v_st, uintptr_t k_new, int64_t kn_sb, int64_t kn_sh, uintptr_t v_new, int64_t vn_sb,
-               int64_t vn_sh, uintptr_t lens, uintptr_t block_table, int64_t bt_sb, int64_t page_size,
-               int64_t batch, int64_t n_kv_heads, int64_t head_dim, int64_t capacity, int dtype,
-               int device_index, uintptr_t stream);
+// kv_append into a contiguous (block_table 0) or paged cache:
+//   ptrs   k, v, k_new, v_new, lens, block_table
+//   ints   k_sb, k_sh, k_st, v_sb, v_sh, v_st, kn_sb, kn_sh, vn_sb, vn_sh, bt_sb, page_size,
+//          batch, n_kv_heads, head_dim, capacity, dtype
+//   floats none
+void kv_append(const FrayArgs& a);
 
 std::string archs();
 int cuda_runtime_version();

@@ -1,5 +1,5 @@
-// Fray attention family: Python-facing adapters with plain integer / float arguments (no torch,
-// no pybind11). Host-only; compiled by the C++ compiler. The Python layer
+// Fray attention family: the launchers behind the generic binder (FrayArgs in; no torch, no
+// pybind11; slot orders in attention.h). Host-only; compiled by the C++ compiler. The Python layer
 // (python/fray/ops/attention.py) has validated shapes, dtypes and devices; these checks guard
 // what the kernels assume (sizes, alignment, split plan) so a wrong call raises instead of
 // reading out of bounds.
@@ -56,7 +56,9 @@ int64_t decode_split_size(int dtype, int head_dim, int group, int64_t batch, int
                                  static_cast<int>(capacity), static_cast<int>(num_splits), num_sms, paged);
 }
 
-void decode(uintptr_t q, int64_t q_sb, int64_t q_sh, uintptr_t k, int64_t k_sb, int64_t k_sh, int64_t k_st,
+namespace {
+
+void decode_checked(uintptr_t q, int64_t q_sb, int64_t q_sh, uintptr_t k, int64_t k_sb, int64_t k_sh, int64_t k_st,
             uintptr_t v, int64_t v_sb, int64_t v_sh, int64_t v_st, uintptr_t lens, uintptr_t block_table,
             int64_t bt_sb, int64_t page_size, uintptr_t out, int64_t o_sb, int64_t o_sh, uintptr_t lse,
             int64_t lse_sb, uintptr_t part_out, uintptr_t part_lse, int64_t batch, int64_t n_heads,
@@ -131,7 +133,7 @@ void decode(uintptr_t q, int64_t q_sb, int64_t q_sh, uintptr_t k, int64_t k_sb, 
   check_cuda(fray::decode_attention(p, reinterpret_cast<cudaStream_t>(stream)), "decode_attention");
 }
 
-void kv_append(uintptr_t k, int64_t k_sb, int64_t k_sh, int64_t k_st, uintptr_t v, int64_t v_sb, int64_t v_sh,
+void kv_append_checked(uintptr_t k, int64_t k_sb, int64_t k_sh, int64_t k_st, uintptr_t v, int64_t v_sb, int64_t v_sh,
                int64_t v_st, uintptr_t k_new, int64_t kn_sb, int64_t kn_sh, uintptr_t v_new, int64_t vn_sb,
                int64_t vn_sh, uintptr_t lens, uintptr_t block_table, int64_t bt_sb, int64_t page_size,
                int64_t batch, int64_t n_kv_heads, int64_t head_dim, int64_t capacity, int dtype,
@@ -172,6 +174,25 @@ void kv_append(uintptr_t k, int64_t k_sb, int64_t k_sh, int64_t k_st, uintptr_t 
   p.dtype = d;
   DeviceGuard guard(device_index);
   check_cuda(fray::kv_append(p, reinterpret_cast<cudaStream_t>(stream)), "kv_append");
+}
+
+}  // namespace
+
+void decode(const FrayArgs& a) {
+  require_slots(a, 9, 21, 1, "decode_attention");
+  const uint64_t* p = a.ptrs;
+  const int64_t* n = a.ints;
+  decode_checked(p[0], n[0], n[1], p[1], n[2], n[3], n[4], p[2], n[5], n[6], n[7], p[3], p[4], n[8], n[9], p[5], n[10],
+                 n[11], p[6], n[12], p[7], p[8], n[13], n[14], n[15], n[16], n[17], n[18], n[19], a.floats[0],
+                 static_cast<int>(n[20]), a.device, a.stream);
+}
+
+void kv_append(const FrayArgs& a) {
+  require_slots(a, 6, 17, 0, "kv_append");
+  const uint64_t* p = a.ptrs;
+  const int64_t* n = a.ints;
+  kv_append_checked(p[0], n[0], n[1], n[2], p[1], n[3], n[4], n[5], p[2], n[6], n[7], p[3], n[8], n[9], p[4], p[5],
+                    n[10], n[11], n[12], n[13], n[14], n[15], static_cast<int>(n[16]), a.device, a.stream);
 }
 
 std::string archs() { return FRAY_CUDA_ARCHS; }

@@ -1,9 +1,10 @@
 // Fray: the one generic binder between Python and the torch-free launchers.
 //
 // Every launcher is called as  ext.<name>(ptrs, ints, floats, device, stream)  with three tuples
-// of Python ints / ints / floats. fill_args() reads them with the CPython API straight into fixed
+// of Python ints (or tensors and None in ptrs: see address()) / ints / floats. fill_args() reads them with the CPython API straight into fixed
 // storage (no allocation, no per-argument pybind11 casters), so one call costs the same for every
-// op; a family's binding file is then only a list of def_launcher() lines.
+// op; a family's binding file is then only a list of def_launcher() lines. The slot order of each
+// launcher's tuples is documented beside it (cuda/<family>/<family>.h).
 #pragma once
 
 #include <Python.h>
@@ -40,6 +41,20 @@ inline int tuple_size(PyObject* t, const char* what) {
   return static_cast<int>(n);
 }
 
+// A ptrs item: an int address, None (0: an absent optional tensor), or an object with a
+// data_ptr() method (a torch.Tensor), whose address is read here rather than by a Python-level
+// loop over the tensors before the call. Errors are left set for fill_args to raise.
+inline uint64_t address(PyObject* item) {
+  if (PyLong_Check(item)) return PyLong_AsUnsignedLongLong(item);
+  if (item == Py_None) return 0;
+  static PyObject* const name = PyUnicode_InternFromString("data_ptr");
+  PyObject* value = PyObject_CallMethodNoArgs(item, name);
+  if (value == nullptr) return 0;
+  const uint64_t out = PyLong_AsUnsignedLongLong(value);
+  Py_DECREF(value);
+  return out;
+}
+
 }  // namespace binder_detail
 
 // Fills `pack` from the Python tuples; raises (as a Python exception) on a non-int / non-float.
@@ -49,7 +64,7 @@ inline const FrayArgs& fill_args(ArgPack& pack, pybind11::handle ptrs, pybind11:
   const int np = tuple_size(ptrs.ptr(), "ptrs");
   const int ni = tuple_size(ints.ptr(), "ints");
   const int nf = tuple_size(floats.ptr(), "floats");
-  for (int i = 0; i < np; ++i) pack.ptrs[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(ptrs.ptr(), i));
+  for (int i = 0; i < np; ++i) pack.ptrs[i] = binder_detail::address(PyTuple_GET_ITEM(ptrs.ptr(), i));
   for (int i = 0; i < ni; ++i) pack.ints[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(ints.ptr(), i));
   for (int i = 0; i < nf; ++i) pack.floats[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(floats.ptr(), i));
   if (PyErr_Occurred()) throw pybind11::error_already_set();
@@ -61,15 +76,49 @@ inline const FrayArgs& fill_args(ArgPack& pack, pybind11::handle ptrs, pybind11:
 // std::invalid_argument (-> ValueError) or std::runtime_error (-> RuntimeError) on failure.
 using Launcher = void (*)(const FrayArgs&);
 
+namespace binder_detail {
+
+// The Python entry of every launcher, a METH_FASTCALL C function: pybind11's dispatcher (argument
+// casters, overload resolution, keyword handling) cost more per call than the launch itself.
+inline PyObject* call_launcher(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  const auto fn = reinterpret_cast<Launcher>(PyCapsule_GetPointer(self, "fray.launcher"));
+  if (fn == nullptr) return nullptr;
+  if (nargs != 5) {
+    PyErr_Format(PyExc_TypeError, "fray: a launcher takes (ptrs, ints, floats, device, stream), got %zd arguments",
+                 nargs);
+    return nullptr;
+  }
+  const long device = PyLong_AsLong(args[3]);
+  const unsigned long long stream = PyLong_AsUnsignedLongLong(args[4]);
+  if (PyErr_Occurred()) return nullptr;
+  try {
+    ArgPack pack;
+    fn(fill_args(pack, args[0], args[1], args[2], static_cast<int>(device), stream));
+  } catch (pybind11::error_already_set& e) {
+    e.restore();
+    return nullptr;
+  } catch (const std::invalid_argument& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+    return nullptr;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+}  // namespace binder_detail
+
+// m.<name>(ptrs, ints, floats, device, stream) calls fn. The method table entry lives as long as
+// the process (modules are never unloaded), so it is allocated once and never freed.
 inline void def_launcher(pybind11::module_& m, const char* name, Launcher fn, const char* doc) {
-  m.def(
-      name,
-      [fn](pybind11::handle ptrs, pybind11::handle ints, pybind11::handle floats, int device,
-           uint64_t stream) {
-        ArgPack pack;
-        fn(fill_args(pack, ptrs, ints, floats, device, stream));
-      },
-      doc);
+  auto* def = new PyMethodDef{name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(
+                                        &binder_detail::call_launcher)),
+                              METH_FASTCALL, doc};
+  pybind11::capsule self(reinterpret_cast<void*>(fn), "fray.launcher");
+  PyObject* f = PyCFunction_NewEx(def, self.ptr(), m.attr("__name__").ptr());
+  if (f == nullptr) throw pybind11::error_already_set();
+  m.add_object(name, pybind11::reinterpret_steal<pybind11::object>(f));
 }
 
 }  // namespace fray

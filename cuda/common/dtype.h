@@ -51,6 +51,9 @@ inline constexpr const char* dtype_name(DType d) {
   return "invalid";
 }
 
+// Bytes per element of `d`.
+inline constexpr int dtype_size(DType d) { return d == DType::kFloat32 ? 4 : 2; }
+
 // Calls f(TypeTag<T>{}) for the C++ type T of `d` and returns its cudaError_t.
 // An unsupported dtype returns cudaErrorInvalidValue without calling f.
 template <class F>

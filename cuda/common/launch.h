@@ -3,6 +3,7 @@
 //  * DeviceGuard  - RAII device switch, a no-op when already on the right device.
 //  * check_cuda   - throws std::runtime_error("fray: <what>: <cuda error string>").
 //  * dtype_from_code - Python dtype code -> DType, or std::invalid_argument.
+//  * require_slots - a FrayArgs record holds the slots a launcher reads, or std::invalid_argument.
 //  * launch_error - cudaGetLastError() right after a kernel launch (launchers
 //    return its value as their cudaError_t and never throw).
 #pragma once
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "cuda/common/dtype.h"
+#include "cuda/common/launch_abi.h"
 
 namespace fray {
 
@@ -31,6 +33,17 @@ inline DType dtype_from_code(int code, const char* what) {
                                 " (expected 0 = float32, 1 = float16, 2 = bfloat16)");
   }
   return static_cast<DType>(code);
+}
+
+// std::invalid_argument unless `a` holds exactly the slots launcher `op` reads: a call from a
+// stale or hand-written caller never reads past its tuples.
+inline void require_slots(const FrayArgs& a, int ptrs, int ints, int floats, const char* op) {
+  if (a.num_ptrs != ptrs || a.num_ints != ints || a.num_floats != floats) {
+    throw std::invalid_argument(std::string("fray: ") + op + " expects " + std::to_string(ptrs) + " ptrs, " +
+                                std::to_string(ints) + " ints, " + std::to_string(floats) + " floats; got " +
+                                std::to_string(a.num_ptrs) + ", " + std::to_string(a.num_ints) + ", " +
+                                std::to_string(a.num_floats));
+  }
 }
 
 // Status of the most recent launch on this host thread (clears the sticky

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda/common/dtype.h"
+#include "cuda/common/launch_abi.h"
 
 namespace fray {
 
@@ -25,12 +26,15 @@ struct VectorAddParams {
 // else the launch status.
 cudaError_t vector_add(DType dtype, const VectorAddParams& p, cudaStream_t stream);
 
-// Python adapters (elementwise_api.cc): plain integer arguments; throw std::invalid_argument
-// for bad dtype codes and std::runtime_error for CUDA errors. dtype codes: 0 fp32, 1 fp16,
-// 2 bf16; `stream` is a raw cudaStream_t.
+// The launcher (elementwise_api.cc), called through the generic binder (cuda/common/binder.h) as
+// ext.vector_add(ptrs, ints, floats, device, stream); dtype codes 0 fp32, 1 fp16, 2 bf16. Throws
+// std::invalid_argument for a bad code and std::runtime_error for CUDA errors.
 namespace elementwise_api {
 
-void vector_add(uintptr_t a, uintptr_t b, uintptr_t out, int64_t n, int dtype, int device_index, uintptr_t stream);
+//   ptrs   a, b, out
+//   ints   n, dtype
+//   floats none
+void vector_add(const FrayArgs& a);
 
 std::string archs();
 int cuda_runtime_version();

@@ -1,5 +1,5 @@
-// Fray elementwise family: Python-facing adapters with plain integer arguments (no torch, no
-// pybind11). Host-only; compiled by the C++ compiler.
+// Fray elementwise family: the launcher behind the generic binder (FrayArgs in; no torch, no
+// pybind11). Host-only; compiled by the C++ compiler. Slot order: cuda/elementwise/elementwise.h.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -16,15 +16,16 @@
 
 namespace fray {
 namespace elementwise_api {
-void vector_add(uintptr_t a, uintptr_t b, uintptr_t out, int64_t n, int dtype, int device_index, uintptr_t stream) {
-  const DType d = dtype_from_code(dtype, "a");
-  DeviceGuard guard(device_index);
+void vector_add(const FrayArgs& a) {
+  require_slots(a, 3, 2, 0, "vector_add");
+  const DType d = dtype_from_code(static_cast<int>(a.ints[1]), "a");
   VectorAddParams p;
-  p.a = reinterpret_cast<const void*>(a);
-  p.b = reinterpret_cast<const void*>(b);
-  p.out = reinterpret_cast<void*>(out);
-  p.n = n;
-  check_cuda(fray::vector_add(d, p, reinterpret_cast<cudaStream_t>(stream)), "vector_add");
+  p.a = reinterpret_cast<const void*>(a.ptrs[0]);
+  p.b = reinterpret_cast<const void*>(a.ptrs[1]);
+  p.out = reinterpret_cast<void*>(a.ptrs[2]);
+  p.n = a.ints[0];
+  DeviceGuard guard(a.device);
+  check_cuda(fray::vector_add(d, p, reinterpret_cast<cudaStream_t>(a.stream)), "vector_add");
 }
 
 std::string archs() { return FRAY_CUDA_ARCHS; }

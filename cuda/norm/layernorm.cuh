@@ -34,6 +34,9 @@ namespace fray {
 namespace layernorm_detail {
 
 using rmsnorm_detail::ceil_div;
+using rmsnorm_detail::count_kernels_in;
+using rmsnorm_detail::dispatch_variant;
+using rmsnorm_detail::launch_rows;
 using rmsnorm_detail::kernel_slot;
 using rmsnorm_detail::kMaxItems;
 using rmsnorm_detail::kMaxRowsPerLaunch;
@@ -395,11 +398,7 @@ struct KernelSet {
       &layernorm_reg_kernel<T, W, VEC, 2, BIAS, true>,
       &layernorm_reg_kernel<T, W, VEC, 4, BIAS, true>,
       items8_kernel<T, W, VEC, BIAS, true>()};
-  static constexpr int count() {
-    int n = 0;
-    for (const KernelFn k : kKernels) n += k != nullptr ? 1 : 0;
-    return n;
-  }
+  static constexpr int count() { return count_kernels_in(kKernels); }
 };
 
 // The config table is plain rmsnorm's (rmsnorm_config(nv, vectorized, res = false), checked
@@ -412,19 +411,11 @@ constexpr LaunchConfig layernorm_config(int64_t nv, bool vectorized) {
 template <typename T, typename W, int VEC, bool BIAS>
 cudaError_t launch_kernel(const KernelArgs& a, const LaunchConfig& c, cudaStream_t stream) {
   const bool full = c.items != 0 && a.nv == static_cast<int64_t>(c.items) * c.tpr;
-  const KernelFn fn = KernelSet<T, W, VEC, BIAS>::kKernels[ln_kernel_slot(c.items, full)];
-  const dim3 block(static_cast<unsigned>(c.tpr), static_cast<unsigned>(c.rpb));
-  for (int64_t done = 0; done < a.rows; done += kMaxRowsPerLaunch) {
-    KernelArgs part = a;
-    part.rows = a.rows - done < kMaxRowsPerLaunch ? a.rows - done : kMaxRowsPerLaunch;
-    part.x = static_cast<const T*>(a.x) + done * a.x_stride;
-    part.y = static_cast<T*>(a.y) + done * a.y_stride;
-    const dim3 grid(static_cast<unsigned>(ceil_div(part.rows, c.rpb)));
-    fn<<<grid, block, 0, stream>>>(part);
-    const cudaError_t err = launch_error();
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  return launch_rows(KernelSet<T, W, VEC, BIAS>::kKernels[ln_kernel_slot(c.items, full)], a, c, stream,
+                     [](KernelArgs& part, int64_t done) {
+                       part.x = static_cast<const T*>(part.x) + done * part.x_stride;
+                       part.y = static_cast<T*>(part.y) + done * part.y_stride;
+                     });
 }
 
 template <typename T, typename W>
@@ -453,17 +444,9 @@ cudaError_t launch_typed(const LayerNormParams& p, cudaStream_t stream) {
   a.opaque_zero = 0;
   const LaunchConfig c = layernorm_config(a.nv, vec_ok);
 
-  if (vec_ok) {
-    return bias ? launch_kernel<T, W, kVec, true>(a, c, stream) : launch_kernel<T, W, kVec, false>(a, c, stream);
-  }
-  return bias ? launch_kernel<T, W, 1, true>(a, c, stream) : launch_kernel<T, W, 1, false>(a, c, stream);
-}
-
-template <typename T, typename W>
-constexpr int count_kernels() {
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-  return KernelSet<T, W, kVec, false>::count() + KernelSet<T, W, kVec, true>::count() +
-         KernelSet<T, W, 1, false>::count() + KernelSet<T, W, 1, true>::count();
+  return dispatch_variant<kVec>(vec_ok, bias, [&](auto vec, auto flag) {
+    return launch_kernel<T, W, decltype(vec)::value, decltype(flag)::value>(a, c, stream);
+  });
 }
 
 }  // namespace layernorm_detail
@@ -473,8 +456,7 @@ constexpr int count_kernels() {
 // weight dtype, else the launch status. Never throws, never synchronises.
 template <typename T>
 cudaError_t launch_layernorm(const LayerNormParams& p, cudaStream_t stream) {
-  if (p.rows <= 0 || p.hidden <= 0) return cudaSuccess;
-  return dispatch_weight_dtype<T>(p.weight_dtype, [&](auto w) {
+  return rmsnorm_detail::launch_by_weight<T>(p, [&](auto w) {
     return layernorm_detail::launch_typed<T, typename decltype(w)::type>(p, stream);
   });
 }
@@ -482,9 +464,7 @@ cudaError_t launch_layernorm(const LayerNormParams& p, cudaStream_t stream) {
 // Number of kernels launch_layernorm<T> can launch (all compiled with it).
 template <typename T>
 int layernorm_num_kernels() {
-  int n = layernorm_detail::count_kernels<T, T>();
-  if constexpr (!std::is_same_v<T, float>) n += layernorm_detail::count_kernels<T, float>();
-  return n;
+  return rmsnorm_detail::count_variants<layernorm_detail::KernelSet, T>();
 }
 
 }  // namespace fray

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda/common/dtype.h"
+#include "cuda/common/launch_abi.h"
 
 namespace fray {
 
@@ -72,24 +73,23 @@ cudaError_t layernorm(DType x_dtype, const LayerNormParams& p, cudaStream_t stre
 // Number of distinct LayerNorm kernels compiled into the library.
 int layernorm_num_kernel_instances();
 
-// Python adapters (norm_api.cc): plain integer / float arguments; throw
-// std::invalid_argument for bad dtype codes and std::runtime_error for CUDA
-// errors. dtype codes: 0 fp32, 1 fp16, 2 bf16; `stream` is a raw cudaStream_t.
+// Launchers (norm_api.cc), called through the generic binder (cuda/common/binder.h) as
+// ext.<name>(ptrs, ints, floats, device, stream); dtype codes 0 fp32, 1 fp16, 2 bf16; row strides in
+// elements. They throw std::invalid_argument for bad dtype codes or pairs and std::runtime_error
+// for CUDA errors.
 namespace norm_api {
 
-void rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t weight, int weight_dtype, uintptr_t y,
-             int64_t y_row_stride, int64_t rows, int64_t hidden, double eps, double weight_offset,
-             int x_dtype, int device_index, uintptr_t stream);
+// rmsnorm, and add_rmsnorm when residual != 0:
+//   ptrs   x, weight, y, residual (0: plain rmsnorm), sum_out
+//   ints   x_row_stride, y_row_stride, residual_row_stride, sum_row_stride, rows, hidden,
+//          x_dtype, weight_dtype
+//   floats eps, weight_offset
+void rmsnorm(const FrayArgs& a);
 
-void add_rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t residual, int64_t residual_row_stride,
-                 uintptr_t weight, int weight_dtype, uintptr_t y, int64_t y_row_stride,
-                 uintptr_t sum_out, int64_t sum_row_stride, int64_t rows, int64_t hidden, double eps,
-                 double weight_offset, int x_dtype, int device_index, uintptr_t stream);
-
-// bias == 0: no bias (bias_dtype is then ignored); otherwise bias_dtype == weight_dtype.
-void layernorm(uintptr_t x, int64_t x_row_stride, uintptr_t weight, int weight_dtype, uintptr_t bias,
-               int bias_dtype, uintptr_t y, int64_t y_row_stride, int64_t rows, int64_t hidden, double eps,
-               int x_dtype, int device_index, uintptr_t stream);
+//   ptrs   x, weight, bias (0: none; weight's dtype), y
+//   ints   x_row_stride, y_row_stride, rows, hidden, x_dtype, weight_dtype
+//   floats eps
+void layernorm(const FrayArgs& a);
 
 std::string archs();
 int cuda_runtime_version();

@@ -1,5 +1,5 @@
-// Fray norm family: Python-facing adapters with plain integer / float
-// arguments (no torch, no pybind11). Host-only; compiled by the C++ compiler.
+// Fray norm family: the launchers behind the generic binder (FrayArgs in; no torch, no
+// pybind11). Host-only; compiled by the C++ compiler. Slot orders: cuda/norm/norm.h.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -8,6 +8,7 @@
 
 #include "cuda/common/dtype.h"
 #include "cuda/common/launch.h"
+#include "cuda/common/launch_abi.h"
 #include "cuda/norm/norm.h"
 
 #ifndef FRAY_CUDA_ARCHS
@@ -27,76 +28,51 @@ void check_weight_dtype(const char* op, DType x, DType w) {
   }
 }
 
-// rmsnorm and add_rmsnorm: residual == 0 is plain rmsnorm (sum_out unused).
-void run_rmsnorm(const char* op, uintptr_t x, int64_t x_row_stride, uintptr_t residual, int64_t residual_row_stride,
-                 uintptr_t weight, int weight_dtype, uintptr_t y, int64_t y_row_stride, uintptr_t sum_out,
-                 int64_t sum_row_stride, int64_t rows, int64_t hidden, double eps, double weight_offset,
-                 int x_dtype, int device_index, uintptr_t stream) {
-  const DType xd = dtype_from_code(x_dtype, "x");
-  const DType wd = dtype_from_code(weight_dtype, "weight");
-  check_weight_dtype(op, xd, wd);
-  RmsNormParams p;
-  p.x = reinterpret_cast<const void*>(x);
-  p.x_row_stride = x_row_stride;
-  p.residual = reinterpret_cast<const void*>(residual);
-  p.residual_row_stride = residual_row_stride;
-  p.weight = reinterpret_cast<const void*>(weight);
-  p.weight_dtype = wd;
-  p.y = reinterpret_cast<void*>(y);
-  p.y_row_stride = y_row_stride;
-  p.sum_out = reinterpret_cast<void*>(sum_out);
-  p.sum_row_stride = sum_row_stride;
-  p.rows = rows;
-  p.hidden = hidden;
-  p.eps = static_cast<float>(eps);
-  p.weight_offset = static_cast<float>(weight_offset);
-  DeviceGuard guard(device_index);
-  check_cuda(fray::rmsnorm(xd, p, reinterpret_cast<cudaStream_t>(stream)), op);
-}
-
 }  // namespace
 
-void rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t weight, int weight_dtype, uintptr_t y,
-             int64_t y_row_stride, int64_t rows, int64_t hidden, double eps, double weight_offset,
-             int x_dtype, int device_index, uintptr_t stream) {
-  run_rmsnorm("rmsnorm", x, x_row_stride, 0, 0, weight, weight_dtype, y, y_row_stride, 0, 0, rows, hidden, eps,
-              weight_offset, x_dtype, device_index, stream);
-}
-
-void add_rmsnorm(uintptr_t x, int64_t x_row_stride, uintptr_t residual, int64_t residual_row_stride,
-                 uintptr_t weight, int weight_dtype, uintptr_t y, int64_t y_row_stride,
-                 uintptr_t sum_out, int64_t sum_row_stride, int64_t rows, int64_t hidden, double eps,
-                 double weight_offset, int x_dtype, int device_index, uintptr_t stream) {
-  run_rmsnorm("add_rmsnorm", x, x_row_stride, residual, residual_row_stride, weight, weight_dtype, y, y_row_stride,
-              sum_out, sum_row_stride, rows, hidden, eps, weight_offset, x_dtype, device_index, stream);
-}
-
-void layernorm(uintptr_t x, int64_t x_row_stride, uintptr_t weight, int weight_dtype, uintptr_t bias,
-               int bias_dtype, uintptr_t y, int64_t y_row_stride, int64_t rows, int64_t hidden, double eps,
-               int x_dtype, int device_index, uintptr_t stream) {
-  const DType xd = dtype_from_code(x_dtype, "x");
-  const DType wd = dtype_from_code(weight_dtype, "weight");
-  check_weight_dtype("layernorm", xd, wd);
-  if (bias != 0) {
-    const DType bd = dtype_from_code(bias_dtype, "bias");
-    if (bd != wd) {
-      throw std::invalid_argument(std::string("fray: layernorm bias dtype ") + dtype_name(bd) +
-                                  " differs from the weight dtype " + dtype_name(wd));
-    }
-  }
-  LayerNormParams p;
-  p.x = reinterpret_cast<const void*>(x);
-  p.x_row_stride = x_row_stride;
-  p.weight = reinterpret_cast<const void*>(weight);
-  p.bias = reinterpret_cast<const void*>(bias);
+void rmsnorm(const FrayArgs& a) {
+  require_slots(a, 5, 8, 2, "rmsnorm");
+  const DType xd = dtype_from_code(static_cast<int>(a.ints[6]), "x");
+  const DType wd = dtype_from_code(static_cast<int>(a.ints[7]), "weight");
+  const bool fused = a.ptrs[3] != 0;
+  check_weight_dtype(fused ? "add_rmsnorm" : "rmsnorm", xd, wd);
+  RmsNormParams p;
+  p.x = reinterpret_cast<const void*>(a.ptrs[0]);
+  p.weight = reinterpret_cast<const void*>(a.ptrs[1]);
+  p.y = reinterpret_cast<void*>(a.ptrs[2]);
+  p.residual = reinterpret_cast<const void*>(a.ptrs[3]);
+  p.sum_out = reinterpret_cast<void*>(a.ptrs[4]);
+  p.x_row_stride = a.ints[0];
+  p.y_row_stride = a.ints[1];
+  p.residual_row_stride = a.ints[2];
+  p.sum_row_stride = a.ints[3];
+  p.rows = a.ints[4];
+  p.hidden = a.ints[5];
   p.weight_dtype = wd;
-  p.y = reinterpret_cast<void*>(y);
-  p.y_row_stride = y_row_stride;
-  p.rows = rows;
-  p.hidden = hidden;
-  p.eps = static_cast<float>(eps);
-  DeviceGuard guard(device_index);
-  check_cuda(fray::layernorm(xd, p, reinterpret_cast<cudaStream_t>(stream)), "layernorm");
+  p.eps = static_cast<float>(a.floats[0]);
+  p.weight_offset = static_cast<float>(a.floats[1]);
+  DeviceGuard guard(a.device);
+  check_cuda(fray::rmsnorm(xd, p, reinterpret_cast<cudaStream_t>(a.stream)), fused ? "add_rmsnorm" : "rmsnorm");
+}
+
+void layernorm(const FrayArgs& a) {
+  require_slots(a, 4, 6, 1, "layernorm");
+  const DType xd = dtype_from_code(static_cast<int>(a.ints[4]), "x");
+  const DType wd = dtype_from_code(static_cast<int>(a.ints[5]), "weight");
+  check_weight_dtype("layernorm", xd, wd);
+  LayerNormParams p;
+  p.x = reinterpret_cast<const void*>(a.ptrs[0]);
+  p.weight = reinterpret_cast<const void*>(a.ptrs[1]);
+  p.bias = reinterpret_cast<const void*>(a.ptrs[2]);
+  p.y = reinterpret_cast<void*>(a.ptrs[3]);
+  p.x_row_stride = a.ints[0];
+  p.y_row_stride = a.ints[1];
+  p.rows = a.ints[2];
+  p.hidden = a.ints[3];
+  p.weight_dtype = wd;
+  p.eps = static_cast<float>(a.floats[0]);
+  DeviceGuard guard(a.device);
+  check_cuda(fray::layernorm(xd, p, reinterpret_cast<cudaStream_t>(a.stream)), "layernorm");
 }
 
 std::string archs() { return FRAY_CUDA_ARCHS; }

@@ -293,6 +293,14 @@ __global__ void __launch_bounds__(kTwoPassThreads) rmsnorm_twopass_kernel(const 
 // ---------------------------------------------------------------------------
 using KernelFn = void (*)(KernelArgs);
 
+// The non-null entries of a kernel table: the kernels a KernelSet instantiates.
+template <typename Fn, int N>
+constexpr int count_kernels_in(const Fn (&table)[N]) {
+  int n = 0;
+  for (const Fn k : table) n += k != nullptr ? 1 : 0;
+  return n;
+}
+
 constexpr int kNumSlots = 5;  // items 1, 2, 4, 8, two-pass
 
 // The 8-item kernel exists only for the vectorised path: a scalar row that
@@ -316,11 +324,7 @@ struct KernelSet {
       &rmsnorm_reg_kernel<T, W, VEC, 1, RES>, &rmsnorm_reg_kernel<T, W, VEC, 2, RES>,
       &rmsnorm_reg_kernel<T, W, VEC, 4, RES>, items8_kernel<T, W, VEC, RES>(),
       &rmsnorm_twopass_kernel<T, W, VEC, RES>};
-  static constexpr int count() {
-    int n = 0;
-    for (const KernelFn k : kKernels) n += k != nullptr ? 1 : 0;
-    return n;
-  }
+  static constexpr int count() { return count_kernels_in(kKernels); }
 };
 
 // items == 0 selects the two-pass kernel.
@@ -335,6 +339,61 @@ constexpr int kernel_slot(int items) {  // 0..kNumSlots-1
 }
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Host launch helpers shared by the norm family (layernorm.cuh uses them too).
+
+// Enqueues fn over a.rows rows, c.rpb rows per block and at most kMaxRowsPerLaunch rows per
+// launch (the grid.x limit); advance(part, done) moves part's row pointers down `done` rows.
+template <typename Args, typename Advance>
+cudaError_t launch_rows(void (*fn)(Args), const Args& a, const LaunchConfig& c, cudaStream_t stream,
+                        Advance advance) {
+  const dim3 block(static_cast<unsigned>(c.tpr), static_cast<unsigned>(c.rpb));
+  for (int64_t done = 0; done < a.rows; done += kMaxRowsPerLaunch) {
+    Args part = a;
+    part.rows = a.rows - done < kMaxRowsPerLaunch ? a.rows - done : kMaxRowsPerLaunch;
+    advance(part, done);
+    const dim3 grid(static_cast<unsigned>(ceil_div(part.rows, c.rpb)));
+    fn<<<grid, block, 0, stream>>>(part);
+    const cudaError_t err = launch_error();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+// The four kernel variants of one (T, W) pair: 16-byte vectors or scalars, x a flag (rmsnorm's
+// fused residual, layernorm's bias). f(VEC, FLAG) is called with std::integral_constant tags.
+template <int kVec, class F>
+cudaError_t dispatch_variant(bool vec_ok, bool flag, F&& f) {
+  using On = std::true_type;
+  using Off = std::false_type;
+  if (vec_ok) {
+    return flag ? f(std::integral_constant<int, kVec>{}, On{}) : f(std::integral_constant<int, kVec>{}, Off{});
+  }
+  return flag ? f(std::integral_constant<int, 1>{}, On{}) : f(std::integral_constant<int, 1>{}, Off{});
+}
+
+// Kernels compiled for x of type T: the four variants of weights of type T and, for 16-bit x,
+// of fp32 weights. Set<T, W, VEC, FLAG>::count() is one variant's count.
+template <template <typename, typename, int, bool> class Set, typename T>
+constexpr int count_variants() {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  auto four = [](auto w) {
+    using W = typename decltype(w)::type;
+    return Set<T, W, kVec, false>::count() + Set<T, W, kVec, true>::count() + Set<T, W, 1, false>::count() +
+           Set<T, W, 1, true>::count();
+  };
+  int n = four(TypeTag<T>{});
+  if constexpr (!std::is_same_v<T, float>) n += four(TypeTag<float>{});
+  return n;
+}
+
+// A norm launch for x of type T: nothing for an empty tensor, else typed(TypeTag<W>) for the
+// weight dtype (T's own or fp32; cudaErrorInvalidValue for any other).
+template <typename T, class Params, class Typed>
+cudaError_t launch_by_weight(const Params& p, Typed&& typed) {
+  if (p.rows <= 0 || p.hidden <= 0) return cudaSuccess;
+  return dispatch_weight_dtype<T>(p.weight_dtype, typed);
+}
 
 constexpr int next_pow2(int64_t n) {
   int p = 1;
@@ -398,25 +457,15 @@ static_assert(rmsnorm_config_table_ok(), "rmsnorm config table violates a kernel
 
 template <typename T, typename W, int VEC, bool RES>
 cudaError_t launch_kernel(const KernelArgs& a, const LaunchConfig& c, cudaStream_t stream) {
-  const KernelFn fn = KernelSet<T, W, VEC, RES>::kKernels[kernel_slot(c.items)];
-  const dim3 block(static_cast<unsigned>(c.tpr), static_cast<unsigned>(c.rpb));
-  // Kernels handle one row group per block; more than kMaxRowsPerLaunch rows
-  // (grid.x limit) are split into several launches on the same stream.
-  for (int64_t done = 0; done < a.rows; done += kMaxRowsPerLaunch) {
-    KernelArgs part = a;
-    part.rows = a.rows - done < kMaxRowsPerLaunch ? a.rows - done : kMaxRowsPerLaunch;
-    part.x = static_cast<const T*>(a.x) + done * a.x_stride;
-    part.y = static_cast<T*>(a.y) + done * a.y_stride;
-    if constexpr (RES) {
-      part.residual = static_cast<const T*>(a.residual) + done * a.r_stride;
-      part.sum_out = static_cast<T*>(a.sum_out) + done * a.s_stride;
-    }
-    const dim3 grid(static_cast<unsigned>(ceil_div(part.rows, c.rpb)));
-    fn<<<grid, block, 0, stream>>>(part);
-    const cudaError_t err = launch_error();
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  return launch_rows(KernelSet<T, W, VEC, RES>::kKernels[kernel_slot(c.items)], a, c, stream,
+                     [](KernelArgs& part, int64_t done) {
+                       part.x = static_cast<const T*>(part.x) + done * part.x_stride;
+                       part.y = static_cast<T*>(part.y) + done * part.y_stride;
+                       if constexpr (RES) {
+                         part.residual = static_cast<const T*>(part.residual) + done * part.r_stride;
+                         part.sum_out = static_cast<T*>(part.sum_out) + done * part.s_stride;
+                       }
+                     });
 }
 
 template <typename T, typename W>
@@ -455,17 +504,9 @@ cudaError_t launch_typed(const RmsNormParams& p, cudaStream_t stream) {
   a.opaque_zero = 0;
   const LaunchConfig c = rmsnorm_config(a.nv, vec_ok, res);
 
-  if (vec_ok) {
-    return res ? launch_kernel<T, W, kVec, true>(a, c, stream) : launch_kernel<T, W, kVec, false>(a, c, stream);
-  }
-  return res ? launch_kernel<T, W, 1, true>(a, c, stream) : launch_kernel<T, W, 1, false>(a, c, stream);
-}
-
-template <typename T, typename W>
-constexpr int count_kernels() {
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-  return KernelSet<T, W, kVec, false>::count() + KernelSet<T, W, kVec, true>::count() +
-         KernelSet<T, W, 1, false>::count() + KernelSet<T, W, 1, true>::count();
+  return dispatch_variant<kVec>(vec_ok, res, [&](auto vec, auto flag) {
+    return launch_kernel<T, W, decltype(vec)::value, decltype(flag)::value>(a, c, stream);
+  });
 }
 
 }  // namespace rmsnorm_detail
@@ -476,8 +517,7 @@ constexpr int count_kernels() {
 // Never throws, never synchronises.
 template <typename T>
 cudaError_t launch_rmsnorm(const RmsNormParams& p, cudaStream_t stream) {
-  if (p.rows <= 0 || p.hidden <= 0) return cudaSuccess;
-  return dispatch_weight_dtype<T>(p.weight_dtype, [&](auto w) {
+  return rmsnorm_detail::launch_by_weight<T>(p, [&](auto w) {
     return rmsnorm_detail::launch_typed<T, typename decltype(w)::type>(p, stream);
   });
 }
@@ -485,9 +525,7 @@ cudaError_t launch_rmsnorm(const RmsNormParams& p, cudaStream_t stream) {
 // Number of kernels launch_rmsnorm<T> can launch (all compiled with it).
 template <typename T>
 int rmsnorm_num_kernels() {
-  int n = rmsnorm_detail::count_kernels<T, T>();
-  if constexpr (!std::is_same_v<T, float>) n += rmsnorm_detail::count_kernels<T, float>();
-  return n;
+  return rmsnorm_detail::count_variants<rmsnorm_detail::KernelSet, T>();
 }
 
 }  // namespace fray

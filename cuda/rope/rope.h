@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda/common/dtype.h"
+#include "cuda/common/launch_abi.h"
 
 namespace fray {
 
@@ -62,19 +63,20 @@ cudaError_t rope(DType dtype, const RopeParams& p, cudaStream_t stream);
 // Number of distinct rope kernels compiled into the library.
 int rope_num_kernel_instances();
 
-// Python adapters (rope_api.cc): plain integer arguments (pointers as integers,
-// 0 = none); throw std::invalid_argument for bad codes/sizes and
-// std::runtime_error for CUDA errors. dtype codes: 0 fp32, 1 fp16, 2 bf16;
-// positions_dtype: 0 none (use position_offset), 32 int32, 64 int64.
+// The launcher (rope_api.cc), called through the generic binder (cuda/common/binder.h) as
+// ext.rope(ptrs, ints, floats, device, stream); dtype codes 0 fp32, 1 fp16, 2 bf16. Throws
+// std::invalid_argument for bad codes or sizes and std::runtime_error for CUDA errors.
 namespace rope_api {
 
-void rope(uintptr_t q, int64_t q_token_stride, int64_t q_head_stride, uintptr_t q_out,
-          int64_t q_out_token_stride, int64_t q_out_head_stride, uintptr_t k, int64_t k_token_stride,
-          int64_t k_head_stride, uintptr_t k_out, int64_t k_out_token_stride, int64_t k_out_head_stride,
-          uintptr_t positions, int positions_dtype, int64_t positions_stride, int64_t position_offset,
-          uintptr_t cos, uintptr_t sin, int64_t cs_row_stride, int64_t tokens, int64_t q_heads,
-          int64_t k_heads, int64_t head_dim, int64_t rotary_dim, bool neox, int dtype, int device_index,
-          uintptr_t stream);
+//   ptrs   q, q_out, k (0: none), k_out, positions (0: position_offset + token index),
+//          cos, sin (0: cos is the cos | sin table of rotary_dim columns)
+//   ints   q_token_stride, q_head_stride, q_out_token_stride, q_out_head_stride,
+//          k_token_stride, k_head_stride, k_out_token_stride, k_out_head_stride,
+//          positions_dtype (0 none, 32 int32, 64 int64), positions_stride, cs_row_stride,
+//          tokens, q_heads, k_heads, head_dim, rotary_dim, neox, dtype, position_offset
+//   floats none
+// position_offset is last: it changes from call to call where the rest does not.
+void rope(const FrayArgs& a);
 
 std::string archs();
 int cuda_runtime_version();

@@ -1,5 +1,5 @@
-// Fray rope family: Python-facing adapter with plain integer arguments (no
-// torch, no pybind11). Host-only; compiled by the C++ compiler.
+// Fray rope family: the launcher behind the generic binder (FrayArgs in; no torch, no
+// pybind11). Host-only; compiled by the C++ compiler. Slot order: cuda/rope/rope.h.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -16,19 +16,16 @@
 
 namespace fray {
 namespace rope_api {
-void rope(uintptr_t q, int64_t q_token_stride, int64_t q_head_stride, uintptr_t q_out,
-          int64_t q_out_token_stride, int64_t q_out_head_stride, uintptr_t k, int64_t k_token_stride,
-          int64_t k_head_stride, uintptr_t k_out, int64_t k_out_token_stride, int64_t k_out_head_stride,
-          uintptr_t positions, int positions_dtype, int64_t positions_stride, int64_t position_offset,
-          uintptr_t cos, uintptr_t sin, int64_t cs_row_stride, int64_t tokens, int64_t q_heads,
-          int64_t k_heads, int64_t head_dim, int64_t rotary_dim, bool neox, int dtype, int device_index,
-          uintptr_t stream) {
-  const DType d = dtype_from_code(dtype, "q");
+void rope(const FrayArgs& a) {
+  require_slots(a, 7, 19, 0, "rope");
+  const int64_t* n = a.ints;
+  const DType d = dtype_from_code(static_cast<int>(n[17]), "q");
+  const int64_t positions_dtype = n[8], head_dim = n[14], rotary_dim = n[15];
   if (positions_dtype != 0 && positions_dtype != 32 && positions_dtype != 64) {
     throw std::invalid_argument("fray: rope positions_dtype must be 0 (none), 32 or 64, got " +
                                 std::to_string(positions_dtype));
   }
-  if ((positions_dtype == 0) != (positions == 0)) {
+  if ((positions_dtype == 0) != (a.ptrs[4] == 0)) {
     throw std::invalid_argument("fray: rope positions pointer and positions_dtype disagree");
   }
   if (rotary_dim < 2 || rotary_dim % 2 != 0 || rotary_dim > head_dim) {
@@ -36,33 +33,34 @@ void rope(uintptr_t q, int64_t q_token_stride, int64_t q_head_stride, uintptr_t 
                                 std::to_string(head_dim) + "], got " + std::to_string(rotary_dim));
   }
   RopeParams p;
-  p.q = reinterpret_cast<const void*>(q);
-  p.q_token_stride = q_token_stride;
-  p.q_head_stride = q_head_stride;
-  p.q_out = reinterpret_cast<void*>(q_out);
-  p.q_out_token_stride = q_out_token_stride;
-  p.q_out_head_stride = q_out_head_stride;
-  p.k = reinterpret_cast<const void*>(k);
-  p.k_token_stride = k_token_stride;
-  p.k_head_stride = k_head_stride;
-  p.k_out = reinterpret_cast<void*>(k_out);
-  p.k_out_token_stride = k_out_token_stride;
-  p.k_out_head_stride = k_out_head_stride;
-  p.positions = reinterpret_cast<const void*>(positions);
+  p.q = reinterpret_cast<const void*>(a.ptrs[0]);
+  p.q_out = reinterpret_cast<void*>(a.ptrs[1]);
+  p.k = reinterpret_cast<const void*>(a.ptrs[2]);
+  p.k_out = reinterpret_cast<void*>(a.ptrs[3]);
+  p.positions = reinterpret_cast<const void*>(a.ptrs[4]);
+  p.cos = reinterpret_cast<const float*>(a.ptrs[5]);
+  // sin == 0: cos is the [max_position, rotary_dim] cos | sin table, sin its second half.
+  p.sin = a.ptrs[6] != 0 ? reinterpret_cast<const float*>(a.ptrs[6]) : p.cos + rotary_dim / 2;
+  p.q_token_stride = n[0];
+  p.q_head_stride = n[1];
+  p.q_out_token_stride = n[2];
+  p.q_out_head_stride = n[3];
+  p.k_token_stride = n[4];
+  p.k_head_stride = n[5];
+  p.k_out_token_stride = n[6];
+  p.k_out_head_stride = n[7];
   p.positions_int64 = positions_dtype == 64;
-  p.positions_stride = positions_stride;
-  p.position_offset = position_offset;
-  p.cos = reinterpret_cast<const float*>(cos);
-  p.sin = reinterpret_cast<const float*>(sin);
-  p.cs_row_stride = cs_row_stride;
-  p.tokens = tokens;
-  p.q_heads = q_heads;
-  p.k_heads = k == 0 ? 0 : k_heads;
+  p.positions_stride = n[9];
+  p.cs_row_stride = n[10];
+  p.tokens = n[11];
+  p.q_heads = n[12];
+  p.k_heads = a.ptrs[2] == 0 ? 0 : n[13];
   p.head_dim = head_dim;
   p.rotary_dim = rotary_dim;
-  p.neox = neox;
-  DeviceGuard guard(device_index);
-  check_cuda(fray::rope(d, p, reinterpret_cast<cudaStream_t>(stream)), "rope");
+  p.neox = n[16] != 0;
+  p.position_offset = n[18];
+  DeviceGuard guard(a.device);
+  check_cuda(fray::rope(d, p, reinterpret_cast<cudaStream_t>(a.stream)), "rope");
 }
 
 std::string archs() { return FRAY_CUDA_ARCHS; }

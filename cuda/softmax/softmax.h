@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda/common/dtype.h"
+#include "cuda/common/launch_abi.h"
 
 namespace fray {
 
@@ -41,17 +42,17 @@ cudaError_t softmax(const SoftmaxParams& p, cudaStream_t stream);
 // Number of distinct softmax kernels compiled into the library.
 int softmax_num_kernel_instances();
 
-// Python adapters (softmax_api.cc): plain integer / float arguments; throw
-// std::invalid_argument for bad arguments and std::runtime_error for CUDA
-// errors. dtype codes: 0 fp32, 1 fp16, 2 bf16; `stream` is a raw cudaStream_t;
-// pointer 0 means "absent" for row_max / row_lse.
+// The launcher (softmax_api.cc), called through the generic binder (cuda/common/binder.h) as
+// ext.softmax(ptrs, ints, floats, device, stream); dtype codes 0 fp32, 1 fp16, 2 bf16. Throws
+// std::invalid_argument for bad codes or a temperature whose inverse is no finite fp32, and
+// std::runtime_error for CUDA errors.
 namespace softmax_api {
 
-void softmax(uintptr_t x, int64_t x_row_stride, int x_dtype, uintptr_t y, int64_t y_row_stride, int y_dtype,
-             int64_t rows, int64_t cols, double temperature, int device_index, uintptr_t stream);
-
-void online_softmax(uintptr_t x, int64_t x_row_stride, uintptr_t y, int64_t y_row_stride, uintptr_t row_max,
-                    uintptr_t row_lse, int64_t rows, int64_t cols, int dtype, int device_index, uintptr_t stream);
+// softmax, and online_softmax when row_max and row_lse are given (both or neither):
+//   ptrs   x, y, row_max (fp32 [rows] or 0), row_lse (fp32 [rows] or 0)
+//   ints   x_row_stride, y_row_stride, rows, cols, x_dtype, y_dtype
+//   floats temperature
+void softmax(const FrayArgs& a);
 
 std::string archs();
 int cuda_runtime_version();

@@ -1,5 +1,5 @@
-// Fray softmax family: Python-facing adapters with plain integer / float
-// arguments (no torch, no pybind11). Host-only; compiled by the C++ compiler.
+// Fray softmax family: the launcher behind the generic binder (FrayArgs in; no torch, no
+// pybind11). Host-only; compiled by the C++ compiler. Slot order: cuda/softmax/softmax.h.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -17,53 +17,32 @@
 
 namespace fray {
 namespace softmax_api {
-namespace {
-
-void run(const SoftmaxParams& p, int device_index, uintptr_t stream, const char* what) {
-  DeviceGuard guard(device_index);
-  check_cuda(fray::softmax(p, reinterpret_cast<cudaStream_t>(stream)), what);
-}
-
-}  // namespace
-
-void softmax(uintptr_t x, int64_t x_row_stride, int x_dtype, uintptr_t y, int64_t y_row_stride, int y_dtype,
-             int64_t rows, int64_t cols, double temperature, int device_index, uintptr_t stream) {
+void softmax(const FrayArgs& a) {
+  require_slots(a, 4, 6, 1, "softmax");
+  const double temperature = a.floats[0];
   // 1 / temperature must be a finite fp32 (the kernels multiply by log2(e) / T).
   if (!(std::isfinite(temperature) && temperature > 0.0 && 1.4426950408889634 / temperature < 3.0e38)) {
     throw std::invalid_argument("fray: softmax temperature must be finite and > 0 with 1/temperature a finite "
                                 "float32, got " + std::to_string(temperature));
   }
-  SoftmaxParams p;
-  p.x = reinterpret_cast<const void*>(x);
-  p.x_row_stride = x_row_stride;
-  p.x_dtype = dtype_from_code(x_dtype, "x");
-  p.y = reinterpret_cast<void*>(y);
-  p.y_row_stride = y_row_stride;
-  p.y_dtype = dtype_from_code(y_dtype, "y");
-  p.rows = rows;
-  p.cols = cols;
-  p.temperature = temperature;
-  run(p, device_index, stream, "softmax");
-}
-
-void online_softmax(uintptr_t x, int64_t x_row_stride, uintptr_t y, int64_t y_row_stride, uintptr_t row_max,
-                    uintptr_t row_lse, int64_t rows, int64_t cols, int dtype, int device_index, uintptr_t stream) {
-  if ((row_max == 0) != (row_lse == 0)) {
+  if ((a.ptrs[2] == 0) != (a.ptrs[3] == 0)) {
     throw std::invalid_argument("fray: online_softmax needs both row_max and row_lse, or neither");
   }
+  const bool online = a.ptrs[2] != 0;
   SoftmaxParams p;
-  p.x = reinterpret_cast<const void*>(x);
-  p.x_row_stride = x_row_stride;
-  p.x_dtype = dtype_from_code(dtype, "x");
-  p.y = reinterpret_cast<void*>(y);
-  p.y_row_stride = y_row_stride;
-  p.y_dtype = p.x_dtype;
-  p.row_max = reinterpret_cast<float*>(row_max);
-  p.row_lse = reinterpret_cast<float*>(row_lse);
-  p.rows = rows;
-  p.cols = cols;
-  p.temperature = 1.0;
-  run(p, device_index, stream, "online_softmax");
+  p.x = reinterpret_cast<const void*>(a.ptrs[0]);
+  p.y = reinterpret_cast<void*>(a.ptrs[1]);
+  p.row_max = reinterpret_cast<float*>(a.ptrs[2]);
+  p.row_lse = reinterpret_cast<float*>(a.ptrs[3]);
+  p.x_row_stride = a.ints[0];
+  p.y_row_stride = a.ints[1];
+  p.rows = a.ints[2];
+  p.cols = a.ints[3];
+  p.x_dtype = dtype_from_code(static_cast<int>(a.ints[4]), "x");
+  p.y_dtype = dtype_from_code(static_cast<int>(a.ints[5]), "y");
+  p.temperature = temperature;
+  DeviceGuard guard(a.device);
+  check_cuda(fray::softmax(p, reinterpret_cast<cudaStream_t>(a.stream)), online ? "online_softmax" : "softmax");
 }
 
 std::string archs() { return FRAY_CUDA_ARCHS; }

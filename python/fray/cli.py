@@ -5,7 +5,9 @@
                 available backend x fp32/fp16/bf16 x a few awkward shapes; on a CPU-only machine
                 the reference (against hand-computed values) and the Triton kernels under
                 Triton's interpreter. Prints a pass/fail table; exits 1 on any failure.
-  bench <op>    run the op's benchmark (see bench/<family>/), flags as the bench binaries take
+  bench <op>    run the op's benchmark (see bench/<family>/), flags as the bench binaries take;
+                `bench host`: every op's eager per-call host cost beside torch's (bench/host/);
+                `bench e2e`: a Llama-shaped decoder step from Fray ops vs torch (bench/e2e/)
 """
 import os
 import sys
@@ -75,6 +77,11 @@ def _cmd_check(device_flag):
     return 1 if failed else 0
 
 
+# Benchmarks of no one family (bench/<name>/, fray.bench.<name>): the eager host cost of every op,
+# and a decoder step built from Fray ops.
+WHOLE_LIBRARY_BENCHES = ("host", "e2e")
+
+
 def _bench_ops():
     """{benchmark name: family}: every op, plus the names a family's benchmark module lists in
     BENCH_OPS (benchmarks of one op under several settings, e.g. sample_topp)."""
@@ -82,7 +89,7 @@ def _bench_ops():
 
     import fray
     names = dict(fray.OPS)
-    for family in fray.FAMILIES:
+    for family in tuple(fray.FAMILIES) + WHOLE_LIBRARY_BENCHES:
         try:
             module = importlib.import_module("fray.bench." + family)
         except ModuleNotFoundError as exc:

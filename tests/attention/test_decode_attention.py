@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import fray
+from fray import _plan as P
 from fray import backend as B
 from fray.ops import attention as A
 from fray.reference import attention as ref
@@ -164,6 +165,7 @@ def test_ops_layer_wiring_under_interpreter(monkeypatch):
     """The GPU implementations of the ops layer (strides of both layouts, paged, 4-d q, appends)
     driven on CPU tensors through the interpreter, with the CUDA-only calls stubbed out."""
     import contextlib
+    monkeypatch.setattr(P, "PLANS", P.PlanCache())  # plans built under the stubs below stay in this test
     monkeypatch.setattr(A.B, "resolve", lambda *a: "triton")
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -304,6 +306,22 @@ def test_cuda_split_plan(batch, hkv, capacity, splits):
     assert -(-8192 // ext.decode_split_size(2, 128, 8, 64, 8, 8192, 0, 132, paged=False)) == 1
 
 
+# The launchers' slot orders (cuda/attention/attention.h), to call and record them by name.
+DECODE_SLOTS = (("q", "k", "v", "lens", "block_table", "out", "lse", "part_out", "part_lse"),
+                ("q_sb", "q_sh", "k_sb", "k_sh", "k_st", "v_sb", "v_sh", "v_st", "bt_sb", "page_size", "o_sb", "o_sh",
+                 "lse_sb", "batch", "n_heads", "n_kv_heads", "head_dim", "capacity", "num_splits", "split_size",
+                 "dtype"),
+                ("scale",))
+APPEND_SLOTS = (("k", "v", "k_new", "v_new", "lens", "block_table"),
+                ("k_sb", "k_sh", "k_st", "v_sb", "v_sh", "v_st", "kn_sb", "kn_sh", "vn_sb", "vn_sh", "bt_sb",
+                 "page_size", "batch", "n_kv_heads", "head_dim", "capacity", "dtype"),
+                ())
+
+
+def _pack(slots, named):
+    return tuple(tuple(named[n] for n in group) for group in slots) + (named["device_index"], named["stream"])
+
+
 def test_cuda_adapter_rejects_what_the_kernels_cannot_take():
     ext = _ext()
     good = dict(q=16, q_sb=512, q_sh=128, k=4096, k_sb=8 * 37 * 128, k_sh=37 * 128, k_st=128, v=8192,
@@ -321,20 +339,24 @@ def test_cuda_adapter_rejects_what_the_kernels_cannot_take():
                             (dict(block_table=80, page_size=24), "block size must be a power of two"),
                             (dict(dtype=7), "unsupported q dtype code 7")]:
         with pytest.raises(ValueError, match=message):
-            ext.decode(**dict(good, **change))
+            ext.decode(*_pack(DECODE_SLOTS, dict(good, **change)))
+    with pytest.raises(ValueError, match="decode_attention expects 9 ptrs, 21 ints, 1 floats"):
+        ext.decode((0,) * 9, (0,) * 20, (0.1,), 0, 0)
 
 
 class _RecordingExtension:
-    """Stands in for fray._C._attention: binds each call's positional arguments to the real
-    binding's parameter names (parsed from its pybind11 signature) and records them."""
+    """Stands in for fray._C._attention: records each launcher call by slot name (tensors in the
+    ptrs slots as the binder reads them: data_ptr(), None as 0)."""
 
     def __init__(self, real):
-        import re
         self.real, self.calls = real, []
-        for fn in ("decode", "kv_append"):
-            names = re.findall(r"(\w+): ", getattr(real, fn).__doc__.splitlines()[0])
-            setattr(self, fn, lambda *args, fn=fn, names=names: self.calls.append(
-                (fn, dict(zip(names, args)), len(args) == len(names))))
+        for fn, slots in (("decode", DECODE_SLOTS), ("kv_append", APPEND_SLOTS)):
+            def launch(ptrs, ints, floats, device, stream, fn=fn, slots=slots):
+                values = [0 if t is None else t if isinstance(t, int) else t.data_ptr() for t in ptrs]
+                names = slots[0] + slots[1] + slots[2]
+                named = dict(zip(names, values + list(ints) + list(floats)), device_index=device, stream=stream)
+                self.calls.append((fn, named, tuple(map(len, (ptrs, ints, floats))) == tuple(map(len, slots))))
+            setattr(self, fn, launch)
 
     def decode_split_size(self, *args):
         return self.real.decode_split_size(*args)
@@ -345,6 +367,7 @@ def test_ops_layer_cuda_wiring(monkeypatch):
     replaced by a recorder)."""
     import contextlib
     rec = _RecordingExtension(_ext())
+    monkeypatch.setattr(P, "PLANS", P.PlanCache())  # plans built under the stubs below stay in this test
     monkeypatch.setattr(A.B, "resolve", lambda *a: "cuda")
     monkeypatch.setattr(A.B, "load_extension", lambda family: rec)
     monkeypatch.setattr(A.B, "current_stream", lambda device: 1234)

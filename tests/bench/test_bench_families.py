@@ -183,3 +183,42 @@ def test_cli_knows_the_bench_only_names():
     names = cli._bench_ops()
     assert names["sample_topp"] == names["sample_topk"] == names["topk"] == "sampling"
     assert names["kv_append_paged"] == "attention" and names["softmax"] == "softmax"
+
+
+def test_host_bench_covers_every_op_and_records_host_rows():
+    from fray.bench import host as bh
+    rec = fb.Recorder()
+    calls = []
+
+    def timer(fn):
+        calls.append(fn)
+        fn()  # the peers really run on the CPU tensors; Fray's CUDA backends raise here
+        return 4.0
+
+    bh.run("host", rec, device="cpu", timer=timer)
+    assert {r["op"] for r in rec.records} == set(fray.OPS)
+    assert all(r["shape"].endswith(":host") for r in rec.records)
+    peers = {r["op"]: r for r in rec.records if r["impl"] == "torch.builtin"}
+    assert {"rmsnorm", "softmax", "topk", "decode_attention", "vector_add"} <= set(peers)
+    assert all(r["us"] == 4.0 and len(r["rounds"]) == 3 for r in peers.values())
+    for r in rec.records:
+        if r["impl"].startswith("fray."):
+            assert r["us"] is None and r["note"].startswith("error:"), r
+    from fray import cli
+    assert cli._bench_ops()["host"] == "host"
+
+
+def test_e2e_decoder_step_in_lockstep_on_the_cpu_references():
+    """The decoder step's wiring: Fray's ops (their float64 references on CPU tensors) against the
+    torch model, three steps over a paged cache whose lens advance."""
+    from fray.bench import e2e
+    cfg = e2e.Config(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=64, intermediate=96, vocab=300, batch=3,
+                     context=20, page=16, max_position=64)
+    base = e2e.build(cfg, torch.device("cpu"))
+    a, b = e2e._clone(base), e2e._clone(base)
+    checks = e2e.lockstep(cfg, a, b, steps=3)
+    assert len(checks) == 3 and all(diff <= tol for diff, tol, _, _ in checks)
+    assert sum(c[2] for c in checks) >= 3  # some rows are decided, so tokens were compared
+    assert torch.equal(a["lens"], torch.full((3,), 23, dtype=torch.int32))
+    # the caches took the new tokens identically
+    assert torch.allclose(a["layers"][1]["k_pages"].float(), b["layers"][1]["k_pages"].float(), atol=0.1)

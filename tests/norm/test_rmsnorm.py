@@ -142,15 +142,27 @@ def test_cuda_extension_imports():
 
 
 def test_cuda_adapter_refuses_weight_dtypes_by_op_name():
-    # The adapter checks before it touches a device: null pointers never reach a launch.
+    # The launcher checks before it touches a device: null pointers never reach a launch.
     ext = B.load_extension("norm")
     bf16, f16 = 2, 1
     with pytest.raises(ValueError, match="fray: rmsnorm weight dtype float16 .* x dtype bfloat16"):
-        ext.rmsnorm(0, 8, 0, f16, 0, 8, 1, 8, 1e-6, 0.0, bf16, 0, 0)
+        ext.rmsnorm((0, 0, 0, 0, 0), (8, 8, 0, 0, 1, 8, bf16, f16), (1e-6, 0.0), 0, 0)
     with pytest.raises(ValueError, match="fray: add_rmsnorm weight dtype float16"):
-        ext.add_rmsnorm(0, 8, 0, 8, 0, f16, 0, 8, 0, 8, 1, 8, 1e-6, 0.0, bf16, 0, 0)
+        ext.rmsnorm((0, 0, 0, 16, 0), (8, 8, 8, 8, 1, 8, bf16, f16), (1e-6, 0.0), 0, 0)
     with pytest.raises(ValueError, match="fray: layernorm weight dtype float16"):
-        ext.layernorm(0, 8, 0, f16, 0, f16, 0, 8, 1, 8, 1e-5, bf16, 0, 0)
+        ext.layernorm((0, 0, 0, 0), (8, 8, 1, 8, bf16, f16), (1e-5,), 0, 0)
+
+
+def test_generic_binder_refuses_malformed_calls():
+    ext = B.load_extension("norm")
+    with pytest.raises(ValueError, match="rmsnorm expects 5 ptrs, 8 ints, 2 floats; got 4, 8, 2"):
+        ext.rmsnorm((0, 0, 0, 0), (8, 8, 0, 0, 1, 8, 2, 2), (1e-6, 0.0), 0, 0)
+    with pytest.raises(ValueError, match="ints must be a tuple"):
+        ext.layernorm((0, 0, 0, 0), [8, 8, 1, 8, 2, 2], (1e-5,), 0, 0)
+    with pytest.raises(TypeError, match="takes .ptrs, ints, floats, device, stream., got 4"):
+        ext.layernorm((0, 0, 0, 0), (8, 8, 1, 8, 2, 2), (1e-5,), 0)
+    with pytest.raises(TypeError):
+        ext.layernorm((0, 0, 0, 0), (8, 8, 1, 8, 2, 2), ("eps",), 0, 0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -297,10 +297,11 @@ def test_cuda_extension_imports():
     assert ext.cuda_runtime_version() >= 13000
     assert ext.num_kernel_instances() == 12
     assert hasattr(torch.ops.fray, "rope") and hasattr(torch.ops.fray, "rope_")
+    ptrs = (0,) * 7
     with pytest.raises(ValueError, match="rotary_dim must be even"):
-        ext.rope(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 8, 3, True, 2, -1, 0)
+        ext.rope(ptrs, (0,) * 8 + (0, 0, 0, 1, 1, 0, 8, 3, 1, 2, 0), (), -1, 0)
     with pytest.raises(ValueError, match="unsupported q dtype code 7"):
-        ext.rope(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 8, 8, True, 7, -1, 0)
+        ext.rope(ptrs, (0,) * 8 + (0, 0, 0, 1, 1, 0, 8, 8, 1, 7, 0), (), -1, 0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ Neither half is copied: the kernels read both halves of x in place through one r
 
 Validation happens here, once; the kernels (cuda/activation, fray_triton.activation) trust their
 inputs. GPU entry points are torch custom ops (fray::silu_mul, fray::gelu_mul) with fake
-implementations, so torch.compile(fullgraph=True) traces through them; in eager mode the same
-implementation is called directly. CPU tensors and numpy arrays run the float64 reference and come
+implementations, so torch.compile(fullgraph=True) traces through them; in eager mode a call
+validates its signature once and launches from the cached plan after that (fray._plan). CPU tensors and numpy arrays run the float64 reference and come
 back in the input's dtype.
 """
 from typing import Optional
@@ -17,6 +17,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from fray import _plan as P
 from fray import _validate as V
 from fray import backend as B
 from fray.reference import activation as ref
@@ -114,36 +115,37 @@ def _reference(fn, x, up, out):
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU implementations (called directly in eager mode, through the custom ops under torch.compile)
+# GPU implementations: launch plans (fray._plan), built once per call signature; the custom ops
+# (what a torch.compile'd graph calls) use the same plans under keys of their own
 
-_stream = B.current_stream
+_ACT_CODES = {("silu_mul", "none"): 0, ("gelu_mul", "none"): 1, ("gelu_mul", "tanh"): 2}
 
 
-def _act_impl(op, x, up, out, approximate, backend):
+def _act_plan(op, x, up, out, approximate, backend):
+    """The launch plan of one call, taking (x, up or None, out)."""
     n = x.shape[-1]
     d = n if up is not None else n // 2
     if d == 0 or out.numel() == 0:
-        return
+        return P.NOOP
     rows = out.numel() // d
     be = B.resolve(op, FAMILY, backend, x.device)
     sx, so = V.row_stride("x", x), V.row_stride("out", out, writable=True)
     su = sx if up is None else V.row_stride("up", up)
     if be == "cuda":
-        gate_ptr = x.data_ptr()
-        up_ptr = gate_ptr + d * x.element_size() if up is None else up.data_ptr()
-        ext = B.load_extension(FAMILY)
-        if op == "silu_mul":
-            ext.silu_mul(gate_ptr, sx, up_ptr, su, out.data_ptr(), so, rows, d,
-                         V.DTYPE_CODES[x.dtype], x.device.index, _stream(x.device))
-        else:
-            ext.gelu_mul(gate_ptr, sx, up_ptr, su, out.data_ptr(), so, rows, d, approximate == "tanh",
-                         V.DTYPE_CODES[x.dtype], x.device.index, _stream(x.device))
-    else:
-        from fray_triton import activation as tact
-        u = x.narrow(-1, d, d) if up is None else up
-        act = tact.SILU if op == "silu_mul" else (tact.GELU_TANH if approximate == "tanh" else tact.GELU_ERF)
-        with torch.cuda.device(x.device):
-            tact.act_mul(x, u, out, act, sx, su, so, rows, d)
+        return P.CudaPlan(B.load_extension(FAMILY).act_mul,
+                          (sx, su, so, rows, d, _ACT_CODES[(op, approximate)], V.DTYPE_CODES[x.dtype]), (),
+                          x.device)
+    from fray_triton import activation as tact
+    act = tact.SILU if op == "silu_mul" else (tact.GELU_TANH if approximate == "tanh" else tact.GELU_ERF)
+    return P.TritonPlan(lambda x_, up_, out_: tact.act_mul(x_, x_.narrow(-1, d, d) if up_ is None else up_, out_,
+                                                           act, sx, su, so, rows, d), x.device)
+
+
+def _act_impl(op, x, up, out, approximate, backend):
+    tensors = (x, up, out)
+    key = P.signature("activation:op", backend, tensors, (op, approximate))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, _act_plan(op, x, up, out, approximate, backend))
+    plan(tensors)
 
 
 @torch.library.custom_op("fray::silu_mul", mutates_args=("out",))
@@ -161,11 +163,29 @@ for _op in (_silu_mul_op, _gelu_mul_op):
     _op.register_fake(lambda *args, **kwargs: None)
 
 
-def _compiling():
-    return torch.compiler.is_compiling()
+_compiling = P.compiling
 
 
-def _run(op, x, up, out, approximate, backend, fn):
+def _out_like(x, up):
+    shape = x.shape if up is not None else x.shape[:-1] + (x.shape[-1] // 2,)
+    return torch.empty(shape, dtype=x.dtype, device=x.device)
+
+
+def _fast(op, x, up, out, approximate, backend):
+    """(key, out) of the call; out is the result when a cached plan launched it, else None."""
+    if _compiling():
+        return None, None
+    key = P.signature(op, backend, (x, up, out), (approximate,))
+    plan = P.PLANS.get(key)
+    if plan is None:
+        return key, None
+    if out is None:
+        out = _out_like(x, up)
+    plan((x, up, out))
+    return key, out
+
+
+def _run(op, key, x, up, out, approximate, backend, fn):
     if V.is_array(x):
         _check_arrays(x, up, out)
         return _reference(fn, x, up, out)
@@ -181,7 +201,7 @@ def _run(op, x, up, out, approximate, backend, fn):
         else:
             torch.ops.fray.gelu_mul(x, up, out, approximate, backend)
     else:
-        _act_impl(op, x, up, out, approximate, backend)
+        P.PLANS.put(key, _act_plan(op, x, up, out, approximate, backend))((x, up, out))
     return out
 
 
@@ -199,8 +219,11 @@ def silu_mul(x, up=None, *, out=None, backend="auto"):
     out: preallocated [..., d] result of x's dtype; it may be the gate itself (x[..., :d] or
     gate), not a partial overlap.
     """
+    key, done = _fast("silu_mul", x, up, out, "none", backend)
+    if done is not None:
+        return done
     V.require_backend(backend, B.BACKENDS)
-    return _run("silu_mul", x, up, out, "none", backend, ref.silu_mul)
+    return _run("silu_mul", key, x, up, out, "none", backend, ref.silu_mul)
 
 
 def gelu_mul(x, up=None, *, approximate="none", out=None, backend="auto"):
@@ -209,9 +232,12 @@ def gelu_mul(x, up=None, *, approximate="none", out=None, backend="auto"):
     approximate="none": gelu(g) = 0.5 g (1 + erf(g / sqrt(2))); "tanh": the tanh approximation
     0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), as torch.nn.functional.gelu's `approximate`.
     """
+    key, done = _fast("gelu_mul", x, up, out, approximate, backend)
+    if done is not None:
+        return done
     V.require_backend(backend, B.BACKENDS)
     approximate = _check_approximate(approximate)
-    return _run("gelu_mul", x, up, out, approximate, backend,
+    return _run("gelu_mul", key, x, up, out, approximate, backend,
                 lambda g, u: ref.gelu_mul(g, u, approximate))
 
 

@@ -10,8 +10,10 @@ decode kernels copy K/V rows with 16-byte cp.async: caches whose pointer or stri
 
 Validation happens here, once; the kernels trust their inputs. GPU entry points are torch custom
 ops (fray::decode_attention, fray::paged_decode_attention, fray::kv_append, fray::kv_append_paged)
-with fake implementations, so torch.compile(fullgraph=True) traces through them; in eager mode the
-same implementation is called directly. CPU tensors and numpy arrays run the float64 reference and
+with fake implementations, so torch.compile(fullgraph=True) traces through them; in eager mode a
+call validates its signature once and launches from the cached plan after that (fray._plan; the
+split plan is part of it), checking per call only the caches' address alignment and
+FRAY_CHECK_INDICES. CPU tensors and numpy arrays run the float64 reference and
 come back in the input's dtype.
 
 Trust boundary: lens and block_table live on the device and are never read on the host (a read
@@ -32,6 +34,7 @@ import math
 import numpy as np
 import torch
 
+from fray import _plan as P
 from fray import _validate as V
 from fray import backend as B
 from fray import env
@@ -271,7 +274,8 @@ def _cpu_backend(backend, device):
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU implementations (called directly in eager mode, through the custom ops under torch.compile)
+# GPU implementations: launch plans (fray._plan), built once per call signature; the custom ops
+# (what a torch.compile'd graph calls) use the same plans under keys of their own
 
 def _three(t):
     return t if t.dim() == 3 else t.select(2, 0)
@@ -287,81 +291,112 @@ def _strides(t, dims):
     return tuple(0 if t.shape[d] == 1 else t.stride(d) for d in dims)
 
 
-def _aligned16(t, strides):
-    return t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in strides)
-
-
 @functools.lru_cache(maxsize=1024)
 def _cuda_split_size(dtype_code, head_dim, group, batch, hkv, capacity, num_splits, num_sms, paged):
     return B.load_extension(FAMILY).decode_split_size(dtype_code, head_dim, group, batch, hkv, capacity,
                                                       num_splits, num_sms, paged)
 
 
-def _decode_cuda(q3, k, v, lens, block_table, o3, lse, scale, ks, vs, hkv, capacity, page, num_splits, dev):
-    batch, hq, d = q3.shape
-    code = V.DTYPE_CODES[q3.dtype]
-    split = _cuda_split_size(code, d, hq // hkv, batch, hkv, capacity, num_splits, B.num_sms(dev),
-                             block_table is not None)
-    splits = -(-capacity // split)
-    po = pl = None
-    if splits > 1:  # the combine's inputs; from the caching allocator (a graph's pool while capturing)
-        po = torch.empty((batch, hq, splits, d), dtype=torch.float32, device=q3.device)
-        pl = torch.empty((batch, hq, splits), dtype=torch.float32, device=q3.device)
-    B.load_extension(FAMILY).decode(
-        q3.data_ptr(), q3.stride(0), q3.stride(1), k.data_ptr(), *ks, v.data_ptr(), *vs,
-        lens.data_ptr(), block_table.data_ptr() if block_table is not None else 0,
-        block_table.stride(0) if block_table is not None else 0, page, o3.data_ptr(), o3.stride(0), o3.stride(1),
-        lse.data_ptr(), lse.stride(0), po.data_ptr() if po is not None else 0, pl.data_ptr() if pl is not None else 0,
-        batch, hq, hkv, d, capacity, splits, split, scale, code, dev, B.current_stream(q3.device))
+class _DecodePlan:
+    """One decode signature's launch: backend, cache geometry, strides and the split plan fixed.
+    Per call: FRAY_CHECK_INDICES, and the caches' 16-byte address alignment the CUDA kernels need
+    (an address is no part of a signature; an unaligned one goes to Triton, or raises for
+    backend='cuda', exactly as a full call would)."""
+
+    __slots__ = ("op", "be", "backend", "paged", "page", "hkv", "capacity", "dims", "dev", "num_splits",
+                 "scale", "ks", "vs", "strides16", "cuda_args", "split", "splits", "q_shape", "num_sms")
+
+    def __call__(self, q, k, v, lens, block_table, out, lse):
+        if env.check_indices():  # here rather than in the wrapper: compiled graphs check too
+            _device_check_indices(lens, self.capacity, block_table, self.page, k.shape[0])
+        if self.capacity == 0:
+            _three(out).zero_()
+            lse.fill_(float("-inf"))
+            return
+        if self.be == "cuda":
+            if self.strides16 and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0:
+                self._cuda(q, k, v, lens, block_table, out, lse)
+                return
+            if self.backend == "cuda":
+                names = "k_pages, v_pages" if self.paged else "k_cache, v_cache"
+                raise ValueError("%s: backend='cuda' copies K/V rows in 16-byte pieces: the caches need 16-byte "
+                                 "aligned pointers and strides (got data_ptr %% 16 = %d / %d, strides %s / %s); use "
+                                 "backend='triton' or 'auto'" % (names, k.data_ptr() % 16, v.data_ptr() % 16,
+                                                                 tuple(k.stride()), tuple(v.stride())))
+        self._triton(q, k, v, lens, block_table, out, lse)
+
+    def _cuda(self, q, k, v, lens, block_table, out, lse):
+        po = pl = None
+        if self.splits > 1:  # the combine's inputs; from the caching allocator (a graph's pool while capturing)
+            batch, hq, d = self.q_shape
+            po = torch.empty((batch, hq, self.splits, d), dtype=torch.float32, device=q.device)
+            pl = torch.empty((batch, hq, self.splits), dtype=torch.float32, device=q.device)
+        B.load_extension(FAMILY).decode((q, k, v, lens, block_table, out, lse, po, pl), self.cuda_args,
+                                        (self.scale,), self.dev, B.current_stream(q.device))
+
+    def _triton(self, q, k, v, lens, block_table, out, lse):
+        from fray_triton import attention as tattn
+        q3, o3 = _three(q), _three(out)
+        ks, vs = tuple(k.stride(i) for i in self.dims), tuple(v.stride(i) for i in self.dims)
+        with torch.cuda.device(q.device):
+            tattn.decode(q3, k, v, lens, block_table, o3, lse, self.scale,
+                         q_strides=(q3.stride(0), q3.stride(1)), k_strides=ks, v_strides=vs,
+                         bt_stride=block_table.stride(0) if block_table is not None else 0,
+                         out_strides=(o3.stride(0), o3.stride(1)), lse_stride=lse.stride(0),
+                         n_kv_heads=self.hkv, capacity=self.capacity, page_size=self.page,
+                         num_splits=self.num_splits or None, num_sms=self.num_sms)
+
+
+def _decode_plan(op, q, k, v, block_table, out, lse, scale, nhd, num_splits, backend):
+    q3, o3 = _three(q), _three(out)
+    if q3.shape[0] == 0:
+        return _no_decode
+    p = _DecodePlan()
+    p.op, p.backend, p.scale, p.num_splits = op, backend, scale, num_splits
+    p.be = B.resolve(op, FAMILY, backend, q.device)
+    p.paged = block_table is not None
+    p.dims = _cache_dims(p.paged, nhd)
+    if p.paged:
+        p.page, p.hkv = k.shape[1], k.shape[2]
+        p.capacity = block_table.shape[1] * p.page
+    elif nhd:
+        p.page, p.capacity, p.hkv = 1, k.shape[1], k.shape[2]
+    else:
+        p.page, p.hkv, p.capacity = 1, k.shape[1], k.shape[2]
+    p.dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    p.num_sms = B.num_sms(p.dev)
+    p.strides16 = False
+    if p.be == "cuda" and p.capacity > 0:
+        p.ks, p.vs = _strides(k, p.dims), _strides(v, p.dims)
+        esz = k.element_size()
+        p.strides16 = all(st * esz % 16 == 0 for st in p.ks + p.vs)
+        batch, hq, d = q3.shape
+        code = V.DTYPE_CODES[q3.dtype]
+        p.split = _cuda_split_size(code, d, hq // p.hkv, batch, p.hkv, p.capacity, num_splits, p.num_sms, p.paged)
+        p.splits = -(-p.capacity // p.split)
+        p.q_shape = (batch, hq, d)
+        # the launcher's int slots (cuda/attention/attention.h)
+        p.cuda_args = (q3.stride(0), q3.stride(1)) + p.ks + p.vs + (
+            block_table.stride(0) if p.paged else 0, p.page, o3.stride(0), o3.stride(1), lse.stride(0), batch, hq,
+            p.hkv, d, p.capacity, p.splits, p.split, code)
+    return p
+
+
+def _no_decode(q, k, v, lens, block_table, out, lse):
+    """The plan of a decode call over an empty batch."""
 
 
 def _decode_impl(op, q, k, v, lens, block_table, out, lse, scale, nhd, num_splits, backend):
-    q3, o3 = _three(q), _three(out)
-    if q3.shape[0] == 0:
-        return
-    be = B.resolve(op, FAMILY, backend, q.device)
-    dims = _cache_dims(block_table is not None, nhd)
-    if block_table is not None:
-        page, hkv = k.shape[1], k.shape[2]
-        capacity = block_table.shape[1] * page
-    elif nhd:
-        page, capacity, hkv = 1, k.shape[1], k.shape[2]
-    else:
-        page, hkv, capacity = 1, k.shape[1], k.shape[2]
-    if env.check_indices():  # here rather than in the wrapper: compiled graphs check too
-        _device_check_indices(lens, capacity, block_table, page, k.shape[0])
-    if capacity == 0:
-        o3.zero_()
-        lse.fill_(float("-inf"))
-        return
-    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    if be == "cuda":
-        ks, vs = _strides(k, dims), _strides(v, dims)
-    if be == "cuda" and not (_aligned16(k, ks) and _aligned16(v, vs)):
-        if backend == "cuda":
-            names = "k_pages, v_pages" if block_table is not None else "k_cache, v_cache"
-            raise ValueError("%s: backend='cuda' copies K/V rows in 16-byte pieces: the caches need 16-byte aligned "
-                             "pointers and strides (got data_ptr %% 16 = %d / %d, strides %s / %s); use "
-                             "backend='triton' or 'auto'" % (names, k.data_ptr() % 16, v.data_ptr() % 16,
-                                                             tuple(k.stride()), tuple(v.stride())))
-        be = "triton"
-    if be == "cuda":
-        _decode_cuda(q3, k, v, lens, block_table, o3, lse, scale, ks, vs, hkv, capacity, page, num_splits, dev)
-        return
-    from fray_triton import attention as tattn
-    ks, vs = tuple(k.stride(i) for i in dims), tuple(v.stride(i) for i in dims)
-    with torch.cuda.device(q.device):
-        tattn.decode(q3, k, v, lens, block_table, o3, lse, scale,
-                     q_strides=(q3.stride(0), q3.stride(1)), k_strides=ks, v_strides=vs,
-                     bt_stride=block_table.stride(0) if block_table is not None else 0,
-                     out_strides=(o3.stride(0), o3.stride(1)), lse_stride=lse.stride(0),
-                     n_kv_heads=hkv, capacity=capacity, page_size=page,
-                     num_splits=num_splits or None, num_sms=B.num_sms(dev))
+    key = P.signature(op + ":op", backend, (q, k, v, lens, block_table, out, lse), (scale, nhd, num_splits))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, _decode_plan(op, q, k, v, block_table, out, lse, scale, nhd,
+                                                             num_splits, backend))
+    plan(q, k, v, lens, block_table, out, lse)
 
 
-def _append_impl(op, k, v, k_new, v_new, lens, block_table, nhd, backend):
+def _append_plan(op, k, v, k_new, v_new, block_table, nhd, backend):
+    """(launch(k, v, k_new, v_new, lens, block_table), capacity, page) of one append signature."""
     if k_new.shape[0] == 0 or k_new.shape[1] == 0:
-        return
+        return None, 0, 1
     be = B.resolve(op, FAMILY, backend, k.device)
     dims = _cache_dims(block_table is not None, nhd)
     if block_table is not None:
@@ -370,26 +405,43 @@ def _append_impl(op, k, v, k_new, v_new, lens, block_table, nhd, backend):
         page, capacity = 1, k.shape[1]
     else:
         page, capacity = 1, k.shape[2]
+    if be == "cuda":
+        batch, hkv, d = k_new.shape
+        dev = k.device.index if k.device.index is not None else torch.cuda.current_device()
+        ks, vs, kns, vns = _strides(k, dims), _strides(v, dims), _strides(k_new, (0, 1)), _strides(v_new, (0, 1))
+        bt_sb = block_table.stride(0) if block_table is not None else 0
+        ints = ks + vs + kns + vns + (bt_sb, page, batch, hkv, d, capacity, V.DTYPE_CODES[k.dtype])
+        fn = B.load_extension(FAMILY).kv_append
+
+        def launch(k_, v_, kn_, vn_, lens_, bt_):
+            fn((k_, v_, kn_, vn_, lens_, bt_), ints, (), dev, B.current_stream(k_.device))
+        return launch, capacity, page
+    from fray_triton import attention as tattn
+    ks, vs = tuple(k.stride(i) for i in dims), tuple(v.stride(i) for i in dims)
+    bt_sb = block_table.stride(0) if block_table is not None else 0
+
+    def launch(k_, v_, kn_, vn_, lens_, bt_):
+        with torch.cuda.device(k_.device):
+            tattn.append(k_, v_, kn_, vn_, lens_, bt_, k_strides=ks, v_strides=vs, bt_stride=bt_sb,
+                         capacity=capacity, page_size=page)
+    return launch, capacity, page
+
+
+def _append_launch(plan, k, v, k_new, v_new, lens, block_table):
+    launch, capacity, page = plan
+    if launch is None:
+        return
     if env.check_indices():
         _device_check_indices(lens, capacity, block_table, page, k.shape[0], append=True)
     if capacity == 0:
         return
-    if be == "cuda":
-        batch, hkv, d = k_new.shape
-        dev = k.device.index if k.device.index is not None else torch.cuda.current_device()
-        B.load_extension(FAMILY).kv_append(
-            k.data_ptr(), *_strides(k, dims), v.data_ptr(), *_strides(v, dims), k_new.data_ptr(),
-            *_strides(k_new, (0, 1)), v_new.data_ptr(), *_strides(v_new, (0, 1)), lens.data_ptr(),
-            block_table.data_ptr() if block_table is not None else 0,
-            block_table.stride(0) if block_table is not None else 0, page, batch, hkv, d, capacity,
-            V.DTYPE_CODES[k.dtype], dev, B.current_stream(k.device))
-        return
-    from fray_triton import attention as tattn
-    ks, vs = tuple(k.stride(i) for i in dims), tuple(v.stride(i) for i in dims)
-    with torch.cuda.device(k.device):
-        tattn.append(k, v, k_new, v_new, lens, block_table, k_strides=ks, v_strides=vs,
-                     bt_stride=block_table.stride(0) if block_table is not None else 0,
-                     capacity=capacity, page_size=page)
+    launch(k, v, k_new, v_new, lens, block_table)
+
+
+def _append_impl(op, k, v, k_new, v_new, lens, block_table, nhd, backend):
+    key = P.signature(op + ":op", backend, (k, v, k_new, v_new, lens, block_table), (nhd,))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, _append_plan(op, k, v, k_new, v_new, block_table, nhd, backend))
+    _append_launch(plan, k, v, k_new, v_new, lens, block_table)
 
 
 @torch.library.custom_op("fray::decode_attention", mutates_args=("out", "lse"))
@@ -423,8 +475,7 @@ for _op in (_decode_op, _paged_decode_op, _append_op, _append_paged_op):
     _op.register_fake(lambda *args, **kwargs: None)
 
 
-def _compiling():
-    return torch.compiler.is_compiling()
+_compiling = P.compiling
 
 
 # ---------------------------------------------------------------------------------------------
@@ -472,6 +523,12 @@ def decode_attention(q, k_cache, v_cache, lens, *, kv_layout="HND", scale=None, 
     to [0, T]; FRAY_CHECK_INDICES=1 validates 0 <= lens <= T with a host sync (ValueError; a
     RuntimeError during CUDA-graph capture). Sliding windows, soft-capping and sinks are refused.
     """
+    if not _compiling():
+        key = P.signature("decode_attention", backend, (q, k_cache, v_cache, lens, out),
+                          (kv_layout, scale, return_lse, num_splits, window_left, logits_soft_cap, sinks))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            return _decode_launch(plan, q, k_cache, v_cache, lens, None, out, return_lse)
     V.require_backend(backend, B.BACKENDS)
     _refuse_features(window_left, logits_soft_cap, sinks)
     nhd = _check_layout(kv_layout)
@@ -500,8 +557,19 @@ def decode_attention(q, k_cache, v_cache, lens, *, kv_layout="HND", scale=None, 
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     if _compiling():
         torch.ops.fray.decode_attention(q, k_cache, v_cache, lens, out, lse, scale, nhd, splits, backend)
-    else:
-        _decode_impl("decode_attention", q, k_cache, v_cache, lens, None, out, lse, scale, nhd, splits, backend)
+        return (out, lse) if return_lse else out
+    plan = P.PLANS.put(key, _decode_plan("decode_attention", q, k_cache, v_cache, None, out, lse, scale, nhd, splits,
+                                         backend))
+    plan(q, k_cache, v_cache, lens, None, out, lse)
+    return (out, lse) if return_lse else out
+
+
+def _decode_launch(plan, q, k, v, lens, block_table, out, return_lse):
+    """A cached decode plan's call: allocate what the caller did not pass, launch."""
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    plan(q, k, v, lens, block_table, out, lse)
     return (out, lse) if return_lse else out
 
 
@@ -516,6 +584,12 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lens, *, scale=None
     decode_attention. Trust boundary: block_table entries for the blocks below lens[b] are used
     as given (FRAY_CHECK_INDICES=1 checks them, and lens, with a host sync).
     """
+    if not _compiling():
+        key = P.signature("paged_decode_attention", backend, (q, k_pages, v_pages, block_table, lens, out),
+                          (scale, return_lse, num_splits, window_left, logits_soft_cap, sinks))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            return _decode_launch(plan, q, k_pages, v_pages, lens, block_table, out, return_lse)
     V.require_backend(backend, B.BACKENDS)
     _refuse_features(window_left, logits_soft_cap, sinks)
     if not isinstance(return_lse, bool):
@@ -546,9 +620,10 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lens, *, scale=None
     if _compiling():
         torch.ops.fray.paged_decode_attention(q, k_pages, v_pages, block_table, lens, out, lse, scale, splits,
                                               backend)
-    else:
-        _decode_impl("paged_decode_attention", q, k_pages, v_pages, lens, block_table, out, lse, scale, False,
-                     splits, backend)
+        return (out, lse) if return_lse else out
+    plan = P.PLANS.put(key, _decode_plan("paged_decode_attention", q, k_pages, v_pages, block_table, out, lse, scale,
+                                         False, splits, backend))
+    plan(q, k_pages, v_pages, lens, block_table, out, lse)
     return (out, lse) if return_lse else out
 
 
@@ -560,6 +635,12 @@ def kv_append(k_cache, v_cache, k_new, v_new, lens, *, kv_layout="HND", backend=
     capturable. Trust boundary: a position outside [0, T) is not written; FRAY_CHECK_INDICES=1
     raises ValueError for it instead (host sync). Returns (k_cache, v_cache).
     """
+    if not _compiling():
+        key = P.signature("kv_append", backend, (k_cache, v_cache, k_new, v_new, lens), (kv_layout,))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            _append_launch(plan, k_cache, v_cache, k_new, v_new, lens, None)
+            return k_cache, v_cache
     V.require_backend(backend, B.BACKENDS)
     nhd = _check_layout(kv_layout)
     floats = [("k_cache", k_cache), ("v_cache", v_cache), ("k_new", k_new), ("v_new", v_new)]
@@ -578,7 +659,8 @@ def kv_append(k_cache, v_cache, k_new, v_new, lens, *, kv_layout="HND", backend=
     if _compiling():
         torch.ops.fray.kv_append(k_cache, v_cache, k_new, v_new, lens, nhd, backend)
     else:
-        _append_impl("kv_append", k_cache, v_cache, k_new, v_new, lens, None, nhd, backend)
+        _append_launch(P.PLANS.put(key, _append_plan("kv_append", k_cache, v_cache, k_new, v_new, None, nhd, backend)),
+                       k_cache, v_cache, k_new, v_new, lens, None)
     return k_cache, v_cache
 
 
@@ -588,6 +670,12 @@ def kv_append_paged(k_pages, v_pages, block_table, k_new, v_new, lens, *, backen
     dtype). Pages and block_table as in paged_decode_attention; lens unchanged; graph-capturable.
     Trust boundary as in kv_append, plus the block-table entry, used as given. Returns (k_pages, v_pages).
     """
+    if not _compiling():
+        key = P.signature("kv_append_paged", backend, (k_pages, v_pages, block_table, k_new, v_new, lens))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            _append_launch(plan, k_pages, v_pages, k_new, v_new, lens, block_table)
+            return k_pages, v_pages
     V.require_backend(backend, B.BACKENDS)
     floats = [("k_pages", k_pages), ("v_pages", v_pages), ("k_new", k_new), ("v_new", v_new)]
     ints = [("block_table", block_table), ("lens", lens)]
@@ -611,7 +699,9 @@ def kv_append_paged(k_pages, v_pages, block_table, k_new, v_new, lens, *, backen
     if _compiling():
         torch.ops.fray.kv_append_paged(k_pages, v_pages, block_table, k_new, v_new, lens, backend)
     else:
-        _append_impl("kv_append_paged", k_pages, v_pages, k_new, v_new, lens, block_table, False, backend)
+        plan = P.PLANS.put(key, _append_plan("kv_append_paged", k_pages, v_pages, k_new, v_new, block_table, False,
+                                             backend))
+        _append_launch(plan, k_pages, v_pages, k_new, v_new, lens, block_table)
     return k_pages, v_pages
 
 

@@ -3,7 +3,9 @@
 Validation happens here, once; the kernels (cuda/elementwise, fray_triton.elementwise) see flat
 arrays and trust their inputs. The GPU entry points are torch custom ops (fray::vector_add, and
 fray::vector_add_ for out= a or b) with fake implementations, so torch.compile(fullgraph=True)
-traces through them; in eager mode the same implementation is called directly. CPU tensors and
+traces through them; in eager mode a call validates its signature once and launches from the cached
+plan after that (fray._plan), checking per call only what a plan cannot hold (whether out partially
+overlaps a or b). CPU tensors and
 numpy arrays run the float64 reference and come back in the input's dtype.
 
 Layout: a, b (and out) must be dense -- contiguous, or any permutation of a contiguous layout
@@ -14,6 +16,7 @@ the argument) rather than silently copied.
 import numpy as np
 import torch
 
+from fray import _plan as P
 from fray import _validate as V
 from fray import backend as B
 from fray.reference import convert as C
@@ -79,10 +82,15 @@ def _check_tensors(a, b, out):
     # (Storage addresses are not traceable; under torch.compile functionalisation orders the
     # reads and writes anyway.)
     if out is not None and not _compiling():
-        for name, t in (("a", a), ("b", b)):
-            if _overlaps_partially(out, t):
-                raise ValueError("out: overlaps %s without being %s itself (in place needs out to be "
-                                 "exactly a or b)" % (name, name))
+        _check_out_overlap(a, b, out)
+
+
+def _check_out_overlap(a, b, out):
+    """What a plan cannot hold: whether out partially overlaps a or b (their addresses)."""
+    for name, t in (("a", a), ("b", b)):
+        if _overlaps_partially(out, t):
+            raise ValueError("out: overlaps %s without being %s itself (in place needs out to be "
+                             "exactly a or b)" % (name, name))
 
 
 def _overlaps_partially(x, y):
@@ -111,23 +119,25 @@ def _check_arrays(a, b, out):
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU implementation (called directly in eager mode, through the custom ops under torch.compile)
+# GPU implementation: a launch plan (fray._plan) per call signature; the custom ops (what a
+# torch.compile'd graph calls) use the same plans under keys of their own
 
-_stream = B.current_stream
+def _vector_add_plan(a, backend):
+    """The launch plan of one call, taking (a, b, out)."""
+    n = a.numel()
+    if n == 0:
+        return P.NOOP
+    be = B.resolve("vector_add", FAMILY, backend, a.device)
+    if be == "cuda":
+        return P.CudaPlan(B.load_extension(FAMILY).vector_add, (n, V.DTYPE_CODES[a.dtype]), (), a.device)
+    from fray_triton import elementwise as tew
+    return P.TritonPlan(lambda a_, b_, o_: tew.vector_add(a_, b_, o_, n), a.device)
 
 
 def _vector_add_impl(a, b, out, backend):
-    n = a.numel()
-    if n == 0:
-        return
-    be = B.resolve("vector_add", FAMILY, backend, a.device)
-    if be == "cuda":
-        B.load_extension(FAMILY).vector_add(a.data_ptr(), b.data_ptr(), out.data_ptr(), n, V.DTYPE_CODES[a.dtype],
-                                            a.device.index, _stream(a.device))
-    else:
-        from fray_triton import elementwise as tew
-        with torch.cuda.device(a.device):
-            tew.vector_add(a, b, out, n)
+    key = P.signature("vector_add:op", backend, (a,))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, _vector_add_plan(a, backend))
+    plan((a, b, out))
 
 
 @torch.library.custom_op("fray::vector_add", mutates_args=("out",))
@@ -160,6 +170,16 @@ def vector_add(a, b, *, out=None, backend="auto"):
     out: preallocated result, may be a or b itself (in place). CUDA tensors run on the current
     stream without host synchronisation; CPU tensors and numpy arrays run the float64 reference.
     """
+    if not _compiling():
+        key = P.signature("vector_add", backend, (a, b, out))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            if out is None:
+                out = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+            elif out is not a and out is not b:
+                _check_out_overlap(a, b, out)
+            plan((a, b, out))
+            return out
     V.require_backend(backend, B.BACKENDS)
     if V.is_array(a):
         _check_arrays(a, b, out)
@@ -186,12 +206,11 @@ def vector_add(a, b, *, out=None, backend="auto"):
         else:
             torch.ops.fray.vector_add(a, b, out, backend)
     else:
-        _vector_add_impl(a, b, out, backend)
+        P.PLANS.put(key, _vector_add_plan(a, backend))((a, b, out))
     return out
 
 
-def _compiling():
-    return torch.compiler.is_compiling()
+_compiling = P.compiling
 
 
 # ---------------------------------------------------------------------------------------------

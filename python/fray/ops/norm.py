@@ -3,7 +3,8 @@
 Validation happens here, once; the kernels (cuda/norm, fray_triton.norm) trust their inputs.
 GPU entry points are torch custom ops (fray::rmsnorm, fray::add_rmsnorm, fray::add_rmsnorm_,
 fray::add_rmsnorm_residual_, fray::layernorm) with fake implementations, so torch.compile(fullgraph=True) traces
-through them; in eager mode the same implementation is called directly (no dispatcher overhead).
+through them; in eager mode a call validates its signature once and launches from the cached plan
+after that (fray._plan), without the dispatcher.
 CPU tensors and numpy arrays run the float64 reference and come back in the input's dtype.
 """
 import math
@@ -12,6 +13,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from fray import _plan as P
 from fray import _validate as V
 from fray import backend as B
 from fray.reference import convert as C
@@ -123,64 +125,69 @@ def _check_bias(x, weight, bias):
 # ---------------------------------------------------------------------------------------------
 # GPU implementations (called directly in eager mode, through the custom ops under torch.compile)
 
-def _launch_args(x):
+def _rows(x):
     hidden = x.shape[-1]
     return x.numel() // hidden, hidden
 
 
-_stream = B.current_stream
-
-
-def _rmsnorm_impl(x, weight, out, eps, weight_offset, backend):
-    rows, hidden = _launch_args(x)
+def _rmsnorm_plan(x, weight, out, residual, sum_out, eps, weight_offset, backend):
+    """The launch plan of one (add_)rmsnorm call, taking (x, weight, out, residual, sum_out)."""
+    rows, hidden = _rows(x)
     if rows == 0:
-        return
-    be = B.resolve("rmsnorm", FAMILY, backend, x.device)
+        return P.NOOP
+    op = "rmsnorm" if residual is None else "add_rmsnorm"
+    be = B.resolve(op, FAMILY, backend, x.device)
     sx, so = V.row_stride("x", x), V.row_stride("out", out, writable=True)
+    sr = ss = 0
+    if residual is not None:
+        sr, ss = V.row_stride("residual", residual), V.row_stride("sum_out", sum_out, writable=True)
     if be == "cuda":
-        B.load_extension(FAMILY).rmsnorm(
-            x.data_ptr(), sx, weight.data_ptr(), V.DTYPE_CODES[weight.dtype], out.data_ptr(), so,
-            rows, hidden, eps, weight_offset, V.DTYPE_CODES[x.dtype], x.device.index, _stream(x.device))
-    else:
-        from fray_triton import norm as tnorm
-        with torch.cuda.device(x.device):
-            tnorm.rmsnorm(x, weight, out, eps, weight_offset, sx, so, rows, hidden)
+        return P.CudaPlan(B.load_extension(FAMILY).rmsnorm,
+                          (sx, so, sr, ss, rows, hidden, V.DTYPE_CODES[x.dtype], V.DTYPE_CODES[weight.dtype]),
+                          (eps, weight_offset), x.device)
+    from fray_triton import norm as tnorm
+    if residual is None:
+        return P.TritonPlan(lambda x_, w_, y_, r_, s_: tnorm.rmsnorm(x_, w_, y_, eps, weight_offset, sx, so, rows,
+                                                                   hidden), x.device)
+    return P.TritonPlan(lambda x_, w_, y_, r_, s_: tnorm.add_rmsnorm(x_, r_, w_, y_, s_, eps, weight_offset,
+                                                                   sx, sr, so, ss, rows, hidden), x.device)
 
 
-def _add_rmsnorm_impl(x, residual, weight, out, sum_out, eps, weight_offset, backend):
-    rows, hidden = _launch_args(x)
+def _layernorm_plan(x, weight, bias, out, eps, backend):
+    """The launch plan of one layernorm call, taking (x, weight, bias, out)."""
+    rows, hidden = _rows(x)
     if rows == 0:
-        return
-    be = B.resolve("add_rmsnorm", FAMILY, backend, x.device)
-    sx, sr = V.row_stride("x", x), V.row_stride("residual", residual)
-    so, ss = V.row_stride("out", out, writable=True), V.row_stride("sum_out", sum_out, writable=True)
-    if be == "cuda":
-        B.load_extension(FAMILY).add_rmsnorm(
-            x.data_ptr(), sx, residual.data_ptr(), sr, weight.data_ptr(), V.DTYPE_CODES[weight.dtype],
-            out.data_ptr(), so, sum_out.data_ptr(), ss, rows, hidden, eps, weight_offset,
-            V.DTYPE_CODES[x.dtype], x.device.index, _stream(x.device))
-    else:
-        from fray_triton import norm as tnorm
-        with torch.cuda.device(x.device):
-            tnorm.add_rmsnorm(x, residual, weight, out, sum_out, eps, weight_offset,
-                              sx, sr, so, ss, rows, hidden)
-
-
-def _layernorm_impl(x, weight, bias, out, eps, backend):
-    rows, hidden = _launch_args(x)
-    if rows == 0:
-        return
+        return P.NOOP
     be = B.resolve("layernorm", FAMILY, backend, x.device)
     sx, so = V.row_stride("x", x), V.row_stride("out", out, writable=True)
     if be == "cuda":
-        wcode = V.DTYPE_CODES[weight.dtype]
-        B.load_extension(FAMILY).layernorm(
-            x.data_ptr(), sx, weight.data_ptr(), wcode, 0 if bias is None else bias.data_ptr(), wcode,
-            out.data_ptr(), so, rows, hidden, eps, V.DTYPE_CODES[x.dtype], x.device.index, _stream(x.device))
-    else:
-        from fray_triton import norm as tnorm
-        with torch.cuda.device(x.device):
-            tnorm.layernorm(x, weight, bias, out, eps, sx, so, rows, hidden)
+        return P.CudaPlan(B.load_extension(FAMILY).layernorm,
+                          (sx, so, rows, hidden, V.DTYPE_CODES[x.dtype], V.DTYPE_CODES[weight.dtype]), (eps,),
+                          x.device)
+    from fray_triton import norm as tnorm
+    return P.TritonPlan(lambda x_, w_, b_, y_: tnorm.layernorm(x_, w_, b_, y_, eps, sx, so, rows, hidden), x.device)
+
+
+# The custom ops' implementations (what a torch.compile'd graph calls): the same plans, under keys
+# of their own, since these calls were validated when the graph was traced, not here.
+
+def _rmsnorm_impl(x, weight, out, eps, weight_offset, backend):
+    _add_rmsnorm_impl(x, None, weight, out, None, eps, weight_offset, backend)
+
+
+def _add_rmsnorm_impl(x, residual, weight, out, sum_out, eps, weight_offset, backend):
+    tensors = (x, weight, out, residual, sum_out)
+    key = P.signature("norm.rmsnorm:op", backend, tensors, (eps, weight_offset))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, _rmsnorm_plan(x, weight, out, residual, sum_out, eps,
+                                                              weight_offset, backend))
+    plan(tensors)
+
+
+def _layernorm_impl(x, weight, bias, out, eps, backend):
+    tensors = (x, weight, bias, out)
+    key = P.signature("norm.layernorm:op", backend, tensors, (eps,))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, _layernorm_plan(x, weight, bias, out, eps, backend))
+    plan(tensors)
 
 
 @torch.library.custom_op("fray::rmsnorm", mutates_args=("out",))
@@ -217,8 +224,7 @@ for _op in (_rmsnorm_op, _add_rmsnorm_op, _add_rmsnorm_inplace_op, _add_rmsnorm_
     _op.register_fake(lambda *args, **kwargs: None)
 
 
-def _compiling():
-    return torch.compiler.is_compiling()
+_compiling = P.compiling
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,6 +239,14 @@ def rmsnorm(x, weight, eps=1e-6, *, out=None, backend="auto", weight_offset=0.0)
     current stream without host synchronisation; CPU tensors and numpy arrays run the float64
     reference. out: preallocated result (x's shape and dtype; may be x itself).
     """
+    if not _compiling():
+        key = P.signature("rmsnorm", backend, (x, weight, out), (eps, weight_offset))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            if out is None:
+                out = torch.empty_like(x, memory_format=torch.contiguous_format)
+            plan((x, weight, out, None, None))
+            return out
     V.require_backend(backend, B.BACKENDS)
     eps, weight_offset = _check_eps(eps), _check_offset(weight_offset)
     if V.is_array(x):
@@ -251,11 +265,12 @@ def rmsnorm(x, weight, eps=1e-6, *, out=None, backend="auto", weight_offset=0.0)
             return out
         return y
     if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if _compiling():
         torch.ops.fray.rmsnorm(x, weight, out, eps, weight_offset, backend)
-    else:
-        _rmsnorm_impl(x, weight, out, eps, weight_offset, backend)
+        return out
+    P.PLANS.put(key, _rmsnorm_plan(x, weight, out, None, None, eps, weight_offset, backend))(
+        (x, weight, out, None, None))
     return out
 
 
@@ -266,6 +281,17 @@ def add_rmsnorm(x, residual, weight, eps=1e-6, *, inplace=False, backend="auto",
     inplace=True writes the normalised rows into x and s into residual and returns (x, residual).
     residual: x's shape and dtype. Other arguments as in rmsnorm.
     """
+    if not _compiling():
+        key = P.signature("add_rmsnorm", backend, (x, residual, weight), (eps, weight_offset, inplace))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            if inplace:
+                plan((x, weight, x, residual, residual))
+                return x, residual
+            out = torch.empty_like(x, memory_format=torch.contiguous_format)
+            sum_out = torch.empty_like(x, memory_format=torch.contiguous_format)
+            plan((x, weight, out, residual, sum_out))
+            return out, sum_out
     V.require_backend(backend, B.BACKENDS)
     if not isinstance(inplace, bool):
         raise TypeError("inplace: expected a bool, got %s" % type(inplace).__name__)
@@ -296,20 +322,29 @@ def add_rmsnorm(x, residual, weight, eps=1e-6, *, inplace=False, backend="auto",
         if _compiling():
             torch.ops.fray.add_rmsnorm_(x, residual, weight, eps, weight_offset, backend)
         else:
-            _add_rmsnorm_impl(x, residual, weight, x, residual, eps, weight_offset, backend)
+            P.PLANS.put(key, _rmsnorm_plan(x, weight, x, residual, residual, eps, weight_offset, backend))(
+                (x, weight, x, residual, residual))
         return x, residual
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    sum_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    sum_out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if _compiling():
         torch.ops.fray.add_rmsnorm(x, residual, weight, out, sum_out, eps, weight_offset, backend)
     else:
-        _add_rmsnorm_impl(x, residual, weight, out, sum_out, eps, weight_offset, backend)
+        P.PLANS.put(key, _rmsnorm_plan(x, weight, out, residual, sum_out, eps, weight_offset, backend))(
+            (x, weight, out, residual, sum_out))
     return out, sum_out
 
 
 def add_rmsnorm_residual_inplace(x, residual, weight, eps=1e-6, *, backend="auto", weight_offset=0.0):
     """residual += x (rounded, in place); returns rmsnorm(residual) in a new tensor (the seed's
     fused_rmsnorm contract and vLLM's fused_add_rms_norm data flow)."""
+    if not _compiling():
+        key = P.signature("add_rmsnorm_residual_inplace", backend, (x, residual, weight), (eps, weight_offset))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            out = torch.empty_like(x, memory_format=torch.contiguous_format)
+            plan((x, weight, out, residual, residual))
+            return out
     V.require_backend(backend, B.BACKENDS)
     eps, weight_offset = _check_eps(eps), _check_offset(weight_offset)
     if V.is_array(x) or (isinstance(x, torch.Tensor) and x.device.type == "cpu"):
@@ -317,11 +352,12 @@ def add_rmsnorm_residual_inplace(x, residual, weight, eps=1e-6, *, backend="auto
         residual[...] = s
         return y
     _check_tensors(x, weight, [("residual", residual, True)])
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if _compiling():
         torch.ops.fray.add_rmsnorm_residual_(x, residual, weight, out, eps, weight_offset, backend)
     else:
-        _add_rmsnorm_impl(x, residual, weight, out, residual, eps, weight_offset, backend)
+        P.PLANS.put(key, _rmsnorm_plan(x, weight, out, residual, residual, eps, weight_offset, backend))(
+            (x, weight, out, residual, residual))
     return out
 
 
@@ -336,6 +372,14 @@ def layernorm(x, weight, bias=None, eps=1e-5, *, out=None, backend="auto"):
     and numpy arrays run the float64 reference. out: preallocated result (x's shape and dtype;
     may be x itself).
     """
+    if not _compiling():
+        key = P.signature("layernorm", backend, (x, weight, bias, out), (eps,))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            if out is None:
+                out = torch.empty_like(x, memory_format=torch.contiguous_format)
+            plan((x, weight, bias, out))
+            return out
     V.require_backend(backend, B.BACKENDS)
     eps = _check_eps(eps)
     if V.is_array(x):
@@ -356,11 +400,11 @@ def layernorm(x, weight, bias=None, eps=1e-5, *, out=None, backend="auto"):
             return out
         return y
     if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if _compiling():
         torch.ops.fray.layernorm(x, weight, bias, out, eps, backend)
     else:
-        _layernorm_impl(x, weight, bias, out, eps, backend)
+        P.PLANS.put(key, _layernorm_plan(x, weight, bias, out, eps, backend))((x, weight, bias, out))
     return out
 
 

@@ -22,6 +22,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from fray import _plan as P
 from fray import _validate as V
 from fray import backend as B
 from fray import env
@@ -285,9 +286,8 @@ def _check_arrays(q, k, positions, cache, max_position, rotary_dim):
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU implementation (called directly in eager mode, through the custom ops under torch.compile)
-
-_stream = B.current_stream
+# GPU implementation: a launch plan (fray._plan) per call signature; the custom ops (what a
+# torch.compile'd graph calls) use the same plans under keys of their own
 
 
 def _check_indices(positions, max_position):
@@ -301,36 +301,83 @@ def _check_indices(positions, max_position):
                          "(found by FRAY_CHECK_INDICES=1)" % (max_position, lo, hi))
 
 
-def _rope_impl(q, k, q_out, k_out, positions, offset, cos, sin, max_position, rotary_dim, theta, neox, backend):
+class _RopePlan:
+    """One rope signature's launch: every size and stride fixed, and the built-in cos/sin table
+    when the call passes none (a passed table is the call's own: read per call, like q and k)."""
+
+    __slots__ = ("cuda", "triton", "cos", "device")
+
+    def __init__(self, cuda, triton, cos, device):
+        self.cuda, self.triton, self.cos, self.device = cuda, triton, cos, device
+
+    def __call__(self, q, k, q_out, k_out, positions, offset, cos, sin):
+        if cos is None:
+            cos = self.cos
+        if self.cuda is not None:
+            c = self.cuda
+            c.launcher((q, q_out, k, k_out, positions, cos, sin), c.ints + (offset,), (), c.device,
+                       P.current_stream(c.device))
+        elif self.triton is not None:
+            with torch.cuda.device(self.device):
+                self.triton(q, k, q_out, k_out, positions, offset, cos, sin)
+
+
+_NOTHING = _RopePlan(None, None, None, None)
+
+
+def _rope_plan(q, k, q_out, k_out, positions, cos, sin, max_position, rotary_dim, theta, neox, backend):
     tokens, n_qh, head_dim = q.shape
     n_kh = k.shape[1] if k is not None else 0
     if tokens == 0 or n_qh + n_kh == 0:
-        return
-    if positions is not None and env.check_indices():
-        _check_indices(positions, max_position)
+        return _NOTHING
     be = B.resolve("rope", FAMILY, backend, q.device)
-    if cos is None:
-        cos = cos_sin_cache(max_position, rotary_dim, theta, q.device)
+    builtin = cos_sin_cache(max_position, rotary_dim, theta, q.device) if cos is None else None
+    table = cos if cos is not None else builtin
     half = rotary_dim // 2
-    cs_stride = cos.stride(0)
+    cs_stride = table.stride(0)
     if be == "cuda":
-        sin_ptr = cos.data_ptr() + 4 * half if sin is None else sin.data_ptr()
         has_pos = positions is not None
-        B.load_extension(FAMILY).rope(
-            q.data_ptr(), q.stride(0), q.stride(1), q_out.data_ptr(), q_out.stride(0), q_out.stride(1),
-            k.data_ptr() if n_kh else 0, k.stride(0) if n_kh else 0, k.stride(1) if n_kh else 0,
-            k_out.data_ptr() if n_kh else 0, k_out.stride(0) if n_kh else 0, k_out.stride(1) if n_kh else 0,
-            positions.data_ptr() if has_pos else 0, _POSITION_CODES[positions.dtype] if has_pos else 0,
-            positions.stride(0) if has_pos else 0, offset, cos.data_ptr(), sin_ptr, cs_stride,
-            tokens, n_qh, n_kh, head_dim, rotary_dim, neox, V.DTYPE_CODES[q.dtype], q.device.index,
-            _stream(q.device))
+        ks = (k.stride(0), k.stride(1), k_out.stride(0), k_out.stride(1)) if n_kh else (0, 0, 0, 0)
+        ints = (q.stride(0), q.stride(1), q_out.stride(0), q_out.stride(1)) + ks + (
+            _POSITION_CODES[positions.dtype] if has_pos else 0, positions.stride(0) if has_pos else 0, cs_stride,
+            tokens, n_qh, n_kh, head_dim, rotary_dim, int(neox), V.DTYPE_CODES[q.dtype])
+        return _RopePlan(P.CudaPlan(B.load_extension(FAMILY).rope, ints, (), q.device), None, builtin, q.device)
+    from fray_triton import rope as trope
+
+    def run(q_, k_, qo_, ko_, pos_, offset, cos_, sin_):
+        tcos, tsin = (cos_[:, :half], cos_[:, half:]) if sin_ is None else (cos_, sin_)
+        trope.rope(q_, k_ if n_kh else None, qo_, ko_ if n_kh else None, pos_, offset, tcos, tsin, cs_stride,
+                   rotary_dim, neox)
+    return _RopePlan(None, run, builtin, q.device)
+
+
+def _rope_launch(plan, q, k, q_out, k_out, positions, offset, cos, sin, max_position):
+    """Per call: what no plan can hold (the FRAY_CHECK_INDICES range check, the offset, a passed
+    table), then launch."""
+    if positions is not None and env.check_indices() and plan is not _NOTHING:
+        _check_indices(positions, max_position)
+    plan(q, k, q_out, k_out, positions, offset, cos, sin)
+
+
+def _rope_impl(q, k, q_out, k_out, positions, offset, cos, sin, max_position, rotary_dim, theta, neox, backend):
+    key = P.signature("rope:op", backend, (q, k, q_out, k_out, positions, cos, sin),
+                      (max_position, rotary_dim, theta, neox))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, _rope_plan(q, k, q_out, k_out, positions, cos, sin, max_position,
+                                                           rotary_dim, theta, neox, backend))
+    _rope_launch(plan, q, k, q_out, k_out, positions, offset, cos, sin, max_position)
+
+
+def _public_key(q, k, positions, cos_sin_cache, max_position, theta, rotary_dim, style, inplace, backend):
+    """The plan key of a public rope call: positions by kind only (an int offset is a per-call value)."""
+    pos_t = positions if type(positions) is torch.Tensor else None
+    if isinstance(cos_sin_cache, (tuple, list)):
+        if len(cos_sin_cache) != 2:
+            return None
+        cos, sin = cos_sin_cache
     else:
-        from fray_triton import rope as trope
-        if sin is None:
-            cos, sin = cos[:, :half], cos[:, half:]
-        with torch.cuda.device(q.device):
-            trope.rope(q, k if n_kh else None, q_out, k_out if n_kh else None, positions, offset, cos, sin,
-                       cs_stride, rotary_dim, neox)
+        cos, sin = cos_sin_cache, None
+    return P.signature("rope", backend, (q, k, pos_t, cos, sin),
+                       (type(positions), type(cos_sin_cache), max_position, theta, rotary_dim, style, inplace))
 
 
 @torch.library.custom_op("fray::rope", mutates_args=("q_out", "k_out"))
@@ -351,8 +398,7 @@ for _op in (_rope_op, _rope_inplace_op):
     _op.register_fake(lambda *args, **kwargs: None)
 
 
-def _compiling():
-    return torch.compiler.is_compiling()
+_compiling = P.compiling
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,6 +421,22 @@ def rope(q, k, positions, *, max_position, cos_sin_cache=None, theta=10000.0, ro
     Math in fp32, one rounding. inplace=True writes into q and k and returns them; else new
     contiguous tensors. CUDA tensors run on the current stream without host synchronisation.
     """
+    if not _compiling():
+        key = _public_key(q, k, positions, cos_sin_cache, max_position, theta, rotary_dim, style, inplace, backend)
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            if type(positions) is torch.Tensor:
+                offset, pos_t = 0, positions
+            else:  # the offset's range depends on its value: checked on every call
+                offset, pos_t = _check_positions(positions, q.shape[0], max_position, q)
+            cos, sin = cos_sin_cache if isinstance(cos_sin_cache, (tuple, list)) else (cos_sin_cache, None)
+            if inplace:
+                _rope_launch(plan, q, k, q, k, pos_t, offset, cos, sin, max_position)
+                return q, k
+            q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
+            k_out = torch.empty_like(k, memory_format=torch.contiguous_format) if k is not None else None
+            _rope_launch(plan, q, k, q_out, k_out, pos_t, offset, cos, sin, max_position)
+            return q_out, k_out
     V.require_backend(backend, B.BACKENDS)
     if not isinstance(inplace, bool):
         raise TypeError("inplace: expected a bool, got %s" % type(inplace).__name__)
@@ -397,14 +459,18 @@ def rope(q, k, positions, *, max_position, cos_sin_cache=None, theta=10000.0, ro
         if _compiling():
             torch.ops.fray.rope_(q, k, pos_t, offset, cos, sin, max_position, rotary_dim, theta, neox, backend)
         else:
-            _rope_impl(q, k, q, k, pos_t, offset, cos, sin, max_position, rotary_dim, theta, neox, backend)
+            plan = P.PLANS.put(key, _rope_plan(q, k, q, k, pos_t, cos, sin, max_position, rotary_dim, theta, neox,
+                                               backend))
+            _rope_launch(plan, q, k, q, k, pos_t, offset, cos, sin, max_position)
         return q, k
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device) if k is not None else None
     if _compiling():
         torch.ops.fray.rope(q, k, q_out, k_out, pos_t, offset, cos, sin, max_position, rotary_dim, theta, neox, backend)
     else:
-        _rope_impl(q, k, q_out, k_out, pos_t, offset, cos, sin, max_position, rotary_dim, theta, neox, backend)
+        plan = P.PLANS.put(key, _rope_plan(q, k, q_out, k_out, pos_t, cos, sin, max_position, rotary_dim, theta,
+                                           neox, backend))
+        _rope_launch(plan, q, k, q_out, k_out, pos_t, offset, cos, sin, max_position)
     return q_out, k_out
 
 

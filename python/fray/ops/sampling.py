@@ -5,7 +5,9 @@ temperature -> top-k -> top-p -> min-p, the Philox-4x32-10 draw and the inverse-
 written down once, in fray.reference.sampling; the Triton kernels (fray_triton.sampling) make the
 same choices. Validation happens here, once. GPU entry points are torch custom ops
 (fray::topk, fray::argmax, fray::sample, fray::apply_penalties, fray::decode_step) with fakes,
-called directly in eager mode. CPU tensors and numpy arrays run the reference. CUDA C++ kernels:
+called directly in eager mode; each validates a GPU call signature once (fray._plan: scalar
+parameters by value, tensor ones by layout) and skips to the launch after that (sample and argmax
+from a cached launch plan). CPU tensors and numpy arrays run the reference. CUDA C++ kernels:
 cuda/topk (topk, argmax) and cuda/sampling (sample, apply_penalties, decode_step); "auto" tries
 CUDA first, then Triton.
 
@@ -22,6 +24,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
+from fray import _plan as P
 from fray import _validate as V
 from fray import backend as B
 from fray.reference import sampling as ref
@@ -266,6 +269,11 @@ def topk(x, k, *, algorithm="auto", largest=True, sorted=True, workspace=None, b
     graph capture: every path is capturable.
     CPU tensors and numpy arrays run the reference (algorithm is then only validated).
     """
+    key = None
+    if not _compiling():
+        key = P.signature("topk", backend, (x, workspace), (k, algorithm, largest, sorted))
+        if P.PLANS.get(key) is not None:
+            return _topk_validated(x, k, largest, sorted, workspace, algorithm, backend)
     V.require_backend(backend, B.BACKENDS)
     if not isinstance(algorithm, str) or algorithm not in TOPK_ALGORITHMS:
         raise ValueError("algorithm: expected one of %s, got %r" % (", ".join(map(repr, TOPK_ALGORITHMS)), algorithm))
@@ -294,6 +302,14 @@ def topk(x, k, *, algorithm="auto", largest=True, sorted=True, workspace=None, b
         if workspace.dtype != torch.uint8 or not workspace.is_contiguous():
             raise TypeError("workspace: expected a contiguous uint8 tensor, got %s (contiguous=%s)"
                             % (_dt(workspace.dtype), workspace.is_contiguous()))
+    if key is not None:
+        P.PLANS.put(key, True)  # validated: later calls of this signature skip to _topk_validated
+    return _topk_validated(x, k, largest, sorted, workspace, algorithm, backend)
+
+
+def _topk_validated(x, k, largest, sorted, workspace, algorithm, backend):
+    """topk on a validated GPU call."""
+    width = x.shape[-1]
     if algorithm == "torch" or (algorithm == "auto" and width > TOPK_MAX_WIDTH):
         if workspace is not None:
             rows = x.numel() // width
@@ -316,18 +332,33 @@ def topk(x, k, *, algorithm="auto", largest=True, sorted=True, workspace=None, b
 # ---------------------------------------------------------------------------------------------
 # argmax
 
-def _argmax_impl(x, out, backend):
+def _argmax_plan(x, backend):
     width = x.shape[-1]
     rows = x.numel() // width
     if rows == 0:
-        return
+        return None
+    stride = V.row_stride("x", x)
     if B.resolve("argmax", TOPK_FAMILY, backend, x.device) == "cuda":
-        B.load_extension(TOPK_FAMILY).argmax(x.data_ptr(), V.row_stride("x", x), V.DTYPE_CODES[x.dtype], rows, width,
-                                             out.data_ptr(), x.device.index, B.current_stream(x.device))
+        return B.load_extension(TOPK_FAMILY).argmax, stride, V.DTYPE_CODES[x.dtype], rows, width
+    return None, stride, None, rows, width
+
+
+def _argmax_launch(plan, x, out):
+    if plan is None:
+        return
+    fn, stride, code, rows, width = plan
+    if fn is not None:
+        fn(x.data_ptr(), stride, code, rows, width, out.data_ptr(), x.device.index, B.current_stream(x.device))
         return
     from fray_triton import sampling as ts
     with torch.cuda.device(x.device):
-        ts.argmax(x, out, V.row_stride("x", x), rows, width)
+        ts.argmax(x, out, stride, rows, width)
+
+
+def _argmax_impl(x, out, backend):
+    key = P.signature("argmax:op", backend, (x,))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, (_argmax_plan(x, backend),))
+    _argmax_launch(plan[0], x, out)
 
 
 @torch.library.custom_op("fray::argmax", mutates_args=("out",))
@@ -342,6 +373,13 @@ def argmax(x, *, backend="auto"):
     index, -0.0 == +0.0. x: [..., width] fp32/fp16/bf16, last dim contiguous. No host
     synchronisation (CUDA-graph capturable); the CUDA backend splits few wide rows over a
     thread-block cluster."""
+    if not _compiling():
+        key = P.signature("argmax", backend, (x,))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            out = torch.empty(x.shape[:-1], dtype=torch.int64, device=x.device)
+            _argmax_launch(plan[0], x, out)
+            return out
     V.require_backend(backend, B.BACKENDS)
     _check_logits("x", x, V.FLOAT_DTYPES)
     if V.is_array(x):
@@ -354,7 +392,8 @@ def argmax(x, *, backend="auto"):
     if _compiling():
         torch.ops.fray.argmax(x, out, backend)
     else:
-        _argmax_impl(x, out, backend)
+        plan = P.PLANS.put(key, (_argmax_plan(x, backend),))
+        _argmax_launch(plan[0], x, out)
     return out
 
 
@@ -429,6 +468,25 @@ def _join_params(tensors, fvals, ivals, kinds):
     return tuple(out)
 
 
+def _params_key(values):
+    """The plan-key parts of raw per-row parameters: tensors (by layout) and scalars (by value)."""
+    return (tuple(v if isinstance(v, torch.Tensor) else None for v in values),
+            tuple(None if isinstance(v, torch.Tensor) else v for v in values))
+
+
+def _scalars_only(params):
+    """What a plan keeps of validated parameters: the scalars (a tensor is the call's own)."""
+    return tuple(None if isinstance(v, torch.Tensor) else v for v in params)
+
+
+def _params_again(values, validated, kinds):
+    """A signature's validated parameters for this call's tensors: scalars as validated (their
+    values are in the key), tensors converted as _row_param converts them (a no-op when the
+    dtype, which is in the key, is already the kernels')."""
+    return tuple(v.to(torch.float32 if k == "float" else torch.int64).contiguous() if isinstance(v, torch.Tensor)
+                 else p for v, p, k in zip(values, validated, kinds))
+
+
 def _range_check(name, lo, hi, lo_open=False, finite=True):
     def check(v):
         ok = (v > lo if lo_open else v >= lo) and (hi is None or v <= hi) and (not finite or math.isfinite(v))
@@ -498,23 +556,30 @@ def _check_cuda_width(logits, backend):
                          "or 'triton')" % (CUDA_SAMPLE_MAX_WIDTH[logits.dtype], _dt(logits.dtype), logits.shape[1]))
 
 
-def _sample_impl(logits, params, tokens, logprobs, backend):
+def _sample_launch(logits, backend):
+    """(ext.sample or None for Triton, row stride, dtype code, rows, width) of one logits signature."""
     rows, width = logits.shape
-    if rows == 0:
-        return
     be = B.resolve("sample", FAMILY, backend, logits.device)
     if be == "cuda" and not _cuda_sample_fits(logits):
         be = "triton"  # only under "auto": a forced "cuda" was refused by _check_cuda_width
-    if be == "cuda":
-        B.load_extension(FAMILY).sample(
-            logits.data_ptr(), V.row_stride("logits", logits), V.DTYPE_CODES[logits.dtype], rows, width,
-            *_cuda_args(params), tokens.data_ptr(), logprobs.data_ptr(), logits.device.index,
-            B.current_stream(logits.device))
+    fn = B.load_extension(FAMILY).sample if be == "cuda" else None
+    return fn, V.row_stride("logits", logits), V.DTYPE_CODES[logits.dtype], rows, width
+
+
+def _sample_impl(logits, params, tokens, logprobs, backend):
+    if logits.shape[0] == 0:
+        return
+    key = P.signature("sample:op", backend, (logits,))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, _sample_launch(logits, backend))
+    fn, stride, code, rows, width = plan
+    if fn is not None:
+        fn(logits.data_ptr(), stride, code, rows, width, *_cuda_args(params), tokens.data_ptr(), logprobs.data_ptr(),
+           logits.device.index, B.current_stream(logits.device))
         return
     from fray_triton import sampling as ts
     with torch.cuda.device(logits.device):
         ts.sample(logits, tokens, logprobs, *_materialize_all(params, _SAMPLE_KINDS, rows, logits.device),
-                  V.row_stride("logits", logits), rows, width)
+                  stride, rows, width)
 
 
 @torch.library.custom_op("fray::sample", mutates_args=("tokens", "logprobs"))
@@ -569,8 +634,18 @@ def sample(logits, *, temperature, top_k=None, top_p=None, min_p=None, seeds, of
     CUDA_SAMPLE_MAX_WIDTH; Python-scalar parameters are passed by value, no [B] tensor is built),
     "triton", or "auto" (CUDA first, Triton for wider rows).
     """
+    raw = (temperature, top_k, top_p, min_p, seeds, offsets)
+    key = None
+    if not _compiling():  # a GPU call validated once per signature (CPU parameter values are checked per call)
+        tensors, scalars = _params_key(raw)
+        key = P.signature("sample", backend, (logits,) + tensors, (return_logprobs,) + scalars)
+        validated = P.PLANS.get(key)
+        if validated is not None:
+            return _sample_validated(logits, _params_again(raw, validated, _SAMPLE_KINDS), return_logprobs, backend)
     _check_sample_common(logits, return_logprobs, backend)
     params = _sampling_params(logits, temperature, top_k, top_p, min_p, seeds, offsets)
+    if key is not None and logits.device.type == "cuda":
+        P.PLANS.put(key, _scalars_only(params))
     return _sample_validated(logits, params, return_logprobs, backend)
 
 
@@ -695,6 +770,15 @@ def apply_penalties(logits, token_ids, token_offsets, *, repetition=1.0, presenc
     For each distinct id with count n: l = l / rep if l > 0 else l * rep, then l -= presence,
     then l -= n * frequency; fp32 math, one rounding. Ids outside [0, V) raise on the CPU and are
     ignored on the GPU (checking them there would need a host sync)."""
+    raw = (repetition, presence, frequency)
+    key = None
+    if not _compiling():  # a GPU call validated once per signature (CPU history values are checked per call)
+        tensors, scalars = _params_key(raw)
+        key = P.signature("apply_penalties", backend, (logits, token_ids, token_offsets) + tensors, scalars)
+        validated = P.PLANS.get(key)
+        if validated is not None:
+            return _penalties_validated(logits, token_ids, token_offsets, _params_again(raw, validated,
+                                                                                        _PENALTY_KINDS), backend)
     V.require_backend(backend, B.BACKENDS)
     V.require_tensor("logits", logits)
     _check_logits("logits", logits, V.FLOAT_DTYPES, ndim=2)
@@ -703,6 +787,8 @@ def apply_penalties(logits, token_ids, token_offsets, *, repetition=1.0, presenc
     _check_rows_writable(logits)
     _check_history(logits, token_ids, token_offsets)
     params = _penalty_params(logits, repetition, presence, frequency)
+    if key is not None and logits.device.type == "cuda":
+        P.PLANS.put(key, _scalars_only(params))
     return _penalties_validated(logits, token_ids, token_offsets, params, backend)
 
 
@@ -713,11 +799,29 @@ def decode_step(logits, token_ids, token_offsets, *, repetition=1.0, presence=0.
     (and logprobs). Everything is validated before logits are touched. On CUDA tensors with the
     "cuda" backend: exactly two kernel launches (penalties, then sampling), no host sync, no
     allocation beyond the outputs; graph-capturable (bump `offsets` in place between replays)."""
+    raw_pen, raw = (repetition, presence, frequency), (temperature, top_k, top_p, min_p, seeds, offsets)
+    key = None
+    if not _compiling():  # a GPU call validated once per signature
+        pen_t, pen_s = _params_key(raw_pen)
+        tensors, scalars = _params_key(raw)
+        key = P.signature("decode_step", backend, (logits, token_ids, token_offsets) + pen_t + tensors,
+                          (return_logprobs,) + pen_s + scalars)
+        validated = P.PLANS.get(key)
+        if validated is not None:
+            return _decode_validated(logits, token_ids, token_offsets, _params_again(raw_pen, validated[0],
+                                                                                     _PENALTY_KINDS),
+                                     _params_again(raw, validated[1], _SAMPLE_KINDS), return_logprobs, backend)
     _check_sample_common(logits, return_logprobs, backend)
     _check_rows_writable(logits)
     _check_history(logits, token_ids, token_offsets)
     pen = _penalty_params(logits, repetition, presence, frequency)
     params = _sampling_params(logits, temperature, top_k, top_p, min_p, seeds, offsets)
+    if key is not None and logits.device.type == "cuda":
+        P.PLANS.put(key, (_scalars_only(pen), _scalars_only(params)))
+    return _decode_validated(logits, token_ids, token_offsets, pen, params, return_logprobs, backend)
+
+
+def _decode_validated(logits, token_ids, token_offsets, pen, params, return_logprobs, backend):
     if logits.device.type == "cpu":
         _penalties_validated(logits, token_ids, token_offsets, pen, backend)
         return _sample_validated(logits, params, return_logprobs, backend)

@@ -20,6 +20,7 @@ import math
 import numpy as np
 import torch
 
+from fray import _plan as P
 from fray import _validate as V
 from fray import backend as B
 from fray.reference import convert as C
@@ -136,48 +137,63 @@ def _check_array(x, out):
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU implementations (called directly in eager mode, through the custom ops under torch.compile)
+# GPU implementations: launch plans (fray._plan), built once per call signature; the custom ops
+# (what a torch.compile'd graph calls) use the same plans under keys of their own
 
-_stream = B.current_stream
-
-
-def _softmax_impl(x, out, dim, temperature, backend):
+def _softmax_plan(x, out, dim, temperature, backend):
+    """The launch plan of one softmax call, taking (x, out)."""
     if x.numel() == 0:
-        return
+        return P.NOOP
     be = B.resolve("softmax", FAMILY, backend, x.device)
     xv, sx = _row_layout("x", x, dim)
     ov, so = _row_layout("out", out, dim, writable=True)
     cols = xv.shape[-1]
     rows = xv.numel() // cols
-    if be == "cuda":
-        B.load_extension(FAMILY).softmax(
-            xv.data_ptr(), sx, V.DTYPE_CODES[x.dtype], ov.data_ptr(), so, V.DTYPE_CODES[out.dtype],
-            rows, cols, temperature, x.device.index, _stream(x.device))
-    else:
-        from fray_triton import softmax as tsoftmax
-        with torch.cuda.device(x.device):
-            tsoftmax.softmax(xv, ov, temperature, sx, so, rows, cols, num_sms=B.num_sms(x.device.index))
+    if be == "cuda":  # x.movedim(dim, -1) starts where x does: the launcher takes x's address
+        plan = P.CudaPlan(B.load_extension(FAMILY).softmax,
+                          (sx, so, rows, cols, V.DTYPE_CODES[x.dtype], V.DTYPE_CODES[out.dtype]), (temperature,),
+                          x.device)
+        return lambda t: plan((t[0], t[1], None, None))
+    from fray_triton import softmax as tsoftmax
+    sms, last = B.num_sms(x.device.index), x.dim() - 1
+    return P.TritonPlan(lambda x_, o_: tsoftmax.softmax(x_.movedim(dim, -1) if dim != last else x_,
+                                                        o_.movedim(dim, -1) if dim != last else o_,
+                                                        temperature, sx, so, rows, cols, num_sms=sms), x.device)
 
 
-def _online_softmax_impl(x, out, row_max, row_lse, backend):
+def _online_softmax_plan(x, out, backend):
+    """The launch plan of one online_softmax call, taking (x, out, row_max, row_lse)."""
     cols = x.shape[-1]
     if x.numel() == 0:
         if cols == 0:  # max and log-sum-exp of nothing
-            row_max.fill_(float("-inf"))
-            row_lse.fill_(float("-inf"))
-        return
+            def fill(t):
+                t[2].fill_(float("-inf"))
+                t[3].fill_(float("-inf"))
+            return fill
+        return P.NOOP
     be = B.resolve("online_softmax", FAMILY, backend, x.device)
     sx, so = V.row_stride("x", x), V.row_stride("out", out, writable=True)
     rows = x.numel() // cols
     if be == "cuda":
-        B.load_extension(FAMILY).online_softmax(
-            x.data_ptr(), sx, out.data_ptr(), so, row_max.data_ptr(), row_lse.data_ptr(), rows, cols,
-            V.DTYPE_CODES[x.dtype], x.device.index, _stream(x.device))
-    else:
-        from fray_triton import softmax as tsoftmax
-        with torch.cuda.device(x.device):
-            tsoftmax.softmax(x, out, 1.0, sx, so, rows, cols, row_max=row_max, row_lse=row_lse,
-                             num_sms=B.num_sms(x.device.index))
+        code = V.DTYPE_CODES[x.dtype]
+        return P.CudaPlan(B.load_extension(FAMILY).softmax, (sx, so, rows, cols, code, code), (1.0,), x.device)
+    from fray_triton import softmax as tsoftmax
+    sms = B.num_sms(x.device.index)
+    return P.TritonPlan(lambda x_, o_, m_, l_: tsoftmax.softmax(x_, o_, 1.0, sx, so, rows, cols, row_max=m_,
+                                                                row_lse=l_, num_sms=sms), x.device)
+
+
+def _softmax_impl(x, out, dim, temperature, backend):
+    key = P.signature("softmax:op", backend, (x, out), (dim, temperature))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, _softmax_plan(x, out, dim, temperature, backend))
+    plan((x, out))
+
+
+def _online_softmax_impl(x, out, row_max, row_lse, backend):
+    tensors = (x, out, row_max, row_lse)
+    key = P.signature("online_softmax:op", backend, tensors)
+    plan = P.PLANS.get(key) or P.PLANS.put(key, _online_softmax_plan(x, out, backend))
+    plan(tensors)
 
 
 @torch.library.custom_op("fray::softmax", mutates_args=("out",))
@@ -195,8 +211,7 @@ for _op in (_softmax_op, _online_softmax_op):
     _op.register_fake(lambda *args, **kwargs: None)
 
 
-def _compiling():
-    return torch.compiler.is_compiling()
+_compiling = P.compiling
 
 
 def _cpu_backend_check(backend):
@@ -232,6 +247,14 @@ def softmax(x, *, temperature=1.0, dim=-1, out_dtype=None, out=None, backend="au
     tensors run on the current stream without host synchronisation; CPU tensors and numpy arrays
     run the float64 reference. An all -inf row gives NaN, as torch.softmax does.
     """
+    if not _compiling():
+        key = P.signature("softmax", backend, (x, out), (temperature, dim, out_dtype))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            if out is None:
+                out = _softmax_out(x, plan.dim, plan.odt)
+            plan((x, out))
+            return out
     V.require_backend(backend, B.BACKENDS)
     temperature = _check_temperature(temperature)
     if V.is_array(x):
@@ -259,16 +282,32 @@ def softmax(x, *, temperature=1.0, dim=-1, out_dtype=None, out=None, backend="au
             return out
         return y
     if out is None:
-        if dim == x.dim() - 1:
-            out = torch.empty(x.shape, dtype=odt, device=x.device)
-        else:  # rows laid out like the kernels write them: dim contiguous
-            moved = x.shape[:dim] + x.shape[dim + 1:] + x.shape[dim:dim + 1]
-            out = torch.empty(moved, dtype=odt, device=x.device).movedim(-1, dim)
+        out = _softmax_out(x, dim, odt)
     if _compiling():
         torch.ops.fray.softmax(x, out, dim, temperature, backend)
     else:
-        _softmax_impl(x, out, dim, temperature, backend)
+        P.PLANS.put(key, _Planned(_softmax_plan(x, out, dim, temperature, backend), dim, odt))((x, out))
     return out
+
+
+class _Planned:
+    """A softmax plan with what allocating its output needs (the normalised dim and out dtype)."""
+
+    __slots__ = ("plan", "dim", "odt")
+
+    def __init__(self, plan, dim, odt):
+        self.plan, self.dim, self.odt = plan, dim, odt
+
+    def __call__(self, tensors):
+        self.plan(tensors)
+
+
+def _softmax_out(x, dim, odt):
+    if dim == x.dim() - 1:
+        return torch.empty_like(x, dtype=odt, memory_format=torch.contiguous_format)
+    # rows laid out like the kernels write them: dim contiguous
+    moved = x.shape[:dim] + x.shape[dim + 1:] + x.shape[dim:dim + 1]
+    return torch.empty(moved, dtype=odt, device=x.device).movedim(-1, dim)
 
 
 def online_softmax(x, *, out=None, backend="auto"):
@@ -281,6 +320,11 @@ def online_softmax(x, *, out=None, backend="auto"):
     Triton backend's 32768, are read twice) with an online max/sum rescaling. An all -inf row gives
     y = NaN and row_max = row_lse = -inf. Layout rules as softmax(dim=-1).
     """
+    if not _compiling():
+        key = P.signature("online_softmax", backend, (x, out))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            return _online_launch(plan, x, out)
     V.require_backend(backend, B.BACKENDS)
     if V.is_array(x):
         _check_array(x, out)
@@ -308,14 +352,24 @@ def online_softmax(x, *, out=None, backend="auto"):
             out.copy_(y)
             y = out
         return y, m, lse
+    if _compiling():
+        if out is None:
+            out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        row_max = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+        row_lse = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+        torch.ops.fray.online_softmax(x, out, row_max, row_lse, backend)
+        return out, row_max, row_lse
     if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return _online_launch(P.PLANS.put(key, _online_softmax_plan(x, out, backend)), x, out)
+
+
+def _online_launch(plan, x, out):
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
     row_max = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     row_lse = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    if _compiling():
-        torch.ops.fray.online_softmax(x, out, row_max, row_lse, backend)
-    else:
-        _online_softmax_impl(x, out, row_max, row_lse, backend)
+    plan((x, out, row_max, row_lse))
     return out, row_max, row_lse
 
 

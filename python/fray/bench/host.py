@@ -1,0 +1,202 @@
+"""Eager per-call host cost of every public op, beside the torch op a user would call instead.
+
+Each impl is called CALLS times back to back with no synchronisation inside the loop, then the
+device is synchronised once; the wall time divided by CALLS is the figure. The shapes are small
+(kernels of ~2-10 µs), so the figure is what the host spends per call (Python, validation, the
+binding, the launch), not the kernel. Three interleaved rounds, median, as the other benchmarks.
+torch.add (the cheapest torch op: one dispatch, one launch) is measured as the floor.
+
+Records: op, impl, shape suffixed ":host", us (per call); impls fray.cuda, fray.triton,
+torch.builtin (F.rms_norm, torch.softmax, torch.topk, SDPA, ...), torch.eager (a composite of
+several torch ops where torch has no single op) and flashinfer where it is importable.
+"""
+import time
+
+import torch
+import torch.nn.functional as F
+
+import fray
+from fray.bench import median, time_rounds
+
+CALLS = 2000
+WARMUP = 50
+BATCH = 8
+VOCAB = 32000
+HIDDEN = 4096
+OPS = ("host",)
+BENCH_OPS = ("host",)
+
+
+def host_us(fn, calls=CALLS):
+    """µs per call of `calls` back-to-back calls, one synchronisation after the loop."""
+    for _ in range(WARMUP):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e6 / calls
+
+
+def _flashinfer():
+    try:
+        import flashinfer
+    except Exception:  # not installed on the GPU machine today: its rows are simply absent
+        return None
+    return flashinfer
+
+
+def _fray(impls, fn):
+    for backend in ("cuda", "triton"):
+        impls["fray." + backend] = lambda b=backend: fn(b)
+
+
+def cases(device):
+    """[(op, shape, dtype, {impl: zero-argument callable})] at the issue's shapes."""
+    g = torch.Generator(device=device).manual_seed(0)
+    bf16 = torch.bfloat16
+
+    def randn(*shape, dtype=bf16):
+        return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(dtype)
+
+    fi = _flashinfer()
+    out = []
+
+    x, r, w = randn(BATCH, HIDDEN), randn(BATCH, HIDDEN), randn(HIDDEN)
+    y = torch.empty_like(x)
+    impls = {}
+    _fray(impls, lambda b: fray.rmsnorm(x, w, 1e-6, out=y, backend=b))
+    impls["torch.builtin"] = lambda: F.rms_norm(x, (HIDDEN,), w, 1e-6)
+    if fi is not None:
+        impls["flashinfer"] = lambda: fi.norm.rmsnorm(x, w, 1e-6, out=y)
+    out.append(("rmsnorm", "%dx%d" % (BATCH, HIDDEN), "bf16", impls))
+
+    impls = {}
+    _fray(impls, lambda b: fray.add_rmsnorm(x, r, w, 1e-6, inplace=True, backend=b))
+    if fi is not None:
+        impls["flashinfer"] = lambda: fi.norm.fused_add_rmsnorm(x, r, w, 1e-6)
+    out.append(("add_rmsnorm", "%dx%d:inplace" % (BATCH, HIDDEN), "bf16", impls))
+
+    b_ln = randn(HIDDEN)
+    impls = {}
+    _fray(impls, lambda b: fray.layernorm(x, w, b_ln, 1e-5, out=y, backend=b))
+    impls["torch.builtin"] = lambda: F.layer_norm(x, (HIDDEN,), w, b_ln, 1e-5)
+    out.append(("layernorm", "%dx%d" % (BATCH, HIDDEN), "bf16", impls))
+
+    d = 2048
+    gu = randn(BATCH, 2 * d)
+    h = torch.empty(BATCH, d, device=device, dtype=bf16)
+    impls = {}
+    _fray(impls, lambda b: fray.silu_mul(gu, out=h, backend=b))
+    impls["torch.eager"] = lambda: F.silu(gu[:, :d]) * gu[:, d:]
+    if fi is not None:
+        impls["flashinfer"] = lambda: fi.activation.silu_and_mul(gu, out=h)
+    out.append(("silu_mul", "%dx%d" % (BATCH, 2 * d), "bf16", impls))
+
+    impls = {}
+    _fray(impls, lambda b: fray.gelu_mul(gu, approximate="tanh", out=h, backend=b))
+    impls["torch.eager"] = lambda: F.gelu(gu[:, :d], approximate="tanh") * gu[:, d:]
+    out.append(("gelu_mul", "%dx%d" % (BATCH, 2 * d), "bf16", impls))
+
+    q, k = randn(BATCH, 32, 128), randn(BATCH, 8, 128)
+    pos = torch.arange(BATCH, device=device, dtype=torch.int64) + 100
+    impls = {}
+    _fray(impls, lambda b: fray.rope(q, k, pos, max_position=8192, inplace=True, backend=b))
+    out.append(("rope", "%dx32x128:inplace" % BATCH, "bf16", impls))
+
+    logits = randn(BATCH, VOCAB, dtype=torch.float32)
+    p = torch.empty_like(logits)
+    impls = {}
+    _fray(impls, lambda b: fray.softmax(logits, out=p, backend=b))
+    impls["torch.builtin"] = lambda: torch.softmax(logits, -1)
+    out.append(("softmax", "%dx%d" % (BATCH, VOCAB), "fp32", impls))
+
+    impls = {}
+    _fray(impls, lambda b: fray.online_softmax(logits, backend=b))
+    impls["torch.builtin"] = lambda: torch.softmax(logits, -1)
+    out.append(("online_softmax", "%dx%d" % (BATCH, VOCAB), "fp32", impls))
+
+    impls = {}
+    _fray(impls, lambda b: fray.topk(logits, 50, backend=b))
+    impls["torch.builtin"] = lambda: torch.topk(logits, 50)
+    if fi is not None and hasattr(fi, "top_k"):
+        impls["flashinfer"] = lambda: fi.top_k(logits, 50)
+    out.append(("topk", "%dx%dk50" % (BATCH, VOCAB), "fp32", impls))
+
+    impls = {}
+    _fray(impls, lambda b: fray.argmax(logits, backend=b))
+    impls["torch.builtin"] = lambda: torch.argmax(logits, -1)
+    out.append(("argmax", "%dx%d" % (BATCH, VOCAB), "fp32", impls))
+
+    seeds = torch.arange(BATCH, device=device, dtype=torch.int64) + 1234
+    offsets = torch.zeros(BATCH, device=device, dtype=torch.int64)
+    impls = {}
+    _fray(impls, lambda b: fray.sample(logits, temperature=0.8, top_p=0.9, seeds=seeds, offsets=offsets,
+                                       backend=b))
+    out.append(("sample", "%dx%d:topp" % (BATCH, VOCAB), "fp32", impls))
+
+    hist = 64
+    ids = torch.randint(0, VOCAB, (BATCH * hist,), generator=g, device=device, dtype=torch.int32)
+    ids_off = torch.arange(0, BATCH * hist + 1, hist, device=device, dtype=torch.int32)
+    pen = logits.clone()
+    impls = {}
+    _fray(impls, lambda b: fray.apply_penalties(pen, ids, ids_off, repetition=1.1, presence=0.1,
+                                                frequency=0.1, backend=b))
+    out.append(("apply_penalties", "%dx%d" % (BATCH, VOCAB), "fp32", impls))
+
+    impls = {}
+    _fray(impls, lambda b: fray.decode_step(pen, ids, ids_off, repetition=1.1, presence=0.1, frequency=0.1,
+                                            temperature=0.8, top_k=50, top_p=0.9, seeds=seeds,
+                                            offsets=offsets, backend=b))
+    out.append(("decode_step", "%dx%d" % (BATCH, VOCAB), "fp32", impls))
+
+    hq, hkv, t, dh, page = 32, 8, 1024, 128, 16
+    qd = randn(BATCH, hq, dh)
+    kc, vc = randn(BATCH, hkv, t, dh), randn(BATCH, hkv, t, dh)
+    lens = torch.full((BATCH,), t - 1, device=device, dtype=torch.int32)
+    od = torch.empty_like(qd)
+    q4 = qd[:, :, None, :]
+    spec = "B%dHq%dHkv%dT%dD%d" % (BATCH, hq, hkv, t, dh)
+    impls = {}
+    _fray(impls, lambda b: fray.decode_attention(qd, kc, vc, lens, kv_layout="HND", out=od, backend=b))
+    impls["torch.builtin"] = lambda: F.scaled_dot_product_attention(q4, kc, vc, enable_gqa=True)
+    out.append(("decode_attention", spec, "bf16", impls))
+
+    nb = t // page
+    kp = kc.transpose(1, 2).reshape(BATCH * nb, page, hkv, dh).contiguous()
+    vp = vc.transpose(1, 2).reshape(BATCH * nb, page, hkv, dh).contiguous()
+    table = torch.arange(BATCH * nb, device=device, dtype=torch.int32).view(BATCH, nb)
+    impls = {}
+    _fray(impls, lambda b: fray.paged_decode_attention(qd, kp, vp, table, lens, out=od, backend=b))
+    impls["torch.builtin"] = lambda: F.scaled_dot_product_attention(q4, kc, vc, enable_gqa=True)
+    out.append(("paged_decode_attention", spec + "P%d" % page, "bf16", impls))
+
+    kn, vn = randn(BATCH, hkv, dh), randn(BATCH, hkv, dh)
+    impls = {}
+    _fray(impls, lambda b: fray.kv_append(kc, vc, kn, vn, lens, kv_layout="HND", backend=b))
+    out.append(("kv_append", "B%dHkv%dD%d" % (BATCH, hkv, dh), "bf16", impls))
+
+    impls = {}
+    _fray(impls, lambda b: fray.kv_append_paged(kp, vp, table, kn, vn, lens, backend=b))
+    out.append(("kv_append_paged", "B%dHkv%dD%dP%d" % (BATCH, hkv, dh, page), "bf16", impls))
+
+    a, c = randn(BATCH * HIDDEN), randn(BATCH * HIDDEN)
+    s = torch.empty_like(a)
+    impls = {}
+    _fray(impls, lambda b: fray.vector_add(a, c, out=s, backend=b))
+    impls["torch.builtin"] = lambda: torch.add(a, c)
+    out.append(("vector_add", str(BATCH * HIDDEN), "bf16", impls))
+    return out
+
+
+def run(op, recorder, shapes=None, graph=True, device="cuda", timer=host_us):
+    del op, shapes, graph  # one fixed set of shapes; nothing to graph-replay
+    for name, shape, dtype, impls in cases(torch.device(device)):
+        timed = time_rounds(impls, timer)
+        for impl, rounds in timed.items():
+            if isinstance(rounds, Exception):
+                recorder.add(name, impl, shape + ":host", dtype, None, note="error: %s" % str(rounds)[:200])
+            else:
+                recorder.add(name, impl, shape + ":host", dtype, median(rounds), calls=CALLS,
+                             rounds=[round(u, 3) for u in rounds])

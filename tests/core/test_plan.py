@@ -1,0 +1,150 @@
+"""fray._plan without a GPU: signature keys, the bounded plan cache, the binder call a CUDA plan
+makes, and each converted family's plan slots against its launcher's documented order (the
+extension is replaced by a recorder, CPU tensors stand in for CUDA ones)."""
+import numpy as np
+import pytest
+import torch
+
+import fray
+from fray import _plan as P
+from fray import backend as B
+
+
+def _address(t):
+    return 0 if t is None else t if isinstance(t, int) else t.data_ptr()
+
+
+class _Recorder:
+    """Records launcher calls with the ptrs slots as the binder reads them (tensors -> data_ptr())."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def launch(ptrs, *rest):
+            self.calls.append((name, tuple(map(_address, ptrs))) + rest)
+        return launch
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Plans built for CPU tensors as if they were on cuda:0, launching into a recorder."""
+    rec = _Recorder()
+    monkeypatch.setattr(B, "resolve", lambda *a: "cuda")
+    monkeypatch.setattr(B, "load_extension", lambda family: rec)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(P, "_raw_stream", lambda index: 4321)
+    P.PLANS.clear()
+    yield rec
+    P.PLANS.clear()
+
+
+def test_signature_holds_layouts_scalar_types_and_the_override(monkeypatch):
+    x = torch.empty(4, 8)
+    monkeypatch.delenv("FRAY_BACKEND", raising=False)
+    key = P.signature("op", "auto", (x, None), (1e-6, True))
+    assert key == P.signature("op", "auto", (torch.empty(4, 8), None), (1e-6, True))
+    assert key != P.signature("op", "auto", (x.t(), None), (1e-6, True))            # strides
+    assert key != P.signature("op", "auto", (x.half(), None), (1e-6, True))         # dtype
+    assert key != P.signature("op", "auto", (x, x), (1e-6, True))                    # an optional tensor
+    assert key != P.signature("op", "auto", (x, None), (1e-6, 1))                    # True is not 1
+    assert P.signature("op", "auto", (x,), (1,)) != P.signature("op", "auto", (x,), (1.0,))
+    monkeypatch.setenv("FRAY_BACKEND", "triton")
+    assert key != P.signature("op", "auto", (x, None), (1e-6, True))                 # FRAY_BACKEND
+    for odd in (P.signature("op", "auto", (np.zeros(3),)), P.signature("op", "auto", (x,), ([1.0],))):
+        assert P.PLANS.get(odd) is None and P.PLANS.put(odd, "plan") == "plan" and P.PLANS.get(odd) is None
+    assert P.PLANS.get(None) is None
+
+
+def test_plan_cache_is_size_capped():
+    cache = P.PlanCache(maxsize=2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    cache.put("c", 3)
+    assert len(cache) == 2 and cache.get("a") is None and cache.get("b") == 2 and cache.get("c") == 3
+    assert cache.put(None, 4) == 4 and len(cache) == 2
+
+
+def test_cuda_plan_calls_the_binder_with_addresses_slots_and_the_stream(fake_cuda):
+    x, y = torch.empty(3), torch.empty(3)
+    plan = P.CudaPlan(fake_cuda.launch, (1, 2.0), (0.5,), torch.device("cuda", 1))
+    plan((x, None, y))
+    assert fake_cuda.calls == [("launch", (x.data_ptr(), 0, y.data_ptr()), (1, 2), (0.5,), 1, 4321)]
+
+
+def test_norm_plans_follow_the_launcher_slots(fake_cuda):
+    from fray.ops import norm
+    x = torch.empty(6, 16, dtype=torch.bfloat16)[:, :8]  # row stride 16
+    w, r = torch.empty(8), torch.empty(3, 2, 8, dtype=torch.bfloat16).view(6, 8)
+    out, s = torch.empty(6, 8, dtype=torch.bfloat16), torch.empty(6, 8, dtype=torch.bfloat16)
+    norm._rmsnorm_plan(x, w, out, None, None, 1e-6, 1.0, "auto")((x, w, out, None, None))
+    norm._rmsnorm_plan(x, w, out, r, s, 1e-5, 0.0, "auto")((x, w, out, r, s))
+    norm._layernorm_plan(x, w, None, out, 1e-5, "auto")((x, w, None, out))
+    (n1, p1, i1, f1, d1, s1), (n2, p2, i2, f2, _, _), (n3, p3, i3, f3, _, _) = fake_cuda.calls
+    assert n1 == n2 == "rmsnorm" and n3 == "layernorm" and (d1, s1) == (0, 4321)
+    assert p1 == (x.data_ptr(), w.data_ptr(), out.data_ptr(), 0, 0)
+    assert i1 == (16, 8, 0, 0, 6, 8, 2, 0) and f1 == (1e-6, 1.0)
+    assert p2 == (x.data_ptr(), w.data_ptr(), out.data_ptr(), r.data_ptr(), s.data_ptr())
+    assert i2 == (16, 8, 8, 8, 6, 8, 2, 0) and f2 == (1e-5, 0.0)
+    assert p3 == (x.data_ptr(), w.data_ptr(), 0, out.data_ptr()) and i3 == (16, 8, 6, 8, 2, 0) and f3 == (1e-5,)
+    assert norm._rmsnorm_plan(x[:0], w, out[:0], None, None, 1e-6, 0.0, "auto") is P.NOOP
+
+
+def test_activation_softmax_and_elementwise_plans_follow_the_launcher_slots(fake_cuda):
+    from fray.ops import activation, elementwise, softmax
+    x = torch.empty(5, 2 * 12, dtype=torch.float16)
+    out = torch.empty(5, 12, dtype=torch.float16)
+    activation._act_plan("gelu_mul", x, None, out, "tanh", "auto")((x, None, out))
+    up = torch.empty(5, 12, dtype=torch.float16)
+    activation._act_plan("silu_mul", out, up, out, "none", "auto")((out, up, out))
+    logits, probs = torch.empty(2, 3, 7), torch.empty(2, 3, 7, dtype=torch.bfloat16)
+    softmax._softmax_plan(logits, probs, 2, 0.5, "auto")((logits, probs))
+    m, lse = torch.empty(2, 3), torch.empty(2, 3)
+    softmax._online_softmax_plan(logits, logits, "auto")((logits, logits, m, lse))
+    a = torch.empty(10)
+    elementwise._vector_add_plan(a, "auto")((a, a, a))
+    act1, act2, sm, online, add = fake_cuda.calls
+    assert act1[1:4] == ((x.data_ptr(), 0, out.data_ptr()), (24, 24, 12, 5, 12, 2, 1), ())
+    assert act2[1:4] == ((out.data_ptr(), up.data_ptr(), out.data_ptr()), (12, 12, 12, 5, 12, 0, 1), ())
+    assert sm[0] == "softmax" and sm[1:4] == ((logits.data_ptr(), probs.data_ptr(), 0, 0), (7, 7, 6, 7, 0, 2), (0.5,))
+    assert online[1:4] == ((logits.data_ptr(),) * 2 + (m.data_ptr(), lse.data_ptr()), (7, 7, 6, 7, 0, 0), (1.0,))
+    assert add[1:4] == ((a.data_ptr(),) * 3, (10, 0), ())
+
+
+def test_public_calls_launch_from_a_cached_plan(fake_cuda):
+    """A hit skips validation and launches; the key is the public function's own (a plan put under
+    it by hand stands in for the first, validating call that a CPU tensor never makes)."""
+    from fray.ops import elementwise, norm
+    x, w = torch.empty(4, 8), torch.empty(8)
+    key = P.signature("rmsnorm", "cuda", (x, w, None), (1e-6, 0.0))
+    P.PLANS.put(key, norm._rmsnorm_plan(x, w, torch.empty(4, 8), None, None, 1e-6, 0.0, "cuda"))
+    y = fray.rmsnorm(x, w, 1e-6, backend="cuda")
+    assert y.shape == x.shape and y.is_contiguous()
+    assert fake_cuda.calls[-1][1] == (x.data_ptr(), w.data_ptr(), y.data_ptr(), 0, 0)
+    # a hit with different scalar types is a miss: eps=True still raises on the CPU path
+    with pytest.raises(TypeError, match="eps: expected a float"):
+        fray.rmsnorm(x, w, True, backend="cuda")
+    # vector_add checks per call what no plan can hold: a partial overlap of out with a or b
+    buf = torch.empty(12)
+    a, b, out = buf[:8], torch.empty(8), buf[2:10]
+    P.PLANS.put(P.signature("vector_add", "cuda", (a, b, out)), elementwise._vector_add_plan(a, "cuda"))
+    with pytest.raises(ValueError, match="out: overlaps a without being a itself"):
+        fray.vector_add(a, b, out=out, backend="cuda")
+    fray.vector_add(a, b, out=a, backend="cuda")
+    assert fake_cuda.calls[-1][1] == (a.data_ptr(), b.data_ptr(), a.data_ptr())
+
+
+def test_rope_plan_follows_the_launcher_slots_with_the_offset_last(fake_cuda):
+    from fray.ops import rope
+    qkv = torch.empty(3, 6, 16, dtype=torch.bfloat16)
+    q, k = qkv[:, :4], qkv[:, 4:]
+    table = torch.empty(32, 16)
+    plan = rope._rope_plan(q, k, q, k, None, table, None, 32, 16, 1e4, True, "auto")
+    rope._rope_launch(plan, q, k, q, k, None, 7, table, None, 32)
+    other = torch.empty(32, 16)  # a later call's own table, not the first call's
+    rope._rope_launch(plan, q, k, q, k, None, 9, other, None, 32)
+    (name, ptrs, ints, floats, dev, stream), second = fake_cuda.calls
+    assert name == "rope" and (dev, stream) == (0, 4321) and floats == ()
+    assert ptrs == (q.data_ptr(), q.data_ptr(), k.data_ptr(), k.data_ptr(), 0, table.data_ptr(), 0)
+    assert ints == (96, 16, 96, 16, 96, 16, 96, 16, 0, 0, 16, 3, 4, 2, 16, 16, 1, 2, 7)
+    assert second[2][-1] == 9 and second[2][:-1] == ints[:-1] and second[1][5] == other.data_ptr()
