@@ -118,3 +118,22 @@ def test_console_script_check_on_cpu(installed):
 def test_console_script_rejects_unknown_command(installed):
     out = _fray(installed, "frobnicate")
     assert out.returncode != 0, out.stdout + out.stderr
+
+
+def test_types_of_the_installed_package(installed, tmp_path):
+    """mypy (tools/requirements.txt) over examples/typed against the venv: the wheel's py.typed and
+    fray/__init__.pyi type a correct program cleanly and reject every line of misuse.py marked
+    `# error`."""
+    import re
+    import shutil
+    for name in ("use_fray.py", "misuse.py"):
+        shutil.copy(os.path.join("examples", "typed", name), tmp_path / name)
+    out = subprocess.run([sys.executable, "-m", "mypy", "--python-executable",
+                          os.path.join(installed["bindir"], "python"), "--cache-dir", str(tmp_path / "cache"),
+                          "--no-error-summary", "use_fray.py", "misuse.py"],
+                         capture_output=True, text=True, cwd=tmp_path, env=installed["env"])
+    errors = re.findall(r"^(\w+\.py):(\d+): error:", out.stdout, re.M)
+    assert out.returncode in (0, 1) and (out.returncode == 1) == bool(errors), out.stdout + out.stderr
+    assert not [e for e in errors if e[0] == "use_fray.py"], out.stdout
+    marked = {i + 1 for i, line in enumerate(open(tmp_path / "misuse.py")) if "  # error" in line}
+    assert marked and {int(n) for f, n in errors if f == "misuse.py"} == marked, out.stdout
