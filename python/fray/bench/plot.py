@@ -15,7 +15,7 @@ import os
 COPY_TBPS = 4.2
 BF16_TFLOPS = 790.0
 
-FRAY_STYLE = {"fray.cuda": ("o", "cuda"), "fray.triton": ("^", "triton")}
+BACKEND_STYLE = {"fray.cuda": ("o", "cuda"), "fray.triton": ("^", "triton")}
 # Peers by the part of their impl name before any ":variant"; anything else is drawn as "|".
 PEER_MARKERS = {"torch.eager": "x", "torch.compile": "+", "torch.builtin": "|", "liger": "d"}
 
@@ -58,7 +58,7 @@ def family_chart(plt, name, records, path):
         for impl, us in sorted(impls.items()):
             ratio = best / us
             if impl.startswith("fray."):
-                marker, _ = FRAY_STYLE.get(impl, ("s", impl))
+                marker, _ = BACKEND_STYLE.get(impl, ("s", impl))
                 ax.scatter(ratio, y, marker=marker, s=46, zorder=3, edgecolors="black", linewidths=0.4,
                            color="#2a9d4b" if ratio >= 1.0 else "#d1342f")
             else:
@@ -74,7 +74,7 @@ def family_chart(plt, name, records, path):
     ax.set_xlabel("best peer's time / implementation's time  (log; > 1: faster than every peer)")
     ax.set_title("%s on one H200: Fray against torch eager, torch.compile, torch built-ins, Liger" % name, fontsize=10)
     handles = [ax.scatter([], [], marker=m, color="#2a9d4b", edgecolors="black", linewidths=0.4, label="fray." + lbl)
-               for m, lbl in FRAY_STYLE.values()]
+               for m, lbl in BACKEND_STYLE.values()]
     handles.append(ax.scatter([], [], marker="s", color="#2a9d4b", edgecolors="black", linewidths=0.4,
                               label="fray variant (e.g. :NHD)"))
     handles.append(ax.scatter([], [], marker="s", color="#d1342f", label="fray, slower than the best peer"))
@@ -95,14 +95,14 @@ def roofline_chart(plt, by_family, path):
     flop_points = []
     for i, (family, records) in enumerate(sorted(by_family.items())):
         for r in records:
-            if not r["impl"] in FRAY_STYLE or r["us"] is None:
+            if not r["impl"] in BACKEND_STYLE or r["us"] is None:
                 continue
             if r.get("tflops"):
                 flop_points.append((family, r))
             if not r.get("gbps"):
                 continue
             nbytes = r["gbps"] * 1e9 * r["us"] * 1e-6
-            bw.scatter(nbytes, r["gbps"] / 1000.0, marker=FRAY_STYLE[r["impl"]][0], s=22, color=colors(i % 10),
+            bw.scatter(nbytes, r["gbps"] / 1000.0, marker=BACKEND_STYLE[r["impl"]][0], s=22, color=colors(i % 10),
                        label=family if r["impl"] == "fray.cuda" else None, alpha=0.85)
     bw.axhline(COPY_TBPS, color="black", linestyle="--", linewidth=1)
     bw.text(0.01, COPY_TBPS * 1.01, "device copy %.1f TB/s (read + write); read-mostly streams such as the KV "
@@ -119,7 +119,7 @@ def roofline_chart(plt, by_family, path):
     bw.set_title("Memory-bound operators against the H200's copy ceiling", fontsize=10)
     if flop_points:
         for j, (family, r) in enumerate(flop_points):
-            fl.scatter(j, r["tflops"], marker=FRAY_STYLE[r["impl"]][0], color="#1f77b4")
+            fl.scatter(j, r["tflops"], marker=BACKEND_STYLE[r["impl"]][0], color="#1f77b4")
         fl.set_ylim(0, BF16_TFLOPS * 1.1)
     else:
         fl.text(0.5, 0.5, "no TFLOP/s results yet\n(tensor-core families pending)", ha="center", va="center",
