@@ -91,7 +91,12 @@ class Module {
   int64_t workspace_bytes(py::handle ptrs, py::handle ints, py::handle floats, int device, uint64_t stream) const {
     if (workspace_ == nullptr) return 0;
     fray::ArgPack pack;
-    return workspace_(&fray::fill_args(pack, ptrs, ints, floats, device, stream));
+    const int64_t bytes = workspace_(&fray::fill_args(pack, ptrs, ints, floats, device, stream));
+    if (bytes < 0) {
+      throw std::runtime_error("fray.jit: fray_jit_workspace_bytes refused these arguments (returned " +
+                               std::to_string(bytes) + ", " + path_ + ")");
+    }
+    return bytes;
   }
 
   std::string describe() const {
@@ -128,7 +133,7 @@ PYBIND11_MODULE(_jit, m) {
       .def(py::init<const std::string&>(), py::arg("path"))
       .def("launch", &Module::launch, "fray_jit_launch(ptrs, ints, floats, device, stream); RuntimeError on failure.",
            py::arg("ptrs"), py::arg("ints"), py::arg("floats"), py::arg("device"), py::arg("stream"))
-      .def("workspace_bytes", &Module::workspace_bytes, "fray_jit_workspace_bytes(...), 0 when not exported.",
+      .def("workspace_bytes", &Module::workspace_bytes, "fray_jit_workspace_bytes(...), 0 when not exported; RuntimeError when it returns < 0.",
            py::arg("ptrs"), py::arg("ints"), py::arg("floats"), py::arg("device"), py::arg("stream"))
       .def("describe", &Module::describe, "fray_jit_describe(), empty when not exported.")
       .def_property_readonly("path", &Module::path);

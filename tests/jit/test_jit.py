@@ -88,7 +88,7 @@ def test_compiles_sm90a_shared_object_with_the_entry_points(cache):
     manifest = json.loads((so.parent / "manifest.json").read_text())
     assert manifest["so_bytes"] == so.stat().st_size
     abi = os.path.realpath(os.path.join(jit.include_root(), "cuda", "common", "launch_abi.h"))
-    assert abi in manifest["headers"], sorted(manifest["headers"])
+    assert abi in {os.path.realpath(h) for h in manifest["headers"]}, sorted(manifest["headers"])
     assert not any("cuda_runtime.h" in h for h in manifest["headers"])  # the toolkit's: nvcc --version
     assert jit.stats["compiles"] == 1
 
@@ -113,7 +113,7 @@ def test_header_byte_change_rebuilds(cache, tmp_path):
     flags = ["-I" + str(inc)]
     so = jit.compile_only("tiny", src, flags=flags)
     manifest = json.loads((so.parent / "manifest.json").read_text())
-    assert str(header.resolve()) in manifest["headers"]
+    recorded = next(h for h in manifest["headers"] if os.path.realpath(h) == str(header.resolve()))
 
     os.utime(header)  # touched, same bytes: re-hashed, still valid
     assert jit.compile_only("tiny", src, flags=flags) == so and jit.stats["compiles"] == 1
@@ -122,8 +122,25 @@ def test_header_byte_change_rebuilds(cache, tmp_path):
     assert jit.compile_only("tiny", src, flags=flags) == so
     assert jit.stats["compiles"] == 2 and jit.stats["rebuilds"] == 1
     rebuilt = json.loads((so.parent / "manifest.json").read_text())
-    assert rebuilt["headers"][str(header.resolve())][0] != manifest["headers"][str(header.resolve())][0]
+    assert rebuilt["headers"][recorded][0] != manifest["headers"][recorded][0]
     assert rebuilt["so_sha256"] == jit._sha256_file(so)
+
+
+def test_header_link_pointing_elsewhere_rebuilds(cache, tmp_path):
+    """Runfiles and the bundle reach headers through links: a link retargeted to other bytes is a
+    changed header even though no file was written."""
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (tmp_path / "one.h").write_text("#pragma once\nconstexpr int kTinyExtra = 1;\n")
+    (tmp_path / "two.h").write_text("#pragma once\nconstexpr int kTinyExtra = 2;\n")
+    link = inc / "tiny_extra.h"
+    link.symlink_to(tmp_path / "one.h")
+    src = tiny_kernel.source(include='#include "tiny_extra.h"')
+    so = jit.compile_only("tiny", src, flags=["-I" + str(inc)])
+    link.unlink()
+    link.symlink_to(tmp_path / "two.h")
+    assert jit.compile_only("tiny", src, flags=["-I" + str(inc)]) == so
+    assert jit.stats["compiles"] == 2 and jit.stats["rebuilds"] == 1
 
 
 def test_flag_change_is_another_entry(cache):
@@ -280,7 +297,7 @@ def test_cute_kernel_compiles_against_the_cutlass_package(cache):
     so = jit.compile_only("tiny_cute", src)
     headers = json.loads((so.parent / "manifest.json").read_text())["headers"]
     assert any(h.endswith(os.path.join("cute", "tensor.hpp")) for h in headers)
-    assert any(h.startswith(os.path.realpath(jit.cutlass_include())) for h in headers)
+    assert any(os.path.realpath(h).startswith(os.path.realpath(jit.cutlass_include())) for h in headers)
 
 
 def test_bad_arguments(cache):
@@ -306,6 +323,53 @@ def test_build_refuses_without_a_device_and_on_older_archs(cache, monkeypatch):
     with pytest.raises(RuntimeError, match="sm_80"):
         jit.build_many([("tiny", tiny_kernel.source(), ())])
     assert jit.stats["compiles"] == 0
+
+
+class _FakeLoader:
+    """Stands in for fray._C._jit on a machine without a GPU: records what would be loaded."""
+
+    class Module:
+        loaded = []
+
+        def __init__(self, path):
+            self.path = path
+            _FakeLoader.Module.loaded.append(path)
+
+        def launch(self, *args):
+            raise AssertionError("nothing is launched on the CPU")
+
+        def workspace_bytes(self, *args):
+            return 0
+
+        def describe(self):
+            return "fake"
+
+
+def test_build_many_compiles_in_parallel_and_returns_failures(cache, monkeypatch, tmp_path):
+    log = tmp_path / "nvcc.log"
+    monkeypatch.setenv("FRAY_NVCC_COMPILER", str(_wrapper(tmp_path / "nvcc", log)))
+    monkeypatch.setenv("FRAY_JIT_MAX_WORKERS", "2")
+    monkeypatch.setattr(jit, "_device_arch", lambda device: "90a")
+    monkeypatch.setattr(jit, "_loader", lambda: _FakeLoader)
+    monkeypatch.setattr(jit, "_loaded", {})
+    _FakeLoader.Module.loaded = []
+    bad = tiny_kernel.source().replace("return 0;\n}\n\nFRAY_EXPORT int64_t", "return nope;\n}\n\nFRAY_EXPORT int64_t")
+    good, broken = jit.build_many([("tiny", tiny_kernel.source(), ()), ("tiny_bad", bad, ())])
+    assert isinstance(good, jit.Kernel) and good.describe() == "fake" and good.path.is_file()
+    assert isinstance(broken, RuntimeError) and "nope" in str(broken)
+    assert _compiles(log) == 2 and _FakeLoader.Module.loaded == [str(good.path)]
+    assert jit.build("tiny", tiny_kernel.source()) is good and _compiles(log) == 2  # per-process memo
+
+
+def test_max_workers_knob(monkeypatch):
+    from fray import env
+    monkeypatch.setenv("FRAY_JIT_MAX_WORKERS", "3")
+    assert env.jit_max_workers() == 3
+    monkeypatch.setenv("FRAY_JIT_MAX_WORKERS", "0")
+    with pytest.raises(ValueError, match="FRAY_JIT_MAX_WORKERS"):
+        env.jit_max_workers()
+    monkeypatch.delenv("FRAY_JIT_MAX_WORKERS")
+    assert 1 <= env.jit_max_workers() <= 8
 
 
 def test_loader_reports_unloadable_objects(tmp_path):
@@ -343,6 +407,8 @@ def test_gpu_build_launch_pattern(cache, cuda):
     kernel = jit.build("tiny", tiny_kernel.source())
     assert kernel.describe() == "tiny fill v1"
     assert kernel.workspace_bytes((0,), (1000, 0), (), 0, _stream()) == 4000
+    with pytest.raises(RuntimeError, match="fray_jit_workspace_bytes refused"):
+        kernel.workspace_bytes((0,), (), (), 0, _stream())
     n = 4097
     out = torch.zeros(n, dtype=torch.int32, device=cuda)
     kernel.launch((out.data_ptr(),), (n, 0x1234), (), out.device.index, _stream())
@@ -428,3 +494,52 @@ def test_gpu_second_process_finds_the_cache_warm(cache, cuda, tmp_path):
 @pytest.mark.gpu
 def test_gpu_eight_processes_race_and_launch(cache, cuda, tmp_path):
     _race(cache, tmp_path, "launch")
+
+
+@pytest.mark.gpu
+def test_gpu_tune_jit_candidates_end_to_end(cache, cuda, monkeypatch, capfd):
+    """fray.tune over real JIT candidates: parallel builds, a pattern check, L2-flushed timing, the
+    record on disk; under graph capture an untuned bucket takes the heuristic and still captures."""
+    import torch
+    import fray.tune as tune
+    monkeypatch.setattr(tune, "_memo", {})
+    monkeypatch.setenv("FRAY_PRINT_AUTOTUNE", "1")
+    n = 1 << 24
+    out = torch.zeros(n, dtype=torch.int32, device=cuda)
+    want = torch.tensor(tiny_kernel.expected(4096, 11), dtype=torch.int64)
+    last = (11 ^ (((n - 1) * 2654435761) & 0xFFFFFFFF)) & 0xFFFFFFFF
+    candidates = [{"blocks": b} for b in (1, 132, 1056)]
+
+    def build(configs):
+        return jit.build_many([("tiny_tune", tiny_kernel.source(tag="tune"), ("-DTINY_BLOCKS=%d" % c["blocks"],))
+                               for c in configs])
+
+    def run(config, kernel):
+        kernel.launch((out.data_ptr(),), (n, 11), (), 0, _stream())
+
+    def check(config, kernel):
+        out.zero_()
+        run(config, kernel)
+        got = out[:4096].cpu().to(torch.int64) & 0xFFFFFFFF
+        assert torch.equal(got, want) and int(out[-1]) & 0xFFFFFFFF == last, "wrong fill"
+
+    chosen = tune.choose("tiny_fill", "n16M", "u32", candidates, build=build, run=run, check=check,
+                         default=candidates[0], bytes=4.0 * n)
+    err = capfd.readouterr().err
+    assert chosen != {"blocks": 1}, err  # one CTA cannot be the fastest way to write 64 MB
+    assert "tuning tiny_fill n16M u32 over 3 configs" in err and "GB/s" in err
+    store = cache / "tune" / (tune._slug(torch.cuda.get_device_name()) + ".json")
+    assert any(r["config"] == chosen for r in json.loads(store.read_text()).values())
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        config = tune.choose("tiny_fill", "n16M_other", "u32", candidates, build=build, run=run, check=check,
+                             default=candidates[1], bytes=4.0 * n)
+        kernel = build([config])[0]
+        run(config, kernel)
+    assert config == candidates[1]
+    assert "heuristic (capturing)" in capfd.readouterr().err
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out[:4096].cpu().to(torch.int64) & 0xFFFFFFFF, want)

@@ -290,13 +290,15 @@ def _parse_deps(text):
 def _tracked_headers(dep_paths, build_dir):
     """The headers whose bytes the entry depends on: every dependency but the source itself, the
     CUDA toolkit's own headers (the directory of cuda_runtime.h, which nvcc adds itself) and the
-    system's, which `nvcc --version` and the host compiler's identity in the key already cover."""
-    full = [os.path.realpath(os.path.join(build_dir, p)) for p in dep_paths]
+    system's, which `nvcc --version` and the host compiler's identity in the key already cover.
+    Paths are kept as nvcc opened them (through the runfiles' or the bundle's links, not resolved)
+    so that a link pointing elsewhere later is seen as a changed header."""
+    full = [os.path.abspath(os.path.join(build_dir, p)) for p in dep_paths]
     skip = ["/usr/include/", "/usr/lib/gcc/"]
     for f in full:
         if os.path.basename(f) == "cuda_runtime.h":
             skip.append(os.path.dirname(f) + os.sep)
-    source = os.path.join(os.path.realpath(build_dir), _SRC)
+    source = os.path.abspath(os.path.join(build_dir, _SRC))
     return {f: _header_record(f) for f in full if f != source and not f.startswith(tuple(skip))}
 
 
@@ -470,7 +472,10 @@ def _device_arch(device):
 
 class Kernel:
     """A loaded JIT kernel. launch(ptrs, ints, floats, device, stream) is the loader's C++ method
-    itself (no Python frame in between); RuntimeError carries the kernel's own message."""
+    itself (no Python frame in between); RuntimeError carries the kernel's own message.
+    workspace_bytes(ptrs, ints, floats, device, stream): the device workspace the launch needs
+    (0 when the kernel does not export fray_jit_workspace_bytes; the caller passes the buffer as
+    the last ptr); RuntimeError when the kernel refuses the arguments (a negative answer)."""
 
     __slots__ = ("name", "path", "key", "launch", "workspace_bytes", "_module")
 
