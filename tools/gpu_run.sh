@@ -22,7 +22,7 @@ export FRAY_COMMIT=$(cat "$HERE/COMMIT" 2>/dev/null || echo unknown)
 # Fray is used as installed from its wheel, never from sources: pip puts the wheel (and the peer
 # wheels) into one target directory. --no-deps: the GPU machine has no package registry; its own
 # torch (CUDA build), triton, numpy and absl-py are what the wheel's requirements name.
-SITE=${FRAY_SITE:-/tmp/fray-site}
+SITE=$(mktemp -d)/site
 rm -rf "$SITE"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$HERE"/wheels/*.whl \
   || { echo "pip install of the wheels failed" | tee -a "$RES/summary.txt"; pack; exit 1; }

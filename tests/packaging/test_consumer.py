@@ -30,6 +30,11 @@ def _bazel():
 def test_consumer_builds_and_passes():
     consumer = os.path.join(_checkout(), "examples", "consumer")
     assert os.path.isfile(os.path.join(consumer, "MODULE.bazel")), consumer
+    offline = os.path.join(_checkout(), ".bazelrc.offline")
+    if os.path.exists(offline):
+        assert "%workspace%" not in open(offline).read(), (
+            "%s names %%workspace%% paths, which the consumer's workspace cannot resolve: it predates "
+            "tools/write_offline_bazelrc.py's absolute paths; re-run bash tools/setup.sh" % offline)
     tmp = os.environ["TEST_TMPDIR"]
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TEST_", "BAZEL", "RUNFILES", "PYTHON", "BUILD_", "XML_OUTPUT", "JAVA_RUNFILES"))}
