@@ -17,14 +17,19 @@ START=$(date +%s)
 left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
 pack() { tar czf "$OUTDIR/results.tgz" -C "$RES" . ; cp "$RES/summary.txt" "$OUTDIR/" 2>/dev/null || true; }
 
-export PYTHONPATH=$HERE/python:$HERE/triton${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 export FRAY_COMMIT=$(cat "$HERE/COMMIT" 2>/dev/null || echo unknown)
-if compgen -G "$HERE/wheels/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/fray-site "$HERE"/wheels/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/fray-site
-fi
-{ nvidia-smi; python3 -c 'import sys, torch, triton; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'; echo "commit $FRAY_COMMIT"; } > "$RES/env.txt" 2>&1
+# Fray is used as installed from its wheel, never from sources: pip puts the wheel (and the peer
+# wheels) into one target directory. --no-deps: the GPU machine has no package registry; its own
+# torch (CUDA build), triton, numpy and absl-py are what the wheel's requirements name.
+SITE=$(mktemp -d)/site
+rm -rf "$SITE"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$HERE"/wheels/*.whl \
+  || { echo "pip install of the wheels failed" | tee -a "$RES/summary.txt"; pack; exit 1; }
+export PYTHONPATH=$SITE
+export PATH=$SITE/bin:$PATH
+{ nvidia-smi; python3 -c 'import sys, torch, triton; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'; echo "commit $FRAY_COMMIT"; python3 -c 'import fray, importlib.metadata as m; print("fray", m.version("fray"), "from", fray.__file__)'; } > "$RES/env.txt" 2>&1
+grep "^fray .* from $SITE/" "$RES/env.txt" | tee -a "$RES/summary.txt" || { echo "fray does not import from the installed wheel" | tee -a "$RES/summary.txt"; pack; exit 1; }
 pack
 
 if [ "$FAMILY" = all ]; then
@@ -51,7 +56,7 @@ else
   echo "deadline reached before the tests" | tee -a "$RES/summary.txt"
 fi
 pack
-[ "$(left)" -gt 20 ] && timeout "$(left)" python3 -m fray.cli check > "$RES/check.log" 2>&1
+[ "$(left)" -gt 20 ] && timeout "$(left)" fray check > "$RES/check.log" 2>&1
 echo "fray check: rc=$? $(tail -n 1 "$RES/check.log" 2>/dev/null)" | tee -a "$RES/summary.txt"
 pack
 # bench/host (every op's eager host cost) and bench/e2e (a decoder step) belong to no family: they

@@ -38,7 +38,7 @@ def rules_python_overlay(repo, debian):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repo", required=True)
+    ap.add_argument("--repo", required=True, type=os.path.abspath)
     ap.add_argument("--debian", required=True, help="<prefix>/usr/share/bazel")
     a = ap.parse_args()
     lines = [
@@ -53,7 +53,8 @@ def main():
         lines.append("common --override_module=%s=%s" % (name, path))
     lines.append("common --override_module=rules_python=%s" % rules_python_overlay(a.repo, a.debian))
     for name in STAND_INS:
-        lines.append("common --override_module=%s=%%workspace%%/third_party/offline/%s" % (name, name))
+        # Absolute, not %workspace%: examples/consumer imports this file from its own workspace.
+        lines.append("common --override_module=%s=%s" % (name, os.path.join(a.repo, "third_party/offline", name)))
     if os.path.realpath(a.debian).startswith("/tmp/"):
         # Bazel 7's sandboxes get a private /tmp, which would hide a Bazel installed under /tmp.
         lines.append("common --noincompatible_sandbox_hermetic_tmp")

@@ -12,7 +12,7 @@ import pkgutil as _pkgutil
 
 from fray import ops as _ops
 
-__version__ = "0.1.0"
+from fray._version import __version__  # noqa: F401  (generated from tools/version.bzl)
 
 OPS = {}          # op name -> family
 FAMILIES = {}     # family -> module

@@ -10,8 +10,9 @@ flags.DEFINE_string("shapes", None, "comma list of ROWSxCOLS[:dtype] overriding 
                     "(attention and sampling: shape names as recorded, see their parse_shapes)")
 
 
-def run_op(family, op):
-    """Run one op's benchmark (used by the bench binaries and by `fray bench <op>`)."""
+def run_op(family, op, recorder=None):
+    """Run one op's benchmark (used by the bench binaries and by `fray bench <op>`, which passes a
+    Recorder of its own to report each record as it comes)."""
     import torch
 
     from fray.bench import Recorder
@@ -28,7 +29,7 @@ def run_op(family, op):
             dims, _, dt = item.partition(":")
             rows, cols = (int(v) for v in dims.split("x"))
             shapes.append((rows, cols, dtypes[dt or "bf16"]))
-    rec = Recorder(FLAGS.out)
+    rec = Recorder(FLAGS.out) if recorder is None else recorder
     with torch.no_grad():
         module.run(op, rec, shapes=shapes, graph=FLAGS.graph)
     rec.table()

@@ -1,0 +1,120 @@
+# Types of Fray's public API (the functions of python/fray/ops/* re-exported by fray/__init__.py).
+# A stub rather than annotations in the ops modules, which change often; tests/packaging checks
+# that every signature here matches the runtime one (names, kinds, defaults), so it cannot drift.
+# Arrays: torch tensors run on their device; CPU tensors and numpy arrays run the reference and
+# come back as what went in.
+from types import ModuleType
+from typing import Any, Callable, Literal, Optional, Sequence, Tuple, TypeVar, Union, overload
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from fray import jit as jit
+from fray import tune as tune
+
+__version__: str
+
+OPS: dict[str, str]
+FAMILIES: dict[str, ModuleType]
+CUDA_FAMILY: dict[str, str]
+
+_A = TypeVar("_A", torch.Tensor, npt.NDArray[Any])
+Backend = Literal["auto", "cuda", "triton", "reference"]
+KVLayout = Literal["HND", "NHD"]
+_Scalar = Union[float, torch.Tensor]
+_Seeds = Union[int, torch.Tensor]
+
+# norm
+def rmsnorm(x: _A, weight: _A, eps: float = 1e-06, *, out: Optional[_A] = None, backend: Backend = "auto",
+            weight_offset: float = 0.0) -> _A: ...
+def add_rmsnorm(x: _A, residual: _A, weight: _A, eps: float = 1e-06, *, inplace: bool = False,
+                backend: Backend = "auto", weight_offset: float = 0.0) -> Tuple[_A, _A]: ...
+def layernorm(x: _A, weight: _A, bias: Optional[_A] = None, eps: float = 1e-05, *, out: Optional[_A] = None,
+              backend: Backend = "auto") -> _A: ...
+
+# activation: x = [gate | up] when up is None
+def silu_mul(x: _A, up: Optional[_A] = None, *, out: Optional[_A] = None, backend: Backend = "auto") -> _A: ...
+def gelu_mul(x: _A, up: Optional[_A] = None, *, approximate: Literal["none", "tanh"] = "none",
+             out: Optional[_A] = None, backend: Backend = "auto") -> _A: ...
+
+# softmax
+def softmax(x: _A, *, temperature: float = 1.0, dim: int = -1, out_dtype: Optional[torch.dtype] = None,
+            out: Optional[_A] = None, backend: Backend = "auto") -> _A: ...
+def online_softmax(x: _A, *, out: Optional[_A] = None, backend: Backend = "auto") -> Tuple[_A, _A, _A]: ...
+
+# rope
+def rope(q: _A, k: Optional[_A], positions: Union[int, _A], *, max_position: int,
+         cos_sin_cache: Union[None, _A, Tuple[_A, _A]] = None, theta: float = 10000.0,
+         rotary_dim: Optional[int] = None, style: Literal["neox", "gptj"] = "neox", inplace: bool = False,
+         backend: Backend = "auto") -> Tuple[_A, Optional[_A]]: ...
+
+# elementwise
+def vector_add(a: _A, b: _A, *, out: Optional[_A] = None, backend: Backend = "auto") -> _A: ...
+
+# selection and sampling
+TopkAlgorithm = Literal["auto", "reduce", "partial", "sort", "torch"]
+def topk(x: _A, k: int, *, algorithm: TopkAlgorithm = "auto", largest: bool = True, sorted: bool = True,
+         workspace: Optional[torch.Tensor] = None, backend: Backend = "auto") -> Tuple[_A, _A]: ...
+def topk_workspace_size(x: Union[torch.Tensor, npt.NDArray[Any]], k: int, algorithm: TopkAlgorithm = "auto", *,
+                        sorted: bool = True, backend: Backend = "auto") -> int: ...
+def argmax(x: _A, *, backend: Backend = "auto") -> _A: ...
+def apply_penalties(logits: _A, token_ids: _A, token_offsets: _A, *, repetition: _Scalar = 1.0,
+                    presence: _Scalar = 0.0, frequency: _Scalar = 0.0, backend: Backend = "auto") -> _A: ...
+@overload
+def sample(logits: _A, *, temperature: _Scalar, top_k: Union[None, int, torch.Tensor] = None,
+           top_p: Optional[_Scalar] = None, min_p: Optional[_Scalar] = None, seeds: _Seeds, offsets: _Seeds,
+           return_logprobs: Literal[False] = False, backend: Backend = "auto") -> _A: ...
+@overload
+def sample(logits: _A, *, temperature: _Scalar, top_k: Union[None, int, torch.Tensor] = None,
+           top_p: Optional[_Scalar] = None, min_p: Optional[_Scalar] = None, seeds: _Seeds, offsets: _Seeds,
+           return_logprobs: Literal[True], backend: Backend = "auto") -> Tuple[_A, _A]: ...
+@overload
+def decode_step(logits: _A, token_ids: _A, token_offsets: _A, *, repetition: _Scalar = 1.0,
+                presence: _Scalar = 0.0, frequency: _Scalar = 0.0, temperature: _Scalar,
+                top_k: Union[None, int, torch.Tensor] = None, top_p: Optional[_Scalar] = None,
+                min_p: Optional[_Scalar] = None, seeds: _Seeds, offsets: _Seeds,
+                return_logprobs: Literal[False] = False, backend: Backend = "auto") -> _A: ...
+@overload
+def decode_step(logits: _A, token_ids: _A, token_offsets: _A, *, repetition: _Scalar = 1.0,
+                presence: _Scalar = 0.0, frequency: _Scalar = 0.0, temperature: _Scalar,
+                top_k: Union[None, int, torch.Tensor] = None, top_p: Optional[_Scalar] = None,
+                min_p: Optional[_Scalar] = None, seeds: _Seeds, offsets: _Seeds,
+                return_logprobs: Literal[True], backend: Backend = "auto") -> Tuple[_A, _A]: ...
+
+# decode attention
+@overload
+def decode_attention(q: _A, k_cache: _A, v_cache: _A, lens: _A, *, kv_layout: KVLayout = "HND",
+                     scale: Optional[float] = None, out: Optional[_A] = None, return_lse: Literal[False] = False,
+                     num_splits: Optional[int] = None, backend: Backend = "auto", window_left: None = None,
+                     logits_soft_cap: None = None, sinks: None = None) -> _A: ...
+@overload
+def decode_attention(q: _A, k_cache: _A, v_cache: _A, lens: _A, *, kv_layout: KVLayout = "HND",
+                     scale: Optional[float] = None, out: Optional[_A] = None, return_lse: Literal[True],
+                     num_splits: Optional[int] = None, backend: Backend = "auto", window_left: None = None,
+                     logits_soft_cap: None = None, sinks: None = None) -> Tuple[_A, _A]: ...
+@overload
+def paged_decode_attention(q: _A, k_pages: _A, v_pages: _A, block_table: _A, lens: _A, *,
+                           scale: Optional[float] = None, out: Optional[_A] = None,
+                           return_lse: Literal[False] = False, num_splits: Optional[int] = None,
+                           backend: Backend = "auto", window_left: None = None, logits_soft_cap: None = None,
+                           sinks: None = None) -> _A: ...
+@overload
+def paged_decode_attention(q: _A, k_pages: _A, v_pages: _A, block_table: _A, lens: _A, *,
+                           scale: Optional[float] = None, out: Optional[_A] = None, return_lse: Literal[True],
+                           num_splits: Optional[int] = None, backend: Backend = "auto", window_left: None = None,
+                           logits_soft_cap: None = None, sinks: None = None) -> Tuple[_A, _A]: ...
+def kv_append(k_cache: _A, v_cache: _A, k_new: _A, v_new: _A, lens: _A, *, kv_layout: KVLayout = "HND",
+              backend: Backend = "auto") -> Tuple[_A, _A]: ...
+def kv_append_paged(k_pages: _A, v_pages: _A, block_table: _A, k_new: _A, v_new: _A, lens: _A, *,
+                    backend: Backend = "auto") -> Tuple[_A, _A]: ...
+
+# the seed's kernel timer: seconds per call (one float, or one per name)
+@overload
+def bench_kineto(fn: Callable[[], Any], kernel_names: str, num_tests: int = 30, flush_l2: bool = True,
+                 trace_path: Optional[str] = None) -> float: ...
+@overload
+def bench_kineto(fn: Callable[[], Any], kernel_names: Sequence[str], num_tests: int = 30, flush_l2: bool = True,
+                 trace_path: Optional[str] = None) -> Tuple[float, ...]: ...
+
+__all__: list[str]
