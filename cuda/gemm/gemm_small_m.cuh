@@ -1,0 +1,247 @@
+// Fray: the small-M GEMM (M = 1..64, decode): out[M, N] = x[M, K] * w[N, K]^T + bias[N].
+//
+// At decode sizes the weights are the whole cost (M = 1, N = K = 4096: 32 MiB of w against 8 KiB
+// of x), so the kernel is a weight stream: each weight byte is read from DRAM exactly once, with
+// 16-byte non-allocating loads, and every CTA reads x (small, L2/L1-resident) many times.
+//
+// Tensor cores still do the arithmetic: at M = 64 the FMAs of a CUDA-core dot product (2 * M
+// flops per weight element) would take longer than streaming the weights. The product is
+// computed transposed, out^T[N, M] = w[N, K] * x^T, with mma.sync m16n8k16: the weights are the
+// row-major A operand (16 rows of w), x the column-major B operand (8 rows of x). A dot product
+// does not care in which order it visits K, so K is permuted inside each 32-wide chunk: thread
+// (group g, lane-in-group t) loads w[row g][t*8 .. t*8+8) and w[row g+8][...] as two 16-byte
+// loads, and x[row g][t*8 .. t*8+8) as one; those eight elements fill its fragment slots of two
+// consecutive mmas (logical k {2t, 2t+1, 2t+8, 2t+9} of each) for A and B alike. Four threads of
+// a group read 64 contiguous bytes of a weight row per chunk, kUnroll chunks per step: 64 *
+// kUnroll contiguous bytes per row and step, with kUnroll * 2 loads per thread in flight.
+//
+// Bytes in flight (Little's law): ~3.5 TB/s at ~0.7 us of DRAM latency is ~2.5 MB across 132 SMs,
+// ~19 KB per SM. One CTA of 8 warps with kUnroll = 4 holds 8 * 32 * 4 * 2 * 16 B = 32 KB, and two
+// CTAs fit per SM.
+//
+// Work split: a CTA owns 16 rows of w (16 outputs per row of x) over all of K; its kWarps warps
+// take interleaved steps along K and their fp32 partial sums are added in shared memory in a
+// fixed order (deterministic, no second kernel, no atomics). N / 16 CTAs: 256 at N = 4096, 896 at
+// N = 14336.
+//
+// Requirements (checked by the entry point): K, lda, ldb multiples of 8, 16-byte aligned x and w;
+// b layout "nk" ([N, K], nn.Linear's weight).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <type_traits>
+
+#include "cuda/common/jit_entry.h"
+#include "cuda/common/launch_abi.h"
+
+namespace fray {
+namespace gemm {
+namespace small_m {
+
+constexpr int kRows = 16;   // w rows per CTA: the mma's M
+constexpr int kChunk = 32;  // k per chunk: two m16n8k16 mmas
+
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+template <class T>
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+template <class T>
+__device__ __forceinline__ float to_float(T v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
+  else return __half2float(v);
+}
+
+template <class O>
+__device__ __forceinline__ O from_float(float v) {
+  if constexpr (std::is_same_v<O, float>) return v;
+  else if constexpr (std::is_same_v<O, __nv_bfloat16>) return __float2bfloat16_rn(v);
+  else return __float2half_rn(v);
+}
+
+// x [M, K] (row stride lda), w [N, K] (row stride ldw), out [M, N] (row stride ldo).
+template <class T, class O, bool kBias, int kMTiles, int kWarps, int kUnroll>
+__global__ void __launch_bounds__(kWarps * 32) small_m_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                              const T* __restrict__ bias, O* __restrict__ out,
+                                                              int m, int n, int k, int64_t lda, int64_t ldw,
+                                                              int64_t ldo) {
+  __shared__ float partial[kWarps][kRows][kMTiles * 8];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int n0 = blockIdx.x * kRows;
+  // Rows past N read row N - 1 (valid memory) and are never stored.
+  const T* w_lo = w + static_cast<int64_t>(min(n0 + g, n - 1)) * ldw + t * 8;
+  const T* w_hi = w + static_cast<int64_t>(min(n0 + g + 8, n - 1)) * ldw + t * 8;
+  const T* x_row[kMTiles];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) x_row[mt] = x + static_cast<int64_t>(min(mt * 8 + g, m - 1)) * lda + t * 8;
+
+  float acc[kMTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+
+  constexpr int kStep = kChunk * kUnroll;
+  for (int k0 = warp * kStep; k0 < k; k0 += kWarps * kStep) {
+    uint4 lo[kUnroll], hi[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int kk = k0 + u * kChunk + t * 8;
+      if (kk < k) {
+        lo[u] = load_stream(w_lo + k0 + u * kChunk);
+        hi[u] = load_stream(w_hi + k0 + u * kChunk);
+      } else {
+        lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int kk = k0 + u * kChunk + t * 8;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        const uint4 xv = kk < k ? __ldg(reinterpret_cast<const uint4*>(x_row[mt] + k0 + u * kChunk))
+                                : make_uint4(0, 0, 0, 0);
+        mma16816<T>(acc[mt], lo[u].x, hi[u].x, lo[u].y, hi[u].y, xv.x, xv.y);
+        mma16816<T>(acc[mt], lo[u].z, hi[u].z, lo[u].w, hi[u].w, xv.z, xv.w);
+      }
+    }
+  }
+
+  // Accumulator (row r of w = output column n0 + r, column c = output row): c0 (g, 2t),
+  // c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    partial[warp][g][mt * 8 + 2 * t] = acc[mt][0];
+    partial[warp][g][mt * 8 + 2 * t + 1] = acc[mt][1];
+    partial[warp][g + 8][mt * 8 + 2 * t] = acc[mt][2];
+    partial[warp][g + 8][mt * 8 + 2 * t + 1] = acc[mt][3];
+  }
+  __syncthreads();
+  const int m_cta = min(m, kMTiles * 8);
+  for (int idx = threadIdx.x; idx < kRows * m_cta; idx += kWarps * 32) {
+    const int r = idx % kRows, c = idx / kRows;
+    const int col = n0 + r;
+    if (col >= n) continue;
+    float s = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < kWarps; ++wi) s += partial[wi][r][c];
+    if constexpr (kBias) s += to_float(bias[col]);
+    out[static_cast<int64_t>(c) * ldo + col] = from_float<O>(s);
+  }
+}
+
+using ::fray::jit_set_err;
+
+template <class T>
+constexpr const char* name() {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return "bf16";
+  else if constexpr (std::is_same_v<T, __half>) return "fp16";
+  else return "fp32";
+}
+
+template <class T_, class O_, bool kBias_, int kMTiles_, int kWarps_, int kUnroll_>
+struct SmallMConfig {
+  using T = T_;
+  using O = O_;
+  static constexpr bool kBias = kBias_;
+  static constexpr int kMTiles = kMTiles_, kWarps = kWarps_, kUnroll = kUnroll_;
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "x and w are bf16 or fp16");
+  static_assert(std::is_same_v<O, T> || std::is_same_v<O, float>, "the output is the input dtype or fp32");
+  static_assert(kMTiles >= 1 && kMTiles <= 8, "M <= 64");
+  static_assert(kWarps * kRows * kMTiles * 8 * 4 <= (48 << 10), "the partial sums live in static shared memory");
+
+  static void describe(char* buf, size_t len) {
+    snprintf(buf, len, "gemm_small_m %s b=nk out=%s%s m<=%d warps=%d unroll=%d", name<T>(), name<O>(),
+             kBias ? " bias" : "", kMTiles * 8, kWarps, kUnroll);
+  }
+};
+
+// Slots, as gemm_sm90.cuh: ptrs = (a, b, bias or 0, out); ints = (M, N, K, lda, ldb, ldc).
+template <class Config>
+int launch(const FrayArgs* args, char* err, int32_t err_len) {
+  using T = typename Config::T;
+  using O = typename Config::O;
+  if (args == nullptr || args->num_ptrs < 4 || args->num_ints < 6) {
+    jit_set_err(err, err_len, "gemm_small_m: expected ptrs (a, b, bias, out) and ints (M, N, K, lda, ldb, ldc), got %d ptrs and %d ints",
+            args ? args->num_ptrs : -1, args ? args->num_ints : -1);
+    return 1;
+  }
+  const int64_t m = args->ints[0], n = args->ints[1], k = args->ints[2];
+  const int64_t lda = args->ints[3], ldb = args->ints[4], ldc = args->ints[5];
+  if (m < 1 || m > Config::kMTiles * 8 || n < 1 || n > INT32_MAX || k < 1 || k > INT32_MAX) {
+    jit_set_err(err, err_len, "gemm_small_m: expected 1 <= M <= %d and 1 <= N, K < 2^31, got M=%lld N=%lld K=%lld",
+            Config::kMTiles * 8, (long long)m, (long long)n, (long long)k);
+    return 1;
+  }
+  if (k % 8 || lda % 8 || ldb % 8 || lda < k || ldb < k || ldc < n) {
+    jit_set_err(err, err_len, "gemm_small_m: expected K, lda, ldb multiples of 8 with lda, ldb >= K and ldc >= N, got K=%lld lda=%lld ldb=%lld ldc=%lld N=%lld",
+            (long long)k, (long long)lda, (long long)ldb, (long long)ldc, (long long)n);
+    return 1;
+  }
+  if ((args->ptrs[0] | args->ptrs[1]) & 15u) {
+    jit_set_err(err, err_len, "gemm_small_m: expected 16-byte aligned a and b, got a=0x%llx b=0x%llx",
+            (unsigned long long)args->ptrs[0], (unsigned long long)args->ptrs[1]);
+    return 1;
+  }
+  if (Config::kBias != (args->ptrs[2] != 0)) {
+    jit_set_err(err, err_len, "gemm_small_m: this kernel was built %s bias, got bias=0x%llx", Config::kBias ? "with" : "without",
+            (unsigned long long)args->ptrs[2]);
+    return 1;
+  }
+  const dim3 grid(static_cast<unsigned>((n + kRows - 1) / kRows));
+  small_m_kernel<T, O, Config::kBias, Config::kMTiles, Config::kWarps, Config::kUnroll>
+      <<<grid, Config::kWarps * 32, 0, reinterpret_cast<cudaStream_t>(args->stream)>>>(
+          reinterpret_cast<const T*>(args->ptrs[0]), reinterpret_cast<const T*>(args->ptrs[1]),
+          reinterpret_cast<const T*>(args->ptrs[2]), reinterpret_cast<O*>(args->ptrs[3]), static_cast<int>(m),
+          static_cast<int>(n), static_cast<int>(k), lda, ldb, ldc);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    jit_set_err(err, err_len, "gemm_small_m: launch failed: %s", cudaGetErrorString(e));
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace small_m
+}  // namespace gemm
+}  // namespace fray
+
+#define FRAY_GEMM_SMALL_M_ENTRY(CONFIG)                                                           \
+  extern "C" __attribute__((visibility("default"))) int fray_jit_launch(const FrayArgs* args,    \
+                                                                        char* err, int32_t len) { \
+    return ::fray::gemm::small_m::launch<CONFIG>(args, err, len);                                 \
+  }                                                                                               \
+  extern "C" __attribute__((visibility("default"))) int64_t fray_jit_workspace_bytes(            \
+      const FrayArgs*) {                                                                          \
+    return 0;                                                                                     \
+  }                                                                                               \
+  extern "C" __attribute__((visibility("default"))) const char* fray_jit_describe(void) {        \
+    static char buf[160] = {};                                                                    \
+    if (buf[0] == 0) CONFIG::describe(buf, sizeof(buf));                                          \
+    return buf;                                                                                   \
+  }
