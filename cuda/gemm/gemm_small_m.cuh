@@ -48,7 +48,7 @@ constexpr int kChunk = 32;  // k per chunk: two m16n8k16 mmas
 
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
@@ -58,13 +58,13 @@ template <class T>
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   } else {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -107,27 +107,41 @@ __global__ void __launch_bounds__(kWarps * 32) small_m_kernel(const T* __restric
   for (int mt = 0; mt < kMTiles; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
 
   constexpr int kStep = kChunk * kUnroll;
-  for (int k0 = warp * kStep; k0 < k; k0 += kWarps * kStep) {
+  // Whole steps load unpredicated so that ptxas issues all 2 * kUnroll weight loads of a step
+  // before the first mma (with a per-chunk bound it sank each load to its use: one in flight).
+  int k0 = warp * kStep;
+  for (; k0 + kStep <= k; k0 += kWarps * kStep) {
     uint4 lo[kUnroll], hi[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int kk = k0 + u * kChunk + t * 8;
-      if (kk < k) {
-        lo[u] = load_stream(w_lo + k0 + u * kChunk);
-        hi[u] = load_stream(w_hi + k0 + u * kChunk);
-      } else {
-        lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
-      }
+      lo[u] = load_stream(w_lo + k0 + u * kChunk);
+      hi[u] = load_stream(w_hi + k0 + u * kChunk);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int kk = k0 + u * kChunk + t * 8;
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
-        const uint4 xv = kk < k ? __ldg(reinterpret_cast<const uint4*>(x_row[mt] + k0 + u * kChunk))
-                                : make_uint4(0, 0, 0, 0);
+        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x_row[mt] + k0 + u * kChunk));
         mma16816<T>(acc[mt], lo[u].x, hi[u].x, lo[u].y, hi[u].y, xv.x, xv.y);
         mma16816<T>(acc[mt], lo[u].z, hi[u].z, lo[u].w, hi[u].w, xv.z, xv.w);
+      }
+    }
+  }
+  // At most one partial step per warp: chunk by chunk, zeros past K (K is a multiple of 8, so a
+  // thread's 8 elements are all in or all out).
+  if (k0 < k) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int kk = k0 + u * kChunk + t * 8;
+      const bool in = kk < k;
+      const uint4 z = make_uint4(0, 0, 0, 0);
+      const uint4 lo = in ? load_stream(w_lo + k0 + u * kChunk) : z;
+      const uint4 hi = in ? load_stream(w_hi + k0 + u * kChunk) : z;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        const uint4 xv = in ? __ldg(reinterpret_cast<const uint4*>(x_row[mt] + k0 + u * kChunk)) : z;
+        mma16816<T>(acc[mt], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
+        mma16816<T>(acc[mt], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
       }
     }
   }
