@@ -68,12 +68,12 @@ def sm90(dtype="bf16", layout="nk", out=None, bias=False, tile=(128, 256, 64), c
     return dict(kind="sm90", name=name, src=src, dtype=dtype, layout=layout, out=out, bias=bias, max_m=None)
 
 
-def small_m(dtype="bf16", out=None, bias=False, mtiles=1, warps=8, unroll=4):
+def small_m(dtype="bf16", out=None, bias=False, mtiles=1, warps=8, unroll=4, stages=0):
     out = out or dtype
-    name = f"smallm_{dtype}_nk_{out}{'_bias' if bias else ''}_m{mtiles * 8}_w{warps}_u{unroll}"
+    name = f"smallm_{dtype}_nk_{out}{'_bias' if bias else ''}_m{mtiles * 8}_w{warps}_u{unroll}_s{stages}"
     src = (f'#include "cuda/gemm/gemm_small_m.cuh"\n'
            f"using Config = fray::gemm::small_m::SmallMConfig<{NT[dtype]}, {NT[out]}, {'true' if bias else 'false'}, "
-           f"{mtiles}, {warps}, {unroll}>;\n"
+           f"{mtiles}, {warps}, {unroll}, {stages}>;\n"
            f"FRAY_GEMM_SMALL_M_ENTRY(Config)\n")
     return dict(kind="small_m", name=name, src=src, dtype=dtype, layout="nk", out=out, bias=bias, max_m=mtiles * 8)
 
@@ -101,13 +101,14 @@ def configs():
                     cs.append(sm90(dtype=dtype, layout=layout, bias=bias))
     cs.append(sm90(out="fp32", bias=True))
     cs.append(sm90(dtype="fp16", layout="kn", out="fp32", tile=(128, 128, 64), cluster=(1, 2), sched="pingpong"))
-    # Small M: rows of x per CTA (8 * mtiles), K-split warps and 32-wide chunks per step.
-    for mtiles, warps, unroll in ((1, 8, 4), (1, 8, 8), (1, 16, 4), (1, 4, 8), (2, 8, 4), (2, 16, 4), (2, 8, 8),
-                                  (8, 8, 4), (8, 4, 8), (8, 8, 2)):
-        cs.append(small_m(mtiles=mtiles, warps=warps, unroll=unroll))
-    cs.append(small_m(dtype="fp16", mtiles=2))
-    cs.append(small_m(bias=True, mtiles=2))
-    cs.append(small_m(out="fp32", bias=True, mtiles=8))
+    # Small M: rows of x per CTA (8 * mtiles), K-split warps, 32-wide chunks per step, and the
+    # cp.async ring's depth (0: straight to registers).
+    for mtiles in (1, 2, 8):
+        for warps, unroll, stages in ((8, 4, 0), (16, 4, 0), (8, 2, 4), (8, 4, 3), (16, 2, 4), (4, 4, 4), (8, 2, 6)):
+            cs.append(small_m(mtiles=mtiles, warps=warps, unroll=unroll, stages=stages))
+    cs.append(small_m(dtype="fp16", mtiles=2, stages=4, unroll=2))
+    cs.append(small_m(bias=True, mtiles=2, stages=4, unroll=2))
+    cs.append(small_m(out="fp32", bias=True, mtiles=8, stages=4, unroll=2))
     cs.append(small_m(dtype="fp16", out="fp32", mtiles=1))
     return cs
 

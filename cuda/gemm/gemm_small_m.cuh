@@ -16,8 +16,10 @@
 // kUnroll contiguous bytes per row and step, with kUnroll * 2 loads per thread in flight.
 //
 // Bytes in flight (Little's law): ~3.5 TB/s at ~0.7 us of DRAM latency is ~2.5 MB across 132 SMs,
-// ~19 KB per SM. One CTA of 8 warps with kUnroll = 4 holds 8 * 32 * 4 * 2 * 16 B = 32 KB, and two
-// CTAs fit per SM.
+// ~19 KB per SM. Loaded straight into registers (kStages = 0) a thread keeps only about three
+// 16-byte loads in flight, however far the step is unrolled, since ptxas places each load near
+// its mma; through a cp.async ring (kStages >= 2) a CTA of 8 warps with kUnroll = 2 and 4 stages
+// keeps 3 * 2 * 32 B per thread, 48 KB per CTA, in flight, and two CTAs fit per SM.
 //
 // Work split: a CTA owns 16 rows of w (16 outputs per row of x) over all of K; its kWarps warps
 // take interleaved steps along K and their fp32 partial sums are added in shared memory in a
@@ -85,13 +87,53 @@ __device__ __forceinline__ O from_float(float v) {
   else return __float2half_rn(v);
 }
 
+template <int kStages, int kUnroll, int kThreads>
+constexpr int ring_bytes() {
+  return kStages * kUnroll * 2 * 16 * kThreads;
+}
+
+// 16 bytes global -> shared, cached in L2 only (the weights are read once). No L2 cache hint:
+// ptxas 13.0 miscompiles cp.async with one (see bench/NOTES.md).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+template <class T, int kMTiles>
+__device__ __forceinline__ void mma_chunk(float (&acc)[kMTiles][4], const uint4& lo, const uint4& hi,
+                                          const T* const (&x_row)[kMTiles], int koff) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x_row[mt] + koff));
+    mma16816<T>(acc[mt], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
+    mma16816<T>(acc[mt], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
+  }
+}
+
 // x [M, K] (row stride lda), w [N, K] (row stride ldw), out [M, N] (row stride ldo).
-template <class T, class O, bool kBias, int kMTiles, int kWarps, int kUnroll>
+//
+// kStages = 0: the weights go straight to registers, kUnroll chunks per step. ptxas interleaves
+// those loads with the mmas that use them (about three 16-byte loads in flight per thread, SASS
+// of 2026-12-01), so in-flight bytes scale with threads per SM only.
+// kStages >= 2: each thread streams its own weight slices through a private cp.async ring of
+// kStages steps in shared memory, (kStages - 1) * kUnroll * 32 bytes in flight per thread that no
+// register holds. A thread reads back only what it copied, so cp.async.wait_group alone orders
+// the ring: no barrier, no cross-thread handoff.
+template <class T, class O, bool kBias, int kMTiles, int kWarps, int kUnroll, int kStages>
 __global__ void __launch_bounds__(kWarps * 32) small_m_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                                               const T* __restrict__ bias, O* __restrict__ out,
                                                               int m, int n, int k, int64_t lda, int64_t ldw,
                                                               int64_t ldo) {
-  __shared__ float partial[kWarps][kRows][kMTiles * 8];
+  constexpr int kThreads = kWarps * 32;
+  extern __shared__ __align__(16) unsigned char smem[];
+  // The partial sums reuse the ring's bytes once every warp has left the main loop.
+  auto partial = reinterpret_cast<float (*)[kRows][kMTiles * 8]>(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int n0 = blockIdx.x * kRows;
@@ -107,28 +149,52 @@ __global__ void __launch_bounds__(kWarps * 32) small_m_kernel(const T* __restric
   for (int mt = 0; mt < kMTiles; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
 
   constexpr int kStep = kChunk * kUnroll;
-  // Whole steps load unpredicated so that ptxas issues all 2 * kUnroll weight loads of a step
-  // before the first mma (with a per-chunk bound it sank each load to its use: one in flight).
-  int k0 = warp * kStep;
-  for (; k0 + kStep <= k; k0 += kWarps * kStep) {
-    uint4 lo[kUnroll], hi[kUnroll];
+  constexpr int kStride = kWarps * kStep;  // k between a warp's consecutive steps
+  const int k_first = warp * kStep;
+  // This warp's whole steps: k_first + j * kStride + kStep <= k.
+  const int full = k >= k_first + kStep ? (k - k_first - kStep) / kStride + 1 : 0;
+  if constexpr (kStages == 0) {
+    for (int j = 0; j < full; ++j) {
+      const int k0 = k_first + j * kStride;
+      uint4 lo[kUnroll], hi[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      lo[u] = load_stream(w_lo + k0 + u * kChunk);
-      hi[u] = load_stream(w_hi + k0 + u * kChunk);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x_row[mt] + k0 + u * kChunk));
-        mma16816<T>(acc[mt], lo[u].x, hi[u].x, lo[u].y, hi[u].y, xv.x, xv.y);
-        mma16816<T>(acc[mt], lo[u].z, hi[u].z, lo[u].w, hi[u].w, xv.z, xv.w);
+      for (int u = 0; u < kUnroll; ++u) {
+        lo[u] = load_stream(w_lo + k0 + u * kChunk);
+        hi[u] = load_stream(w_hi + k0 + u * kChunk);
       }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) mma_chunk<T, kMTiles>(acc, lo[u], hi[u], x_row, k0 + u * kChunk);
     }
+  } else {
+    // ring[slot][u][lo/hi][thread]: consecutive threads touch consecutive 16-byte words.
+    uint4* ring = reinterpret_cast<uint4*>(smem);
+    auto slot_ptr = [&](int slot, int u, int half) { return ring + ((slot * kUnroll + u) * 2 + half) * kThreads + threadIdx.x; };
+    auto issue = [&](int j) {
+      if (j < full) {
+        const int k0 = k_first + j * kStride;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          cp_async16(slot_ptr(j % kStages, u, 0), w_lo + k0 + u * kChunk);
+          cp_async16(slot_ptr(j % kStages, u, 1), w_hi + k0 + u * kChunk);
+        }
+      }
+      cp_async_commit();  // empty groups too: the wait below counts groups
+    };
+#pragma unroll
+    for (int j = 0; j < kStages - 1; ++j) issue(j);
+    for (int j = 0; j < full; ++j) {
+      issue(j + kStages - 1);
+      cp_async_wait<kStages - 1>();
+      const int k0 = k_first + j * kStride;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        mma_chunk<T, kMTiles>(acc, *slot_ptr(j % kStages, u, 0), *slot_ptr(j % kStages, u, 1), x_row, k0 + u * kChunk);
+    }
+    cp_async_wait<0>();
   }
   // At most one partial step per warp: chunk by chunk, zeros past K (K is a multiple of 8, so a
   // thread's 8 elements are all in or all out).
+  const int k0 = k_first + full * kStride;
   if (k0 < k) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -145,6 +211,7 @@ __global__ void __launch_bounds__(kWarps * 32) small_m_kernel(const T* __restric
       }
     }
   }
+  if constexpr (kStages > 0) __syncthreads();  // every warp is done with the ring
 
   // Accumulator (row r of w = output column n0 + r, column c = output row): c0 (g, 2t),
   // c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
@@ -178,20 +245,24 @@ constexpr const char* name() {
   else return "fp32";
 }
 
-template <class T_, class O_, bool kBias_, int kMTiles_, int kWarps_, int kUnroll_>
+template <class T_, class O_, bool kBias_, int kMTiles_, int kWarps_, int kUnroll_, int kStages_ = 0>
 struct SmallMConfig {
   using T = T_;
   using O = O_;
   static constexpr bool kBias = kBias_;
-  static constexpr int kMTiles = kMTiles_, kWarps = kWarps_, kUnroll = kUnroll_;
+  static constexpr int kMTiles = kMTiles_, kWarps = kWarps_, kUnroll = kUnroll_, kStages = kStages_;
+  static constexpr int kPartialBytes = kWarps * kRows * kMTiles * 8 * 4;
+  static constexpr int kRingBytes = ring_bytes<kStages, kUnroll, kWarps * 32>();
+  static constexpr int kSmemBytes = kPartialBytes > kRingBytes ? kPartialBytes : kRingBytes;
   static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "x and w are bf16 or fp16");
   static_assert(std::is_same_v<O, T> || std::is_same_v<O, float>, "the output is the input dtype or fp32");
   static_assert(kMTiles >= 1 && kMTiles <= 8, "M <= 64");
-  static_assert(kWarps * kRows * kMTiles * 8 * 4 <= (48 << 10), "the partial sums live in static shared memory");
+  static_assert(kStages == 0 || kStages >= 2, "kStages: 0 (registers) or a ring of 2 or more steps");
+  static_assert(kSmemBytes <= (227 << 10), "shared memory per CTA");
 
   static void describe(char* buf, size_t len) {
-    snprintf(buf, len, "gemm_small_m %s b=nk out=%s%s m<=%d warps=%d unroll=%d", name<T>(), name<O>(),
-             kBias ? " bias" : "", kMTiles * 8, kWarps, kUnroll);
+    snprintf(buf, len, "gemm_small_m %s b=nk out=%s%s m<=%d warps=%d unroll=%d stages=%d", name<T>(), name<O>(),
+             kBias ? " bias" : "", kMTiles * 8, kWarps, kUnroll, kStages);
   }
 };
 
@@ -227,12 +298,27 @@ int launch(const FrayArgs* args, char* err, int32_t err_len) {
             (unsigned long long)args->ptrs[2]);
     return 1;
   }
+  auto kernel = small_m_kernel<T, O, Config::kBias, Config::kMTiles, Config::kWarps, Config::kUnroll, Config::kStages>;
+  constexpr int kSmem = Config::kSmemBytes;
+  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
+  constexpr int kMaxDevices = 64;
+  static bool smem_set[kMaxDevices] = {};
+  int device = args->device;
+  if (device < 0) cudaGetDevice(&device);
+  if (kSmem > (48 << 10) && !(device < kMaxDevices && smem_set[device])) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (e != cudaSuccess) {
+      jit_set_err(err, err_len, "gemm_small_m: cudaFuncSetAttribute(%d bytes of shared memory): %s", kSmem,
+                  cudaGetErrorString(e));
+      return 1;
+    }
+    if (device < kMaxDevices) smem_set[device] = true;
+  }
   const dim3 grid(static_cast<unsigned>((n + kRows - 1) / kRows));
-  small_m_kernel<T, O, Config::kBias, Config::kMTiles, Config::kWarps, Config::kUnroll>
-      <<<grid, Config::kWarps * 32, 0, reinterpret_cast<cudaStream_t>(args->stream)>>>(
-          reinterpret_cast<const T*>(args->ptrs[0]), reinterpret_cast<const T*>(args->ptrs[1]),
-          reinterpret_cast<const T*>(args->ptrs[2]), reinterpret_cast<O*>(args->ptrs[3]), static_cast<int>(m),
-          static_cast<int>(n), static_cast<int>(k), lda, ldb, ldc);
+  kernel<<<grid, Config::kWarps * 32, kSmem, reinterpret_cast<cudaStream_t>(args->stream)>>>(
+      reinterpret_cast<const T*>(args->ptrs[0]), reinterpret_cast<const T*>(args->ptrs[1]),
+      reinterpret_cast<const T*>(args->ptrs[2]), reinterpret_cast<O*>(args->ptrs[3]), static_cast<int>(m),
+      static_cast<int>(n), static_cast<int>(k), lda, ldb, ldc);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
     jit_set_err(err, err_len, "gemm_small_m: launch failed: %s", cudaGetErrorString(e));
