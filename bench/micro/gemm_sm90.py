@@ -8,7 +8,7 @@ the correct ones at the issue's benchmark shapes against torch.mm (cuBLAS), same
 flushed (triton.testing.do_bench, median). Prints a table; JSON lines go to $OUT/gemm_sm90.jsonl.
 
     CUTLASS_INCLUDE=<.../cutlass_library/source/include> python3 bench/micro/gemm_sm90.py [--only SUBSTR] [--no-bench]
-    (or PYTHONPATH with the nvidia-cutlass package: the include dir is found via `import cutlass_library`)
+    (or PYTHONPATH with the nvidia-cutlass package: the include dir is cutlass_library/source/include)
     python3 bench/micro/gemm_sm90.py --compile-only --only smallm      # here: build, registers, spills
 
 Shapes whose K or N is not a multiple of 8 (TMA's 16-byte rows) are zero-padded here the way the op
@@ -34,11 +34,12 @@ BUILD = "/tmp/fray_gemm_sm90"
 def cutlass_include():
     inc = os.environ.get("CUTLASS_INCLUDE")
     if not inc:
-        try:
-            import cutlass_library
-        except ImportError:
+        import importlib.util
+        # Located, not imported: importing runs the package's kernel-generator modules, unneeded here.
+        spec = importlib.util.find_spec("cutlass_library")
+        if spec is None or not spec.submodule_search_locations:
             sys.exit("CUTLASS headers not found: set CUTLASS_INCLUDE or put the nvidia-cutlass package on PYTHONPATH")
-        inc = os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include")
+        inc = os.path.join(list(spec.submodule_search_locations)[0], "source", "include")
     if not os.path.isdir(os.path.join(inc, "cute")):
         sys.exit(f"CUTLASS headers not found under {inc} (expected cute/ and cutlass/ there)")
     return inc
