@@ -19,7 +19,6 @@ import argparse
 import ctypes
 import datetime
 import json
-import math
 import os
 import re
 import subprocess
