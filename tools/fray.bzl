@@ -30,6 +30,21 @@ def fray_family_extension(family):
         deps = [":_C"],
     )
 
+def _package_headers_impl(ctx):
+    outs = []
+    for f in ctx.files.srcs:
+        out = ctx.actions.declare_file("include/" + f.short_path)
+        ctx.actions.symlink(output = out, target_file = f)
+        outs.append(out)
+    return [DefaultInfo(files = depset(outs), runfiles = ctx.runfiles(files = outs))]
+
+package_headers = rule(
+    implementation = _package_headers_impl,
+    doc = "Headers at include/<their repository path> beside this package (fray/include/cuda/...), " +
+          "where fray.jit.include_root() finds them in runfiles, the GPU bundle and the wheel.",
+    attrs = {"srcs": attr.label_list(allow_files = [".h", ".hpp", ".cuh"])},
+)
+
 def fray_py_test(name, srcs, family = None, deps = [], data = [], size = "medium", cpu = True, gpu = True, **kwargs):
     """One pytest file, two targets: `<name>` (CPU, CI) and `<name>_gpu` (tags = ["gpu"]).
 

@@ -23,5 +23,8 @@ commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- 2>/dev/null || commit="$commit-dirty"
 echo "$commit" > "$DEST/COMMIT"
 if compgen -G ".whl/*.whl" >/dev/null; then mkdir -p "$DEST/wheels"; cp .whl/*.whl "$DEST/wheels/"; fi
+# The JIT kernels include CUTLASS/CuTe from the nvidia-cutlass package, which the GPU machine lacks.
+compgen -G ".whl/nvidia_cutlass-*.whl" >/dev/null ||
+  echo "make_bundle: warning: no .whl/nvidia_cutlass-*.whl (pip download --no-deps nvidia-cutlass -d .whl): JIT kernels that include CUTLASS will not compile there" >&2
 ls "$DEST"/python/fray/_C/*.so >/dev/null || { echo "make_bundle: extensions missing" >&2; exit 1; }
 echo "bundle staged in $DEST ($(du -sh "$DEST" | cut -f1), commit $commit)"

@@ -26,6 +26,7 @@ for _info in sorted(_pkgutil.iter_modules(_ops.__path__), key=lambda m: m.name):
         OPS[_op] = _info.name
         CUDA_FAMILY[_op] = getattr(_module, "CUDA_FAMILIES", {}).get(_op, _info.name)
 
-from fray import jit_kernels, triton  # noqa: E402  (seed-compatible alias modules)
+from fray import jit, jit_kernels, triton, tune  # noqa: E402  (jit, tune; seed-compatible alias modules)
+from fray.bench.kineto import bench_kineto  # noqa: E402  (the seed's name for the kernel timer)
 
-__all__ = sorted(OPS) + ["OPS", "FAMILIES", "CUDA_FAMILY", "__version__"]
+__all__ = sorted(OPS) + ["OPS", "FAMILIES", "CUDA_FAMILY", "__version__", "bench_kineto", "jit", "tune"]

@@ -29,7 +29,26 @@ def _cmd_ops():
         print("%-14s %-8s %-10s %s" % (op, family, "reference", "available (CPU tensors, numpy)"))
         for backend, reason in B.available(op, fray.CUDA_FAMILY[op], dev).items():
             print("%-14s %-8s %-10s %s" % ("", "", backend, "available" if reason is None else "unavailable: " + reason))
+    print(_jit_line(dev))
     return 0
+
+
+def _jit_line(dev):
+    """One line on the run-time compiler: nvcc, CUTLASS, the device's arch, the cache."""
+    from fray import jit
+    s = jit.status()
+    parts = ["nvcc %s (%s)" % (s["nvcc_release"], s["nvcc"]) if s["nvcc"] else "no nvcc"]
+    parts.append("cutlass %s" % s["cutlass"] if s["cutlass"] else "no cutlass (pip install nvidia-cutlass)")
+    if s["include_root"] is None:
+        parts.append("Fray headers missing")
+    if dev.type == "cuda":
+        try:
+            parts.append("sm_%s" % jit._device_arch(dev.index))
+        except RuntimeError as exc:
+            parts.append("unsupported device: %s" % str(exc).split("; ")[-1])
+    else:
+        parts.append("no device (compile_only)")
+    return "jit: %s; cache %s" % (", ".join(parts), s["cache"])
 
 
 def _cmd_check(device_flag):

@@ -7,6 +7,23 @@ FRAY_CHECK_INDICES    "1": validate device-side index tensors (lengths, block ta
                       of a host synchronisation; refused during CUDA-graph capture.
 FRAY_COMMIT           commit hash stamped into benchmark results (the GPU bundle sets it, since
                       the GPU machine has no .git).
+
+The JIT (fray.jit) and the tuner (fray.tune):
+FRAY_CACHE_DIR        root of the kernel cache (jit/) and the tuning records (tune/); default
+                      $XDG_CACHE_HOME/fray, else ~/.cache/fray.
+FRAY_NVCC_COMPILER    the nvcc to run; default $CUDA_HOME/bin/nvcc, then nvcc on PATH, then
+                      /usr/local/cuda/bin/nvcc.
+FRAY_JIT_DEBUG        "1": print each generated source, the build command and the cache
+                      decisions (hit, miss, stale entry) on stderr.
+FRAYJIT_PRINT_NVCC_COMMAND  "1": print every nvcc command line on stderr (the seed's spelling).
+FRAY_JIT_MAX_WORKERS  parallel nvcc processes when several kernels build at once (tuning);
+                      default: the CPU count, at most 8.
+FRAY_PTXAS_VERBOSE    "1": compile with -Xptxas -v and print ptxas's register / spill report (a
+                      flag like any other: it is part of the cache key, so it recompiles).
+FRAY_PRINT_AUTOTUNE   "1": print the tuner's table (config, us, TFLOP/s, chosen) and, when it does
+                      not tune, where the choice came from (persisted, shipped default, heuristic).
+FRAY_AUTOTUNE         "0": never tune; use the persisted choice, the shipped default or the
+                      kernel's heuristic (default "1": tune a shape bucket the first time it runs).
 """
 import os
 
@@ -30,3 +47,58 @@ def check_indices():
 
 def commit():
     return os.environ.get("FRAY_COMMIT", "").strip() or None
+
+
+def cache_dir():
+    value = os.environ.get("FRAY_CACHE_DIR", "").strip()
+    if value:
+        return os.path.abspath(os.path.expanduser(value))
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fray")
+
+
+def nvcc_candidates():
+    """Where to look for nvcc, in order: FRAY_NVCC_COMPILER alone when set."""
+    value = os.environ.get("FRAY_NVCC_COMPILER", "").strip()
+    if value:
+        return [value]
+    out = []
+    cuda_home = os.environ.get("CUDA_HOME", "").strip() or os.environ.get("CUDA_PATH", "").strip()
+    if cuda_home:
+        out.append(os.path.join(cuda_home, "bin", "nvcc"))
+    out.append("nvcc")  # resolved on PATH by the caller
+    out.append("/usr/local/cuda/bin/nvcc")
+    return out
+
+
+def jit_debug():
+    return _flag("FRAY_JIT_DEBUG")
+
+
+def print_nvcc_command():
+    return _flag("FRAYJIT_PRINT_NVCC_COMMAND") or jit_debug()
+
+
+def jit_max_workers():
+    value = os.environ.get("FRAY_JIT_MAX_WORKERS", "").strip()
+    if value:
+        try:
+            workers = int(value)
+        except ValueError:
+            raise ValueError("FRAY_JIT_MAX_WORKERS: expected a positive integer, got %r" % value) from None
+        if workers < 1:
+            raise ValueError("FRAY_JIT_MAX_WORKERS: expected a positive integer, got %r" % value)
+        return workers
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def ptxas_verbose():
+    return _flag("FRAY_PTXAS_VERBOSE")
+
+
+def print_autotune():
+    return _flag("FRAY_PRINT_AUTOTUNE")
+
+
+def autotune_enabled():
+    return os.environ.get("FRAY_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")

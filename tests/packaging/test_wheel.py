@@ -19,18 +19,24 @@ def _wheel_path():
 def test_wheel_contents():
     names = set(zipfile.ZipFile(_wheel_path()).namelist())
     for required in ("fray/__init__.py", "fray/ops/norm.py", "fray/reference/norm.py", "fray/_C/_norm.so",
-                     "fray_triton/__init__.py", "fray_triton/norm.py", "fray/cli.py"):
+                     "fray_triton/__init__.py", "fray_triton/norm.py", "fray/cli.py",
+                     "fray/_C/_jit.so", "fray/jit/__init__.py", "fray/tune/__init__.py",
+                     "fray/tune/defaults/nvidia_h200.json", "fray/include/cuda/common/launch_abi.h",
+                     "fray/include/cuda/common/binder.h"):
         assert required in names, "%s missing from the wheel: %s" % (required, sorted(names)[:20])
     assert not any(n.startswith(("python/", "triton/")) for n in names), "source prefixes not stripped"
     meta = [n for n in names if n.endswith(".dist-info/METADATA")]
     assert len(meta) == 1
     wheel_info = zipfile.ZipFile(_wheel_path()).read(meta[0].replace("METADATA", "WHEEL")).decode()
     assert "Tag: cp%d%d-cp%d%d-linux_x86_64" % (sys.version_info[:2] * 2) in wheel_info
+    metadata = zipfile.ZipFile(_wheel_path()).read(meta[0]).decode()
+    assert "Requires-Dist: nvidia-cutlass" in metadata  # the JIT's CUTLASS/CuTe headers at run time
 
 
 def test_wheel_installs_and_imports(tmp_path):
     zipfile.ZipFile(_wheel_path()).extractall(tmp_path)
-    code = ("import fray, fray._C._norm as e, fray_triton.norm; "
+    code = ("import fray, fray._C._norm as e, fray_triton.norm, fray.jit, os; "
+            "assert fray.jit.include_root() == os.path.join(os.path.dirname(fray.__file__), 'include'); "
             "import numpy as np; y = fray.rmsnorm(np.ones((2, 4), np.float32), np.ones(4, np.float32)); "
             "assert abs(float(y[0, 0]) - 1.0) < 1e-5; print(e.archs())")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
