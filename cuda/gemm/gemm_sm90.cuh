@@ -11,7 +11,8 @@
 //   #include "cuda/gemm/gemm_sm90.cuh"
 //   using Config = fray::gemm::Sm90GemmConfig<cutlass::bfloat16_t, fray::gemm::kLayoutNK,
 //       cutlass::bfloat16_t, true, 128, 256, 64, 2, 1, fray::gemm::kCooperative, 0,
-//       fray::gemm::kRasterHeuristic, 1>;
+//       fray::gemm::kRasterHeuristic, 1 /*swizzle*/, 0 /*epilogue subtile N: auto*/,
+//       fray::gemm::kPersistent>;
 //   FRAY_GEMM_ENTRY(Config)
 //
 // Layouts (all row-major in PyTorch terms): A [M, K] (K-major), D [M, N]. B is "nk" ([N, K],
@@ -44,6 +45,9 @@ enum Layout : int { kLayoutNK = 0, kLayoutKN = 1 };
 enum Schedule : int { kCooperative = 0, kPingpong = 1 };
 // The persistent scheduler's raster order: the heuristic walks along the larger of M and N.
 enum Raster : int { kRasterHeuristic = 0, kRasterAlongM = 1, kRasterAlongN = 2 };
+// Tile scheduler: data-parallel persistent tiles, or stream-K, which splits the last partial wave
+// along K (4096^3 in 128x256 tiles is 512 tiles on 132 SMs, 3.88 waves: a 3% tail to reclaim).
+enum Scheduler : int { kPersistent = 0, kStreamK = 1 };
 
 template <class T>
 constexpr const char* element_name() {
@@ -60,7 +64,9 @@ constexpr int kAlign16 = 128 / cutlass::sizeof_bits<T>::value;
 template <class Element_, int kLayoutB_, class ElementOut_, bool kBias_, int kTileM_, int kTileN_,
           int kTileK_, int kClusterM_, int kClusterN_, int kSchedule_,
           int kStages_,  // 0: as many as fit beside the epilogue's shared memory
-          int kRaster_, int kSwizzle_>
+          int kRaster_, int kSwizzle_,
+          int kEpiTileN_ = 0,  // 0: CUTLASS's choice (32 columns); else the TMA-store subtile's N
+          int kScheduler_ = kPersistent>
 struct Sm90GemmConfig {
   using Element = Element_;
   using ElementOut = ElementOut_;
@@ -73,6 +79,8 @@ struct Sm90GemmConfig {
   static constexpr int kStages = kStages_;
   static constexpr int kRaster = kRaster_;
   static constexpr int kSwizzle = kSwizzle_;
+  static constexpr int kEpiTileN = kEpiTileN_;
+  static constexpr int kScheduler = kScheduler_;
 
   static_assert(cute::is_same_v<Element, cutlass::bfloat16_t> || cute::is_same_v<Element, cutlass::half_t>,
                 "A and B are bf16 or fp16");
@@ -81,6 +89,9 @@ struct Sm90GemmConfig {
   // Cooperative splits the tile's M between two consumer warpgroups of 64 rows each at least.
   static_assert(kSchedule == kPingpong || kTileM >= 128, "the cooperative schedule needs tile M >= 128");
   static_assert(kSwizzle == 1 || kSwizzle == 2 || kSwizzle == 4 || kSwizzle == 8, "swizzle is 1, 2, 4 or 8");
+  static_assert(kEpiTileN == 0 || kTileN % kEpiTileN == 0, "the epilogue subtile's N divides the tile's N");
+  // CUTLASS's stream-K scheduler reduces partial tiles through the cooperative epilogue only.
+  static_assert(kScheduler == kPersistent || kSchedule == kCooperative, "stream-K needs the cooperative schedule");
 
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = cute::conditional_t<kLayoutB == kLayoutNK, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
@@ -102,9 +113,14 @@ struct Sm90GemmConfig {
       cutlass::epilogue::fusion::LinCombPerColBias<ElementOut, float, Element, ElementOut, float, kAlign16<Element>>,
       cutlass::epilogue::fusion::LinearCombination<ElementOut, float, void, float>>;
 
+  // The subtile's M follows CUTLASS's own choice for the schedule (128 rows cooperative, 64 ping-pong).
+  static constexpr int kEpiTileM = kSchedule == kCooperative ? (kTileM < 128 ? kTileM : 128) : (kTileM < 64 ? kTileM : 64);
+  using EpilogueTile = cute::conditional_t<kEpiTileN == 0, cutlass::epilogue::collective::EpilogueTileAuto,
+                                           cute::Shape<cute::Int<kEpiTileM>, cute::Int<(kEpiTileN > 0 ? kEpiTileN : 32)>>>;
+
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float,
+      EpilogueTile, ElementAcc, float,
       void, LayoutD, kAlign16<ElementOut>,  // C: none
       ElementOut, LayoutD, kAlign16<ElementOut>, EpilogueSchedule, Fusion>::CollectiveOp;
 
@@ -118,16 +134,20 @@ struct Sm90GemmConfig {
       kAlign16<Element>, ElementAcc, TileShape, ClusterShape, StageCount, KernelSchedule>::CollectiveOp;
 
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
-                                                          CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+                                                          CollectiveEpilogue,
+                                                          cute::conditional_t<kScheduler == kStreamK, cutlass::gemm::StreamKScheduler,
+                                                                              cutlass::gemm::PersistentScheduler>>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   static void describe(char* buf, size_t len) {
-    snprintf(buf, len, "gemm_sm90 %s b=%s out=%s%s %dx%dx%d c%dx%d %s stages=%s%d raster=%s swizzle=%d",
+    snprintf(buf, len, "gemm_sm90 %s b=%s out=%s%s %dx%dx%d c%dx%d %s stages=%s%d raster=%s swizzle=%d epi_n=%d%s",
              element_name<Element>(), kLayoutB == kLayoutNK ? "nk" : "kn", element_name<ElementOut>(),
              kBias ? " bias" : "", kTileM, kTileN, kTileK, kClusterM, kClusterN,
              kSchedule == kCooperative ? "coop" : "pingpong", kStages == 0 ? "auto:" : "",
              kStages == 0 ? static_cast<int>(CollectiveMainloop::DispatchPolicy::Stages) : kStages,
-             kRaster == kRasterAlongM ? "m" : kRaster == kRasterAlongN ? "n" : "auto", kSwizzle);
+             kRaster == kRasterAlongM ? "m" : kRaster == kRasterAlongN ? "n" : "auto", kSwizzle,
+             static_cast<int>(cute::size<1>(cute::shape(typename CollectiveEpilogue::EpilogueTile{}))),
+             kScheduler == kStreamK ? " stream-k" : "");
   }
 };
 
