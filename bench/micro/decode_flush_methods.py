@@ -4,7 +4,8 @@ The benchmark (fray.bench.time_us, triton's do_bench) zeroes a 256 MB buffer bef
 L2 is then full of dirty lines, which the timed kernel's reads must write back to HBM as they evict
 them. This times, on the issue's B32 and B64-Hq64 decode shapes, SDPA, fray.decode_attention (CUDA)
 and a plain read of the same K and V bytes (a Triton kernel, no math; also with its loads marked
-evict-first in the L2, as Fray's K/V copies are since session 10) under three methods:
+evict-first in the L2, as Fray's K/V copies were in the reverted 5a45683-dirty experiment of
+2026-11-30) under three methods:
   write-flush  do_bench as the benchmark (256 MB zeroed before each call)
   read-flush   a 256 MB buffer read (summed) before each call: the L2 holds clean lines
   no-flush     back-to-back calls (the caches hold whatever the previous call left)

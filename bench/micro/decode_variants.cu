@@ -2,8 +2,8 @@
 // contiguous HND) timed with parts switched off through its PROBE template parameter
 // (kProbeNoMath: loads and barriers only; kProbeNoFinish: no merge / output; kProbeNoLens:
 // capacity instead of lens), against the production launcher, with and without the L2 flush the
-// benchmark does before each call. Session 4 also timed per-warp cp.async rings (no block
-// barrier in the loop): the same as the block-wide ring, not kept.
+// benchmark does before each call. The runs at 937cbf6..c152ab8 (2026-11-30) also timed per-warp
+// cp.async rings (no block barrier in the loop): the same as the block-wide ring, not kept.
 // Build + run on the GPU machine (repo root):
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/dx bench/micro/decode_variants.cu && /tmp/dx
 #include <cuda_bf16.h>

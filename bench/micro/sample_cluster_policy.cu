@@ -3,8 +3,8 @@
 // may put two CTAs of one cluster on one SM). With Spread the H200 holds 30 clusters of 8 of this
 // kernel (2 CTAs per SM), so 64 rows take three waves (30 + 30 + 4). Top-p 0.9, temperature 0.8,
 // fp32 standard-normal logits, L2 flushed before each launch; the tokens must match the
-// production launcher's. Session 5: 30 clusters under every policy; load-balancing was slower
-// (64x131072 127.9 vs 120.8 us, 64x152064 140.4 vs 132.0, 256x152064 442.8 vs 429.1): not taken.
+// production launcher's. Runs at 9e10afd..fa0d44d (2026-11-30): 30 clusters under every policy;
+// load-balancing was slower (64x131072 127.9 vs 120.8 us, 64x152064 140.4 vs 132.0, 256x152064 442.8 vs 429.1): not taken.
 // Build + run on the GPU machine (repo root):
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/sp bench/micro/sample_cluster_policy.cu && /tmp/sp
 #include <cstdint>

@@ -128,7 +128,7 @@ VARIANTS = {
                               """    const Selection s = select_bin(hist, part, 0, top_p, m, C, rank);""")],
     "red16_timeline": _RED16 + _stamped(),
 }
-# Variants measured in session 8 and since merged into the kernel or dropped (bench/NOTES.md has
+# Variants measured at 18ad591..b455360 (2026-11-30) and since merged into the kernel or dropped (bench/NOTES.md has
 # the figures): the shortcut alone, mass bins by rounding, branch-free range test and final pass,
 # a bitonic-sort refinement, the mass pass per vector, a relaxed exit arrive.
 

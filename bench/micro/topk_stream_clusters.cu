@@ -4,8 +4,8 @@
 // rows x C <= SMs x 4, but whole clusters must fit inside one GPC, so fewer are resident. fp32
 // standard-normal rows (Box-Muller on a hash), L2 flushed before each launch; every cluster size
 // must give the same values and indices as C = 8.
-// Session 5 (bench/NOTES.md): with 256 threads x 4 CTAs per SM the H200 held 62 clusters of 8, so
-// 64 rows ran as two waves (64x131072 k50: 68.2 us; 62 rows: 46.6); C 4 fit (58.8). 192 threads x
+// Runs at 9e10afd..fa0d44d, 2026-11-30 (bench/NOTES.md): with 256 threads x 4 CTAs per SM the
+// H200 held 62 clusters of 8, so 64 rows ran as two waves (64x131072 k50: 68.2 us; 62 rows: 46.6); C 4 fit (58.8). 192 threads x
 // 5 CTAs per SM (now the kernel's shape) hold 77: 57.7 us at C 8. Pass 1's histogram adds grouped
 // by __match_any_sync (one atomic per distinct digit of a warp) measured 101 us against 57.5:
 // not kept. run_policies: the cluster scheduling policy preference; load-balancing (several CTAs of

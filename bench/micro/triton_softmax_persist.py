@@ -2,10 +2,10 @@
 row per iteration held in registers, with the next row's load issued before the current row's
 reductions (manual prefetch), or left to Triton's pipeliner (tl.range num_stages), next to the
 shipped Triton and CUDA backends in one process.
-The session-5 sweep of L2 eviction hints on the wide two-pass kernel (131072 / 262144) lived here
+The 9e10afd..fa0d44d (2026-11-30) sweep of L2 eviction hints on the wide two-pass kernel (131072 / 262144) lived here
 with a copy of that kernel; the chosen hints are now in triton/fray_triton/softmax.py
 (_softmax_loop_kernel) and the sweep's figures in bench/NOTES.md (git history has the copy).
-Session 5 also timed the two-pass kernel walking rows persistently (grids of 1-4
+Those runs also timed the two-pass kernel walking rows persistently (grids of 1-4
 programs per SM): slower at every grid (bench/NOTES.md), not kept here.
 Run on the GPU machine with the bundle's PYTHONPATH:  python3 bench/micro/triton_softmax_persist.py
 """

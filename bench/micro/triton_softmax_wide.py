@@ -1,9 +1,9 @@
 """Wide-row Triton softmax variants (bf16, 256 MiB per tensor, L2 flushed per call) next to the
 shipped Triton and CUDA backends, in one process: the shipped two-pass kernel
 (fray_triton.softmax._softmax_loop_kernel, per-lane online first pass) swept over its tile and
-num_warps, and a whole-row single tile held as loaded 16-bit values. Session 4 also swept
-num_stages 3 on the per-lane kernel (slower at most widths) and a per-tile-reduction loop (the
-kernel before): bench/NOTES.md has the figures.
+num_warps, and a whole-row single tile held as loaded 16-bit values. The runs at
+937cbf6..c152ab8 (2026-11-30) also swept num_stages 3 on the per-lane kernel (slower at most
+widths) and a per-tile-reduction loop (the kernel before): bench/NOTES.md has the figures.
 Run on the GPU machine with the bundle's PYTHONPATH:  python3 bench/micro/triton_softmax_wide.py
 """
 import itertools

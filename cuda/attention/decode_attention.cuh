@@ -58,10 +58,10 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Split-count heuristic (decode_split_size). Measured on the H200 (bf16, D=128, Hq32/Hkv8, graph
-// replay or L2-flushed medians; bench/micro/decode_split_sweep.py, session 4, with the one-round-
+// replay or L2-flushed medians; bench/micro/decode_split_sweep.py at 937cbf6 (2026-11-30), with the one-round-
 // trip combine): B=1 T=4096 with 8/16/24/32/48/64 splits 10.3/8.7/8.7/9.2/9.3/12.6 us, so splits
 // shorter than 256 tokens cost more in partials and combine than they gain in parallelism; B=32
-// T=4096 (256 CTAs for 264 slots) 1 split 134.7 us, 2 splits 142.0 us. At least ceil(T / 8192) splits. Measured (L2 flushed, session 4): B=64 Hq64 T=8192 with 1 / 2 / 4
+// T=4096 (256 CTAs for 264 slots) 1 split 134.7 us, 2 splits 142.0 us. At least ceil(T / 8192) splits. Measured (L2 flushed, 937cbf6..c152ab8): B=64 Hq64 T=8192 with 1 / 2 / 4
 // splits 497.1 / 512.4 / 516.6 us (SDPA 497.7); lens uniform in [1, 8192] 285.0 / 277.3 / 268.6
 // (SDPA with a mask 505.9). One split per 8192 tokens wins where every sequence is full and costs
 // 3% on uneven lengths, still 1.8x SDPA there.
@@ -69,7 +69,7 @@ constexpr int kTargetSplitTokens = 8192;
 // Paged caches keep ceil(T / 4096): their loader looks page ids up one tile ahead, so a long split
 // running alone at the end of an uneven batch is slower than a contiguous one (B=64 lens uniform
 // in [1, 8192], P16: 307.5 us with one split per 8192 tokens against 278.6 contiguous; 296.7 with
-// two splits, session 3).
+// two splits, runs at 73e5a91..a5b1d58).
 constexpr int kTargetSplitTokensPaged = 4096;
 constexpr int kMinSplitTokens = 256;
 constexpr double kWaveSlack = 1.05;       // fewer splits unless more of them save > 5% of wave time
@@ -84,7 +84,7 @@ constexpr int kProbeNoLens = 4;    // lens[b] taken as the capacity: no lens rea
 // 16-bit caches (tensor-core kernel). 64 tokens per stage = 16 per warp (one m16n8k16 k-step
 // of P V). Stages: ~96 KB of ring per CTA so two CTAs share an SM (228 KB) at D <= 128. (A 5-stage
 // one-CTA-per-SM form for B = 1, every tile of a 4-tile split requested before lens, measured
-// slower than these 3 stages in session 10: 7.38-7.49 against 7.21-7.29 us per graph-replayed
+// slower than these 3 stages at 5a45683 (2026-11-30): 7.38-7.49 against 7.21-7.29 us per graph-replayed
 // call, L2 warm; its copies took longer to issue than lens took to arrive. Removed.)
 template <int D>
 struct MmaConfig {
@@ -218,7 +218,7 @@ __device__ __forceinline__ int swz(int row, int chunk, int row_bytes) {
 // entries (64 / page_size of them, or one) never straddle two, so the current window and the next
 // are all a split needs in registers; the next is requested when the tiles enter the current one,
 // 64 entries ahead of its first use. (Per-thread lookups, one per row and tile, measured the same
-// at B = 1 with 16x the requests and more registers; bench/NOTES.md, session 10.)
+// at B = 1 with 16x the requests and more registers; bench/NOTES.md, a04f307.)
 
 template <typename T, int D, int kTile, bool PAGED>
 struct TileLoader {

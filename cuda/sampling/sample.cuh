@@ -176,7 +176,7 @@ __device__ __forceinline__ float weight_t(float t) { return fast_exp2((-t) * kLo
 // instead of a few dozen (fewer colliding atomics, fewer candidates in the threshold bin).
 // u = t * scale rounded to the nearest integer by adding 2^23 (its low mantissa bits are then
 // rint(u)), capped at 2047: an FADD and a LOP instead of a float-to-int conversion, which runs at
-// a quarter of the FP32 rate as the ex2 and the fixed-point conversion beside it (session 8:
+// a quarter of the FP32 rate as the ex2 and the fixed-point conversion beside it (694bbe8:
 // top-p 256x152064 -13 us). Monotone non-increasing in l for u >= 0 (t >= 0 with T > 0); the
 // mask keeps any u (negative from an invalid T, NaN: 2047) inside the histogram. The range pass's
 // bin test is this same computation, so the two always agree.
@@ -443,7 +443,7 @@ static __device__ __noinline__ Selection select_bin_push(const uint64_t* hist, u
   uint64_t* const bar_raw = &m->xbar[kXSel + 3 * k];
   uint64_t* const bar_sum = bar_raw + 1;
   uint64_t* const bar_por = bar_raw + 2;
-  uint64_t* const sums = m->xtot;  // (a block pushes call 1's sums only after every block left call 0)
+  uint64_t* const sums = m->xtot;  // (a block pushes a second call's sums only after every block left the first)
   if (tid == 0) {
     xchg_expect(bar_raw, static_cast<uint32_t>(8 * (C - 1) * P));
     xchg_expect(bar_sum, static_cast<uint32_t>(8 * C));
@@ -1207,7 +1207,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     uint64_t m_last = 0;
     // Per vector: every element's mass first, then (unless all are 0, as in most vectors of a
     // peaked row) their bins, the vector's shared atomics issued together and then their carries,
-    // so the elements' atomic round trips overlap (session 8: -4 us at 256x152064).
+    // so the elements' atomic round trips overlap (7d7f10d: -4 us at 256x152064).
     for (int base = tid & ~31; base < nv; base += kThreads) {
       const int v = base + lane;
       float x[N];
@@ -1279,7 +1279,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
   // target re-reads its vectors to find the token.
   const uint32_t thr = max(thr_k, thr_p);
   const float thr_v = thr_value(thr);
-  // Branch-free, so the elements of a vector overlap (session 8: top-p 256x152064 -5 us).
+  // Branch-free, so the elements of a vector overlap (694bbe8: top-p 256x152064 -5 us).
   auto kept_mass = [&](float x) -> uint32_t {
     const float w = weight_f(x, r);
     const uint32_t fixed = to_fixed(w);
@@ -1333,7 +1333,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
   const uint64_t before = __shfl_sync(kFull, incl - t, rank);
   block_total = __shfl_sync(kFull, t, rank);
   // Last remote read done (its value is used above); relaxed: this arrive publishes nothing, it
-  // only keeps every block's shared memory alive until all have read (session 8: -3 us).
+  // only keeps every block's shared memory alive until all have read (7d7f10d: -3 us).
   cluster_arrive_relaxed();
   if (total == 0) {  // no finite max (NaN / inf rows): the greedy token
     if (rank == 0 && tid == 0) {

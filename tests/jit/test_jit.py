@@ -494,3 +494,52 @@ def test_gpu_second_process_finds_the_cache_warm(cache, cuda, tmp_path):
 @pytest.mark.gpu
 def test_gpu_eight_processes_race_and_launch(cache, cuda, tmp_path):
     _race(cache, tmp_path, "launch")
+
+
+@pytest.mark.gpu
+def test_gpu_tune_jit_candidates_end_to_end(cache, cuda, monkeypatch, capfd):
+    """fray.tune over real JIT candidates: parallel builds, a pattern check, L2-flushed timing, the
+    record on disk; under graph capture an untuned bucket takes the heuristic and still captures."""
+    import torch
+    import fray.tune as tune
+    monkeypatch.setattr(tune, "_memo", {})
+    monkeypatch.setenv("FRAY_PRINT_AUTOTUNE", "1")
+    n = 1 << 24
+    out = torch.zeros(n, dtype=torch.int32, device=cuda)
+    want = torch.tensor(tiny_kernel.expected(4096, 11), dtype=torch.int64)
+    last = (11 ^ (((n - 1) * 2654435761) & 0xFFFFFFFF)) & 0xFFFFFFFF
+    candidates = [{"blocks": b} for b in (1, 132, 1056)]
+
+    def build(configs):
+        return jit.build_many([("tiny_tune", tiny_kernel.source(tag="tune"), ("-DTINY_BLOCKS=%d" % c["blocks"],))
+                               for c in configs])
+
+    def run(config, kernel):
+        kernel.launch((out.data_ptr(),), (n, 11), (), 0, _stream())
+
+    def check(config, kernel):
+        out.zero_()
+        run(config, kernel)
+        got = out[:4096].cpu().to(torch.int64) & 0xFFFFFFFF
+        assert torch.equal(got, want) and int(out[-1]) & 0xFFFFFFFF == last, "wrong fill"
+
+    chosen = tune.choose("tiny_fill", "n16M", "u32", candidates, build=build, run=run, check=check,
+                         default=candidates[0], bytes=4.0 * n)
+    err = capfd.readouterr().err
+    assert chosen != {"blocks": 1}, err  # one CTA cannot be the fastest way to write 64 MB
+    assert "tuning tiny_fill n16M u32 over 3 configs" in err and "GB/s" in err
+    store = cache / "tune" / (tune._slug(torch.cuda.get_device_name()) + ".json")
+    assert any(r["config"] == chosen for r in json.loads(store.read_text()).values())
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        config = tune.choose("tiny_fill", "n16M_other", "u32", candidates, build=build, run=run, check=check,
+                             default=candidates[1], bytes=4.0 * n)
+        kernel = build([config])[0]
+        run(config, kernel)
+    assert config == candidates[1]
+    assert "heuristic (capturing)" in capfd.readouterr().err
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out[:4096].cpu().to(torch.int64) & 0xFFFFFFFF, want)

@@ -1,7 +1,7 @@
 """The JIT's test kernel: a translation unit exporting the three entry points of
 cuda/common/launch_abi.h around a trivial fill kernel (compiles in a few seconds).
 
-Slots: ptrs (out: uint32 [n]), ints (n, seed); out[i] = seed ^ (i * 2654435761) mod 2^32.
+Slots: ptrs (out: uint32 [n]), ints (n, seed); -DTINY_BLOCKS=<grid> (default 64) is its one tunable; out[i] = seed ^ (i * 2654435761) mod 2^32.
 n < 0 makes fray_jit_launch fail with a message, before any CUDA call; fray_jit_workspace_bytes is
 4 * n, and -1 (refused) without ints.
 """
@@ -12,6 +12,10 @@ SOURCE = r"""
 
 #include "cuda/common/launch_abi.h"
 %(include)s
+
+#ifndef TINY_BLOCKS
+#define TINY_BLOCKS 64
+#endif
 
 namespace {
 __global__ void fill(uint32_t* out, int64_t n, uint32_t seed) {
@@ -34,7 +38,7 @@ FRAY_EXPORT int fray_jit_launch(const FrayArgs* a, char* err, int32_t err_len) {
     return 3;
   }
   if (n == 0) return 0;
-  fill<<<64, 256, 0, reinterpret_cast<cudaStream_t>(a->stream)>>>(reinterpret_cast<uint32_t*>(a->ptrs[0]), n,
+  fill<<<TINY_BLOCKS, 256, 0, reinterpret_cast<cudaStream_t>(a->stream)>>>(reinterpret_cast<uint32_t*>(a->ptrs[0]), n,
                                                                  (uint32_t)a->ints[1]);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
