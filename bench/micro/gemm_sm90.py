@@ -10,6 +10,7 @@ flushed (triton.testing.do_bench, median). Prints a table; JSON lines go to $OUT
     CUTLASS_INCLUDE=<.../cutlass_library/source/include> python3 bench/micro/gemm_sm90.py [--only SUBSTR] [--no-bench]
     (or PYTHONPATH with the nvidia-cutlass package: the include dir is cutlass_library/source/include)
     python3 bench/micro/gemm_sm90.py --compile-only --only smallm      # here: build, registers, spills
+    python3 bench/micro/gemm_sm90.py --only smallm        # GPU: the small-M rows only (37 configs, ~2 min)
 
 Shapes whose K or N is not a multiple of 8 (TMA's 16-byte rows) are zero-padded here the way the op
 layer will pad them: K with zeros in a and b (exact), N by a wider output whose extra columns are
