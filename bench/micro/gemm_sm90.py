@@ -10,6 +10,7 @@ flushed (triton.testing.do_bench, median). Prints a table; JSON lines go to $OUT
     CUTLASS_INCLUDE=<.../cutlass_library/source/include> python3 bench/micro/gemm_sm90.py [--only SUBSTR] [--no-bench]
     (or PYTHONPATH with the nvidia-cutlass package: the include dir is cutlass_library/source/include)
     python3 bench/micro/gemm_sm90.py --compile-only --only smallm      # here: build, registers, spills
+    python3 bench/micro/gemm_sm90.py --only smallm        # GPU: the small-M rows only (37 configs, ~2 min)
 
 Shapes whose K or N is not a multiple of 8 (TMA's 16-byte rows) are zero-padded here the way the op
 layer will pad them: K with zeros in a and b (exact), N by a wider output whose extra columns are
@@ -79,6 +80,17 @@ def small_m(dtype="bf16", out=None, bias=False, mtiles=1, warps=8, unroll=4, sta
     return dict(kind="small_m", name=name, src=src, dtype=dtype, layout="nk", out=out, bias=bias, max_m=mtiles * 8)
 
 
+def small_m_bulk(dtype="bf16", out=None, bias=False, mtiles=1, rowtiles=1, warps=4, tile_k=512, stages=4, split_k=1):
+    out = out or dtype
+    name = (f"smallm_bulk_{dtype}_nk_{out}{'_bias' if bias else ''}_m{mtiles * 8}_r{rowtiles * 16}_w{warps}_k{tile_k}"
+            f"_s{stages}_z{split_k}")
+    src = (f'#include "cuda/gemm/gemm_small_m.cuh"\n'
+           f"using Config = fray::gemm::small_m::SmallMBulkConfig<{NT[dtype]}, {NT[out]}, {'true' if bias else 'false'}, "
+           f"{mtiles}, {rowtiles}, {warps}, {tile_k}, {stages}, {split_k}>;\n"
+           f"FRAY_GEMM_SMALL_M_ENTRY(Config)\n")
+    return dict(kind="small_m", name=name, src=src, dtype=dtype, layout="nk", out=out, bias=bias, max_m=mtiles * 8)
+
+
 def configs():
     cs = []
     # Speed candidates (bf16, nn.Linear's layout): the tile shapes and clusters a cuBLAS-class Hopper
@@ -120,15 +132,33 @@ def configs():
                     cs.append(sm90(dtype=dtype, layout=layout, bias=bias))
     cs.append(sm90(out="fp32", bias=True))
     cs.append(sm90(dtype="fp16", layout="kn", out="fp32", tile=(128, 128, 64), cluster=(1, 2), sched="pingpong"))
-    # Small M: rows of x per CTA (8 * mtiles), K-split warps, 32-wide chunks per step, and the
-    # cp.async ring's depth (0: straight to registers).
-    for mtiles in (1, 2, 8):
-        for warps, unroll, stages in ((8, 4, 0), (16, 4, 0), (8, 2, 4), (8, 4, 3), (16, 2, 4), (4, 4, 4), (8, 2, 6)):
-            cs.append(small_m(mtiles=mtiles, warps=warps, unroll=unroll, stages=stages))
-    cs.append(small_m(dtype="fp16", mtiles=2, stages=4, unroll=2))
-    cs.append(small_m(bias=True, mtiles=2, stages=4, unroll=2))
-    cs.append(small_m(out="fp32", bias=True, mtiles=8, stages=4, unroll=2))
+    # Small M, per-thread loads: the best of the 8580a3e run at each M bucket, kept as baselines
+    # (1x4096x4096: m8 w16 u4 s0 18.40 us; 16x14336x4096: m16 w8 u2 s4), and the template's other
+    # axes for correctness.
+    cs.append(small_m(mtiles=1, warps=16, unroll=4, stages=0))
+    cs.append(small_m(mtiles=2, warps=8, unroll=2, stages=4))
+    cs.append(small_m(mtiles=8, warps=8, unroll=2, stages=4))
     cs.append(small_m(dtype="fp16", out="fp32", mtiles=1))
+    # Small M, bulk copies: rows of x per CTA (8 * mtiles), 16-row tiles of w per CTA, consumer
+    # warps, K per stage, stages, split-K cluster size. Grids at 1x4096x4096: 256 row tiles x
+    # split_k CTAs; the 4096x4096 weights are 32 MiB, ~250 KB per SM.
+    for mtiles in (1, 2, 8):
+        for rowtiles, warps, tile_k, stages, split_k in ((1, 4, 512, 4, 1), (1, 4, 512, 4, 2), (1, 4, 256, 4, 4),
+                                                         (1, 4, 512, 6, 1), (2, 4, 256, 4, 2), (2, 8, 512, 4, 1),
+                                                         (1, 8, 1024, 3, 1), (1, 4, 256, 8, 2)):
+            cs.append(small_m_bulk(mtiles=mtiles, rowtiles=rowtiles, warps=warps, tile_k=tile_k, stages=stages,
+                                   split_k=split_k))
+    # M = 64: 64 rows of x per chunk (8 16-byte loads per thread) would be re-read from L2 by every
+    # 16-row CTA (4x the weight bytes); 64-row CTAs share each x chunk through L1 across row tiles.
+    for rowtiles, warps, tile_k, stages, split_k in ((4, 8, 128, 4, 1), (4, 8, 256, 3, 1), (2, 8, 256, 4, 1),
+                                                     (4, 4, 128, 6, 2)):
+        cs.append(small_m_bulk(mtiles=8, rowtiles=rowtiles, warps=warps, tile_k=tile_k, stages=stages,
+                               split_k=split_k))
+    cs.append(small_m_bulk(dtype="fp16", mtiles=2, split_k=2))
+    cs.append(small_m_bulk(bias=True, mtiles=2, rowtiles=2, tile_k=256, split_k=2))
+    cs.append(small_m_bulk(bias=True, mtiles=1))
+    cs.append(small_m_bulk(out="fp32", bias=True, mtiles=8, split_k=4, tile_k=256))
+    cs.append(small_m_bulk(dtype="fp16", out="fp32", mtiles=1, rowtiles=2, warps=8))
     return cs
 
 
@@ -282,7 +312,7 @@ def check_refusal(kern, c):
 CHECK_SHAPES = [(1, 4096, 4096), (7, 127, 1000), (127, 1000, 4097), (1000, 4097, 127), (4097, 1000, 7),
                 (1000, 1000, 4097), (127, 4097, 1000), (4096, 4097, 4096), (1, 7, 127), (64, 14336, 4096)]
 SMALL_CHECK = [(1, 4096, 4096), (1, 7, 127), (7, 127, 1000), (1, 4097, 4097), (16, 14336, 4096), (13, 1000, 4097),
-               (64, 4096, 14336), (64, 127, 7)]
+               (64, 4096, 14336), (64, 127, 7), (7, 4096, 4096), (16, 4097, 1000)]
 BENCH_LARGE = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 14336, 4096), (4096, 4096, 14336)]
 BENCH_NK = [(4096, 4096), (14336, 4096), (4096, 14336)]
 BENCH_M = [1, 16, 64, 128]

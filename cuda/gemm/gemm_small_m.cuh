@@ -38,6 +38,9 @@
 
 #include <type_traits>
 
+#include <cooperative_groups.h>
+
+#include "cuda/common/bulk_copy.cuh"
 #include "cuda/common/jit_entry.h"
 #include "cuda/common/launch_abi.h"
 
@@ -236,6 +239,219 @@ __global__ void __launch_bounds__(kWarps * 32) small_m_kernel(const T* __restric
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The bulk-copy kernel: weight tiles through a shared-memory ring filled by the copy engine.
+//
+// The per-thread kernels above keep at most ~3 16-byte loads (registers) or a few KB (cp.async)
+// in flight per SM, and at 1x4096x4096 they stream 1.8 TB/s (H200, 2026-12-01). The copy engine
+// takes one instruction per weight row and stage, so a CTA holds kStages * kRowTiles * 16 rows *
+// kTileK * 2 bytes in flight (4 x 16 KB at 16 rows x 512), enough for Little's law (~4 TB/s x ~1
+// us / 132 SMs = ~30 KB per SM) with one CTA per SM, and the consumer warps spend no issue slots
+// on loads.
+//
+// Warp 0 is the producer: each lane issues cp.async.bulk copies of whole weight rows
+// (w[row][k0, k0 + kTileK), contiguous in "nk"), all landing on the stage's full barrier; it
+// refills a stage once its empty barrier has an arrival from every consumer warp. Consumer warp c
+// owns the 16-row tile c % kRowTiles and, inside a stage, the 32-wide chunks j = c / kRowTiles +
+// i * (kConsumerWarps / kRowTiles): the same K-permuted fragments as the per-thread kernels
+// (thread (g, t) reads 16 bytes of rows g and g + 8 at k = j * 32 + t * 8), now from shared
+// memory. Rows are padded by 64 bytes so that rows g and g + 1 fall in opposite halves of the 32
+// banks: a warp's 32 16-byte reads then spread 4 to a bank group, the minimum of 4 wavefronts.
+//
+// Split-K: a cluster of kSplitK CTAs shares one row tile, each reducing its range of K tiles;
+// their fp32 partials are summed through distributed shared memory in rank order (deterministic,
+// one kernel, no workspace). kSplitK = 1 launches without a cluster.
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(::fray::smem_u32(bar)) : "memory");
+}
+
+// global -> shared, `bytes` (a multiple of 16, both ends 16-byte aligned), completing on `bar`.
+// No L2 cache hint: after the harness's L2 flush an evict-first policy measured slower on the
+// decode stream (bench/NOTES.md, stream_read.cu).
+__device__ __forceinline__ void bulk_row(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   ::fray::smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(::fray::smem_u32(bar))
+               : "memory");
+}
+
+constexpr int kRowPad = 32;  // elements (64 bytes) after each weight row of a stage
+
+template <int kRowTiles, int kTileK, int kStages>
+constexpr int bulk_ring_bytes() {
+  return kStages * kRowTiles * kRows * (kTileK + kRowPad) * 2;
+}
+
+// The epilogue's fp32 sums reuse the ring: per consumer warp, then per CTA.
+template <int kMTiles, int kRowTiles, int kConsumerWarps>
+constexpr int bulk_sum_bytes() {
+  return (kConsumerWarps * kRows + kRowTiles * kRows) * kMTiles * 8 * 4;
+}
+
+// Ring or sums, whichever is larger; the stage barriers follow (kept apart from both).
+template <int kMTiles, int kRowTiles, int kConsumerWarps, int kTileK, int kStages>
+constexpr int bulk_data_bytes() {
+  return bulk_ring_bytes<kRowTiles, kTileK, kStages>() > bulk_sum_bytes<kMTiles, kRowTiles, kConsumerWarps>()
+             ? bulk_ring_bytes<kRowTiles, kTileK, kStages>()
+             : bulk_sum_bytes<kMTiles, kRowTiles, kConsumerWarps>();
+}
+
+template <class T, class O, bool kBias, int kMTiles, int kRowTiles, int kConsumerWarps, int kTileK, int kStages,
+          int kSplitK>
+__global__ void __launch_bounds__((kConsumerWarps + 1) * 32, 1) small_m_bulk_kernel(
+    const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, O* __restrict__ out, int m, int n,
+    int k, int64_t lda, int64_t ldw, int64_t ldo) {
+  constexpr int kRowsCta = kRowTiles * kRows;
+  constexpr int kLd = kTileK + kRowPad;          // shared row stride, elements
+  constexpr int kStageElems = kRowsCta * kLd;
+  constexpr int kGroups = kConsumerWarps / kRowTiles;  // consumer warps per row tile
+  constexpr int kChunks = kTileK / kChunk;             // 32-wide chunks per stage and row
+  constexpr int kM8 = kMTiles * 8;
+  static_assert(kConsumerWarps % kRowTiles == 0, "consumer warps split evenly over the row tiles");
+  static_assert(kChunks % kGroups == 0, "a stage's chunks split evenly over a row tile's warps");
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* ring = reinterpret_cast<T*>(smem);
+  uint64_t* full =
+      reinterpret_cast<uint64_t*>(smem + bulk_data_bytes<kMTiles, kRowTiles, kConsumerWarps, kTileK, kStages>());
+  uint64_t* empty = full + kStages;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int split = kSplitK > 1 ? static_cast<int>(blockIdx.x % kSplitK) : 0;
+  const int n0 = static_cast<int>(blockIdx.x / kSplitK) * kRowsCta;
+  // This CTA's K tiles: [tile_begin, tile_end) of ceil(K / kTileK), split as evenly as possible.
+  const int tiles = (k + kTileK - 1) / kTileK;
+  const int tile_begin = static_cast<int>(static_cast<int64_t>(tiles) * split / kSplitK);
+  const int tile_end = static_cast<int>(static_cast<int64_t>(tiles) * (split + 1) / kSplitK);
+  const int my_tiles = tile_end - tile_begin;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      ::fray::mbar_init(&full[s], 1);
+      ::fray::mbar_init(&empty[s], kConsumerWarps);
+    }
+    ::fray::mbar_init_fence();
+  }
+  __syncthreads();
+
+  float acc[kMTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+
+  if (warp == 0) {
+    for (int i = 0; i < my_tiles; ++i) {
+      const int s = i % kStages;
+      if (i >= kStages) ::fray::mbar_wait(&empty[s], ((i / kStages) - 1) & 1);
+      const int k0 = (tile_begin + i) * kTileK;
+      const uint32_t row_bytes = static_cast<uint32_t>(min(kTileK, k - k0)) * 2u;  // K % 8 == 0: a multiple of 16
+      if (lane == 0) ::fray::mbar_arrive_expect_tx(&full[s], row_bytes * kRowsCta);
+      __syncwarp();
+      // Rows past N copy row N - 1 (valid memory); their outputs are never stored.
+      for (int r = lane; r < kRowsCta; r += 32)
+        bulk_row(ring + s * kStageElems + r * kLd, w + static_cast<int64_t>(min(n0 + r, n - 1)) * ldw + k0,
+                 row_bytes, &full[s]);
+    }
+  } else {
+    const int c = warp - 1;
+    const int rt = c % kRowTiles, grp = c / kRowTiles;
+    const int g = lane / 4, t = lane % 4;
+    const T* x_row[kMTiles];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) x_row[mt] = x + static_cast<int64_t>(min(mt * 8 + g, m - 1)) * lda + t * 8;
+    const int lo_off = (rt * kRows + g) * kLd + t * 8, hi_off = lo_off + 8 * kLd;
+    for (int i = 0; i < my_tiles; ++i) {
+      const int s = i % kStages;
+      ::fray::mbar_wait(&full[s], (i / kStages) & 1);
+      const int k0 = (tile_begin + i) * kTileK;
+      const int valid = min(kTileK, k - k0);
+      const T* st = ring + s * kStageElems;
+      if (valid == kTileK) {
+#pragma unroll
+        for (int jj = 0; jj < kChunks / kGroups; ++jj) {
+          const int j = grp + jj * kGroups;
+          const uint4 lo = *reinterpret_cast<const uint4*>(st + lo_off + j * kChunk);
+          const uint4 hi = *reinterpret_cast<const uint4*>(st + hi_off + j * kChunk);
+          mma_chunk<T, kMTiles>(acc, lo, hi, x_row, k0 + j * kChunk);
+        }
+      } else {
+        // The last tile of K: a thread's 8 elements are all inside or all past K (K % 8 == 0);
+        // past it the stage holds stale bytes, replaced by zeros in both operands.
+        for (int jj = 0; jj < kChunks / kGroups; ++jj) {
+          const int j = grp + jj * kGroups;
+          if (j * kChunk >= valid) break;
+          const bool in = j * kChunk + t * 8 < valid;
+          const uint4 z = make_uint4(0, 0, 0, 0);
+          const uint4 lo = in ? *reinterpret_cast<const uint4*>(st + lo_off + j * kChunk) : z;
+          const uint4 hi = in ? *reinterpret_cast<const uint4*>(st + hi_off + j * kChunk) : z;
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            const uint4 xv = in ? __ldg(reinterpret_cast<const uint4*>(x_row[mt] + k0 + j * kChunk)) : z;
+            mma16816<T>(acc[mt], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
+            mma16816<T>(acc[mt], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+    }
+  }
+  // Every copy this CTA issued has landed (each full phase was waited on): the ring is free.
+  __syncthreads();
+
+  // partial[c][row of the tile][output row], then the CTA's sum cta[row][output row].
+  auto partial = reinterpret_cast<float (*)[kRows][kM8]>(smem);
+  float* cta = reinterpret_cast<float*>(smem) + kConsumerWarps * kRows * kM8;
+  if (warp > 0) {
+    const int c = warp - 1;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      partial[c][g][mt * 8 + 2 * t] = acc[mt][0];
+      partial[c][g][mt * 8 + 2 * t + 1] = acc[mt][1];
+      partial[c][g + 8][mt * 8 + 2 * t] = acc[mt][2];
+      partial[c][g + 8][mt * 8 + 2 * t + 1] = acc[mt][3];
+    }
+  }
+  __syncthreads();
+  const int m_cta = min(m, kM8);
+  constexpr int kThreads = (kConsumerWarps + 1) * 32;
+  if constexpr (kSplitK == 1) {
+    for (int idx = threadIdx.x; idx < kRowsCta * m_cta; idx += kThreads) {
+      const int r = idx % kRowsCta, col_m = idx / kRowsCta;
+      const int col = n0 + r;
+      if (col >= n) continue;
+      float s = 0.f;
+#pragma unroll
+      for (int gi = 0; gi < kGroups; ++gi) s += partial[gi * kRowTiles + r / kRows][r % kRows][col_m];
+      if constexpr (kBias) s += to_float(bias[col]);
+      out[static_cast<int64_t>(col_m) * ldo + col] = from_float<O>(s);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kRowsCta * m_cta; idx += kThreads) {
+      const int r = idx % kRowsCta, col_m = idx / kRowsCta;
+      float s = 0.f;
+#pragma unroll
+      for (int gi = 0; gi < kGroups; ++gi) s += partial[gi * kRowTiles + r / kRows][r % kRows][col_m];
+      cta[idx] = s;
+    }
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every rank's cta[] is written
+    // Rank q stores the outputs idx = q, q + kSplitK, ... (of this CTA's block), summing the
+    // ranks' partials in rank order whichever rank stores.
+    for (int idx = split + kSplitK * static_cast<int>(threadIdx.x); idx < kRowsCta * m_cta; idx += kSplitK * kThreads) {
+      const int r = idx % kRowsCta, col_m = idx / kRowsCta;
+      const int col = n0 + r;
+      if (col >= n) continue;
+      float s = 0.f;
+#pragma unroll
+      for (int q = 0; q < kSplitK; ++q) s += *cluster.map_shared_rank(cta + idx, q);
+      if constexpr (kBias) s += to_float(bias[col]);
+      out[static_cast<int64_t>(col_m) * ldo + col] = from_float<O>(s);
+    }
+    cluster.sync();  // no rank leaves while another still reads its shared memory
+  }
+}
+
 using ::fray::jit_set_err;
 
 template <class T>
@@ -260,9 +476,54 @@ struct SmallMConfig {
   static_assert(kStages == 0 || kStages >= 2, "kStages: 0 (registers) or a ring of 2 or more steps");
   static_assert(kSmemBytes <= (227 << 10), "shared memory per CTA");
 
+  static constexpr bool kBulk = false;
+  static constexpr int kThreads = kWarps * 32;
+  static dim3 grid(int64_t n) { return dim3(static_cast<unsigned>((n + kRows - 1) / kRows)); }
+  static constexpr int kCluster = 1;
+  static constexpr auto kernel() { return small_m_kernel<T, O, kBias, kMTiles, kWarps, kUnroll, kStages>; }
+
   static void describe(char* buf, size_t len) {
     snprintf(buf, len, "gemm_small_m %s b=nk out=%s%s m<=%d warps=%d unroll=%d stages=%d", name<T>(), name<O>(),
              kBias ? " bias" : "", kMTiles * 8, kWarps, kUnroll, kStages);
+  }
+};
+
+// The bulk-copy kernel: kRowTiles 16-row tiles of w per CTA, kConsumerWarps mma warps (plus one
+// producer warp), kTileK elements of each row per stage, kStages stages, kSplitK CTAs per row tile
+// (a cluster, reduced through distributed shared memory).
+template <class T_, class O_, bool kBias_, int kMTiles_, int kRowTiles_, int kConsumerWarps_, int kTileK_, int kStages_,
+          int kSplitK_>
+struct SmallMBulkConfig {
+  using T = T_;
+  using O = O_;
+  static constexpr bool kBias = kBias_;
+  static constexpr int kMTiles = kMTiles_, kRowTiles = kRowTiles_, kConsumerWarps = kConsumerWarps_;
+  static constexpr int kTileK = kTileK_, kStages = kStages_, kSplitK = kSplitK_;
+  static constexpr int kSmemBytes = bulk_data_bytes<kMTiles, kRowTiles, kConsumerWarps, kTileK, kStages>() +
+                                    2 * kStages * 8;
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "x and w are bf16 or fp16");
+  static_assert(std::is_same_v<O, T> || std::is_same_v<O, float>, "the output is the input dtype or fp32");
+  static_assert(kMTiles >= 1 && kMTiles <= 8, "M <= 64");
+  static_assert(kRowTiles >= 1 && kRowTiles <= 4, "16 to 64 rows of w per CTA");
+  static_assert(kTileK % kChunk == 0 && kTileK >= 64, "kTileK: whole 32-wide chunks, rows of 128 bytes or more");
+  static_assert(kStages >= 2, "a ring of 2 or more stages");
+  static_assert(kSplitK >= 1 && kSplitK <= 8, "kSplitK: a portable cluster size");
+  static_assert(kSmemBytes <= (227 << 10), "shared memory per CTA");
+
+  static constexpr bool kBulk = true;
+  static constexpr int kThreads = (kConsumerWarps + 1) * 32;
+  static dim3 grid(int64_t n) {
+    return dim3(static_cast<unsigned>((n + kRowTiles * kRows - 1) / (kRowTiles * kRows) * kSplitK));
+  }
+  static constexpr int kCluster = kSplitK;
+  static constexpr auto kernel() {
+    return small_m_bulk_kernel<T, O, kBias, kMTiles, kRowTiles, kConsumerWarps, kTileK, kStages, kSplitK>;
+  }
+
+  static void describe(char* buf, size_t len) {
+    snprintf(buf, len, "gemm_small_m bulk %s b=nk out=%s%s m<=%d rows=%d warps=1+%d tile_k=%d stages=%d split_k=%d",
+             name<T>(), name<O>(), kBias ? " bias" : "", kMTiles * 8, kRowTiles * kRows, kConsumerWarps, kTileK,
+             kStages, kSplitK);
   }
 };
 
@@ -298,7 +559,7 @@ int launch(const FrayArgs* args, char* err, int32_t err_len) {
             (unsigned long long)args->ptrs[2]);
     return 1;
   }
-  auto kernel = small_m_kernel<T, O, Config::kBias, Config::kMTiles, Config::kWarps, Config::kUnroll, Config::kStages>;
+  auto kernel = Config::kernel();
   constexpr int kSmem = Config::kSmemBytes;
   // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
   constexpr int kMaxDevices = 64;
@@ -314,12 +575,31 @@ int launch(const FrayArgs* args, char* err, int32_t err_len) {
     }
     if (device < kMaxDevices) smem_set[device] = true;
   }
-  const dim3 grid(static_cast<unsigned>((n + kRows - 1) / kRows));
-  kernel<<<grid, Config::kWarps * 32, kSmem, reinterpret_cast<cudaStream_t>(args->stream)>>>(
-      reinterpret_cast<const T*>(args->ptrs[0]), reinterpret_cast<const T*>(args->ptrs[1]),
-      reinterpret_cast<const T*>(args->ptrs[2]), reinterpret_cast<O*>(args->ptrs[3]), static_cast<int>(m),
-      static_cast<int>(n), static_cast<int>(k), lda, ldb, ldc);
-  cudaError_t e = cudaGetLastError();
+  const T* a_p = reinterpret_cast<const T*>(args->ptrs[0]);
+  const T* b_p = reinterpret_cast<const T*>(args->ptrs[1]);
+  const T* bias_p = reinterpret_cast<const T*>(args->ptrs[2]);
+  O* out_p = reinterpret_cast<O*>(args->ptrs[3]);
+  const int m32 = static_cast<int>(m), n32 = static_cast<int>(n), k32 = static_cast<int>(k);
+  const cudaStream_t stream = reinterpret_cast<cudaStream_t>(args->stream);
+  cudaError_t e = cudaSuccess;
+  if constexpr (Config::kCluster == 1) {
+    kernel<<<Config::grid(n), Config::kThreads, kSmem, stream>>>(a_p, b_p, bias_p, out_p, m32, n32, k32, lda, ldb, ldc);
+  } else {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = Config::kCluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = Config::grid(n);
+    cfg.blockDim = dim3(Config::kThreads);
+    cfg.dynamicSmemBytes = kSmem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    e = cudaLaunchKernelEx(&cfg, kernel, a_p, b_p, bias_p, out_p, m32, n32, k32, lda, ldb, ldc);
+  }
+  if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) {
     jit_set_err(err, err_len, "gemm_small_m: launch failed: %s", cudaGetErrorString(e));
     return 1;
