@@ -25,8 +25,9 @@ the [M, N] part out. These copies cost a pass over the operand (a warning-free s
 Triton backend instead takes such layouts with masked loads). The last dimension of every
 operand must be contiguous (ValueError otherwise: pass b_layout="kn" for a transposed weight).
 
-Per call, an eager "cuda" GEMM costs one dictionary lookup of its plan (kernel, ints, staging)
-keyed by shapes, strides, dtypes, layout, bias and 16-byte alignment, and one loader call.
+Per call, an eager GEMM whose signature (shapes, strides, dtypes, devices, layout, backend) was
+seen before skips validation: two dictionary lookups (signature, then the plan under the call's
+16-byte alignment) and one loader call (fray._C._jit, C++) or one Triton launch.
 """
 import functools
 import typing
@@ -444,25 +445,49 @@ class _TritonPlan:
 
 
 def _gemm_impl(a, b, bias, out, b_layout, backend):
+    """Runs the GEMM; returns the plan key (None when nothing was planned: empty or K = 0)."""
     m, k = a.shape
     n = out.shape[1]
     if m == 0 or n == 0:
-        return
+        return None
     if k == 0:
         if bias is None:
             out.zero_()
         else:
             out.copy_(bias.to(out.dtype).expand(m, n))
-        return
+        return None
     be = B.resolve("gemm", FAMILY, backend, a.device)
     key = (be, m, n, k, a.stride(0), b.stride(0), out.stride(0), a.dtype, out.dtype, b_layout, bias is None,
            a.device.index, _misaligned(a, b, bias, out))
     plan = _PLANS.get(key)
     if plan is None:
         plan = (_CudaPlan if be == "cuda" else _TritonPlan)(a, b, bias, out, b_layout)
-        if not _capturing():  # a choice made under capture may be the heuristic: keep looking later
-            _PLANS[key] = plan
+        if _capturing():  # a choice made under capture may be the heuristic: keep looking later
+            plan(a, b, bias, out)
+            return None
+        _PLANS[key] = plan
     plan(a, b, bias, out)
+    return key
+
+
+# The eager fast path: call signature (every tensor's shape, strides, dtype and device, out_dtype,
+# b_layout, backend, FRAY_BACKEND: all that validation reads) -> (output dtype, plan key less its
+# alignment bit). A hit skips validation; the alignment bit is recomputed per call from the
+# pointers. Bounded: a workload of ever-new shapes clears it rather than growing it.
+_SIGS = {}
+_MAX_SIGS = 4096
+_Tensor = torch.Tensor
+
+
+def _signature(a, b, bias, out, out_dtype, b_layout, backend):
+    from fray import env
+    try:
+        return (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device,
+                None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+                None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+                out_dtype, b_layout, backend, env.backend_override())
+    except (AttributeError, TypeError):  # numpy or other non-tensor arguments: the full path decides
+        return None
 
 
 @torch.library.custom_op("fray::gemm", mutates_args=("out",))
@@ -565,6 +590,18 @@ def gemm(a, b, *, b_layout="nk", bias=None, out=None, out_dtype=None, backend="a
     with no host synchronisation (CUDA-graph capturable after one eager call); CPU tensors and
     numpy arrays run the float64 reference (numpy in, numpy out; numpy also takes float32/64).
     """
+    sig = None
+    if type(a) is _Tensor and a.is_cuda and not torch.compiler.is_compiling():
+        sig = _signature(a, b, bias, out, out_dtype, b_layout, backend)
+        hit = _SIGS.get(sig)
+        if hit is not None:
+            odt, base = hit
+            if out is None:
+                out = torch.empty(base[1], base[2], dtype=odt, device=a.device)
+            plan = _PLANS.get(base + (_misaligned(a, b, bias, out),))
+            if plan is not None:
+                plan(a, b, bias, out)
+                return out
     V.require_backend(backend, B.BACKENDS)
     _check_layout(b_layout)
     if V.is_array(a):
@@ -593,8 +630,12 @@ def gemm(a, b, *, b_layout="nk", bias=None, out=None, out_dtype=None, backend="a
         out = torch.empty(m, n, dtype=odt, device=a.device)
     if torch.compiler.is_compiling():
         torch.ops.fray.gemm(a, b, bias, out, b_layout, backend)
-    else:
-        _gemm_impl(a, b, bias, out, b_layout, backend)
+        return out
+    key = _gemm_impl(a, b, bias, out, b_layout, backend)
+    if key is not None and sig is not None:
+        if len(_SIGS) >= _MAX_SIGS:
+            _SIGS.clear()
+        _SIGS[sig] = (odt, key[:-1])
     return out
 
 
