@@ -11,6 +11,8 @@ flushed (triton.testing.do_bench, median). Prints a table; JSON lines go to $OUT
     (or PYTHONPATH with the nvidia-cutlass package: the include dir is cutlass_library/source/include)
     python3 bench/micro/gemm_sm90.py --compile-only --only smallm      # here: build, registers, spills
     python3 bench/micro/gemm_sm90.py --only smallm        # GPU: the small-M rows only (37 configs, ~2 min)
+    python3 bench/micro/gemm_sm90.py --only sm90_bf16_nk_bf16_ --budget-s 480   # GPU: the large-tile
+        candidates in bf16 [N, K] (27 configs, bench/NOTES.md's hypotheses; ~5-7 min)
 
 Shapes whose K or N is not a multiple of 8 (TMA's 16-byte rows) are zero-padded here the way the op
 layer will pad them: K with zeros in a and b (exact), N by a wider output whose extra columns are
