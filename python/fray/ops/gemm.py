@@ -37,6 +37,7 @@ import torch
 
 from fray import _validate as V
 from fray import backend as B
+from fray import env
 from fray.reference import convert as C
 from fray.reference import gemm as ref
 
@@ -209,7 +210,6 @@ def _jit_reason(index):
 
 
 def _cuda_reason(device):
-    from fray import env
     if env.cuda_disabled():
         return "FRAY_DISABLE_CUDA=1"
     if device.type != "cuda":
@@ -480,7 +480,6 @@ _Tensor = torch.Tensor
 
 
 def _signature(a, b, bias, out, out_dtype, b_layout, backend):
-    from fray import env
     try:
         return (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device,
                 None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
