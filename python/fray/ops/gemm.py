@@ -590,7 +590,7 @@ def gemm(a, b, *, b_layout="nk", bias=None, out=None, out_dtype=None, backend="a
     numpy arrays run the float64 reference (numpy in, numpy out; numpy also takes float32/64).
     """
     sig = None
-    if type(a) is _Tensor and a.is_cuda and not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling() and type(a) is _Tensor and a.is_cuda:
         sig = _signature(a, b, bias, out, out_dtype, b_layout, backend)
         hit = _SIGS.get(sig)
         if hit is not None:
