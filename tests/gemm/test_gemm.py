@@ -432,3 +432,25 @@ def test_tuning_then_a_warm_second_process(cuda, tmp_path, monkeypatch):
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     print("warm second process:", report)
     assert report["compiles"] == 0 and report["tunings"] == 0 and report["ok"], report
+
+
+def test_seed_aliases():
+    a, w, _ = _operands(3, 5, 16, torch.float16, "nk", False)
+    c = torch.empty(3, 5, dtype=torch.float16)
+    assert fray.jit_kernels.fp16_gemm(a, w, c) is c
+    assert torch.equal(c, fray.gemm(a, w))
+    cb = torch.empty(3, 5, dtype=torch.bfloat16)
+    assert fray.jit_kernels.bf16_gemm(a.bfloat16(), w.bfloat16(), cb) is cb
+    with pytest.raises(TypeError, match="a: fp16_gemm expects float16"):
+        fray.jit_kernels.fp16_gemm(a.bfloat16(), w, c)
+    with pytest.raises(ValueError, match="backend: 'triton' needs CUDA tensors"):
+        fray.triton.matmul(a, w.t().contiguous())  # the Triton kernel itself runs under the interpreter above
+
+
+@pytest.mark.gpu
+def test_seed_aliases_gpu(cuda, no_tuning, warm_heuristics):
+    a, w, _ = _operands(64, 256, 128, torch.bfloat16, "nk", False, device=cuda)
+    exp, terms = _expected(a, w, None, "nk")
+    c = torch.empty(64, 256, dtype=torch.bfloat16, device=cuda)
+    assert_gemm_close(fray.jit_kernels.bf16_gemm(a, w, c), exp, terms, torch.bfloat16, 128, "bf16_gemm")
+    assert_gemm_close(fray.triton.matmul(a, w.t().contiguous()), exp, terms, torch.bfloat16, 128, "triton.matmul")
