@@ -16,7 +16,10 @@ Set-up costs, recorded as rows of their own (us = the time in µs, `note` says w
   shape "all:cold_compile"   the shipped-default kernels of every shape built in parallel into
                              the cache before the timing (0 compiles when the cache is warm);
   shape "<shape>:warm_first_call"  a new process with the cache warm: import-to-result of its
-                             first call (bar: <= 50 ms, no compile, no tuning).
+                             first call (bar: <= 50 ms, no compile, no tuning);
+  shape "1x1024x1024:host"   eager host cost per call (2000 back-to-back calls, one
+                             synchronisation) of fray.cuda, fray.triton and torch.mm (bar: fray.cuda
+                             <= 1.1x torch.mm).
 """
 import json
 import os
@@ -35,6 +38,10 @@ SHAPES = {"gemm": [(m, n, k, torch.bfloat16) for m, n, k in LARGE]
           + [(m, n, k, torch.bfloat16) for m in (1, 16, 64, 128) for n, k in NK]
           + [(4096, 4096, 4096, torch.float16), (1, 4096, 4096, torch.float16), (16, 14336, 4096, torch.float16)]}
 WARM_SHAPES = [(4096, 4096, 4096), (1, 4096, 4096)]
+# Host cost: a decode-sized GEMM whose kernel (~3 us) is shorter than a call's host work, so
+# back-to-back calls with one synchronisation measure the host (as bench/host does for the others).
+HOST_SHAPE = (1, 1024, 1024)
+HOST_CALLS = 2000
 
 # Kernel names in the profiler trace, per impl (the first that matches is used).
 KINETO_NAMES = {
@@ -106,6 +113,36 @@ def _warm_process(m, n, k):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _host_us(fn, calls=HOST_CALLS):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e6 / calls
+
+
+def _host_rows(op, recorder):
+    from fray.bench import median, time_rounds
+    m, n, k = HOST_SHAPE
+    a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    b = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+    bt = b.t()
+    impls = {"fray.cuda": lambda: fray.gemm(a, b, backend="cuda"),
+             "fray.triton": lambda: fray.gemm(a, b, backend="triton"),
+             "torch.mm": lambda: torch.mm(a, bt)}
+    for fn in impls.values():
+        fn()  # plan, tuning and compile happen here, not in the timing
+    for impl, rounds in time_rounds(impls, _host_us).items():
+        if isinstance(rounds, Exception):
+            recorder.add(op, impl, "%dx%dx%d:host" % HOST_SHAPE, torch.bfloat16, None, note="error: %s" % str(rounds)[:200])
+        else:
+            recorder.add(op, impl, "%dx%dx%d:host" % HOST_SHAPE, torch.bfloat16, median(rounds),
+                         rounds=[round(u, 3) for u in rounds], note="eager host cost per call")
+
+
 def run(op, recorder, shapes=None, graph=True):
     if op != "gemm":
         raise ValueError("op: expected gemm, got %r" % op)
@@ -158,6 +195,7 @@ def run(op, recorder, shapes=None, graph=True):
                          if us is not None else "no kernel of this impl recognised in the trace")
         del impls, a, b, out
         torch.cuda.empty_cache()
+    _host_rows(op, recorder)
     for m, n, k in WARM_SHAPES:
         shape = "%dx%dx%d" % (m, n, k)
         try:
