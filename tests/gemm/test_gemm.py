@@ -231,7 +231,7 @@ def test_cuda_plan_staging_without_a_gpu(monkeypatch):
     assert kind == "sm90" and ints == (256, 8, 16, 16, 8, 8)
     assert p.stage_a and p.stage_b and p.stage_out and p.stage_bias
     p, (kind, ptrs, ints) = plan(256, 6, 64, "nk", odt=torch.float32)  # fp32 rows: N = 6 is 24 bytes
-    assert ints == (256, 8, 64, 64, 64, 8) and p.stage_out and not p.stage_b
+    assert ints == (256, 8, 64, 64, 64, 8) and p.stage_out and p.stage_b  # b's 2 zero rows: TMA reads them
     p, (kind, ptrs, ints) = plan(256, 4, 64, "nk", odt=torch.float32)  # 16-byte fp32 rows as they are
     assert ints == (256, 4, 64, 64, 64, 4) and not p.stage_out
     p, (kind, ptrs, ints) = plan(1, 7, 13, "nk", bias=True)  # small M: K padded, output as it is

@@ -322,7 +322,8 @@ class _CudaPlan:
             else _round_up(n, _TMA_ELEMS)
         self.kp, self.np_ = kp, np_
         self.stage_a = kp != k or not _tma_ok(a)
-        self.stage_b = kp != k or (np_ != n and layout == "kn") or not _tma_ok(b)
+        # A wider N is the kernel's problem N: b gets the zero rows (or columns) TMA would read.
+        self.stage_b = kp != k or np_ != n or not _tma_ok(b)
         self.stage_out = False if small else (np_ != n or not _tma_ok(out))
         self.stage_bias = bias is not None and not small and (np_ != n or bias.data_ptr() % 16 != 0)
         lda = kp if self.stage_a else a.stride(0)
