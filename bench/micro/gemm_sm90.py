@@ -10,7 +10,7 @@ flushed (triton.testing.do_bench, median). Prints a table; JSON lines go to $OUT
     CUTLASS_INCLUDE=<.../cutlass_library/source/include> python3 bench/micro/gemm_sm90.py [--only SUBSTR] [--no-bench]
     (or PYTHONPATH with the nvidia-cutlass package: the include dir is cutlass_library/source/include)
     python3 bench/micro/gemm_sm90.py --compile-only --only smallm      # here: build, registers, spills
-    python3 bench/micro/gemm_sm90.py --only smallm        # GPU: the small-M rows only (37 configs, ~2 min)
+    python3 bench/micro/gemm_sm90.py --only smallm        # GPU: the small-M rows only (46 configs, ~2 min)
     python3 bench/micro/gemm_sm90.py --only sm90_bf16_nk_bf16_ --budget-s 480   # GPU: the large-tile
         candidates in bf16 [N, K] (27 configs, bench/NOTES.md's hypotheses; ~5-7 min)
 
@@ -82,13 +82,14 @@ def small_m(dtype="bf16", out=None, bias=False, mtiles=1, warps=8, unroll=4, sta
     return dict(kind="small_m", name=name, src=src, dtype=dtype, layout="nk", out=out, bias=bias, max_m=mtiles * 8)
 
 
-def small_m_bulk(dtype="bf16", out=None, bias=False, mtiles=1, rowtiles=1, warps=4, tile_k=512, stages=4, split_k=1):
+def small_m_bulk(dtype="bf16", out=None, bias=False, mtiles=1, rowtiles=1, warps=4, tile_k=512, stages=4, split_k=1,
+                 xs=False):
     out = out or dtype
     name = (f"smallm_bulk_{dtype}_nk_{out}{'_bias' if bias else ''}_m{mtiles * 8}_r{rowtiles * 16}_w{warps}_k{tile_k}"
-            f"_s{stages}_z{split_k}")
+            f"_s{stages}_z{split_k}{'_xs' if xs else ''}")
     src = (f'#include "cuda/gemm/gemm_small_m.cuh"\n'
            f"using Config = fray::gemm::small_m::SmallMBulkConfig<{NT[dtype]}, {NT[out]}, {'true' if bias else 'false'}, "
-           f"{mtiles}, {rowtiles}, {warps}, {tile_k}, {stages}, {split_k}>;\n"
+           f"{mtiles}, {rowtiles}, {warps}, {tile_k}, {stages}, {split_k}, {'true' if xs else 'false'}>;\n"
            f"FRAY_GEMM_SMALL_M_ENTRY(Config)\n")
     return dict(kind="small_m", name=name, src=src, dtype=dtype, layout="nk", out=out, bias=bias, max_m=mtiles * 8)
 
@@ -156,6 +157,14 @@ def configs():
                                                      (4, 4, 128, 6, 2)):
         cs.append(small_m_bulk(mtiles=8, rowtiles=rowtiles, warps=warps, tile_k=tile_k, stages=stages,
                                split_k=split_k))
+    # x copied with each stage (one copy per row of x beside the weight rows).
+    for mtiles, rowtiles, warps, tile_k, stages, split_k in ((2, 1, 4, 512, 4, 1), (2, 1, 4, 512, 4, 2),
+                                                             (2, 2, 4, 256, 4, 1), (2, 1, 4, 256, 6, 2),
+                                                             (8, 1, 4, 256, 4, 2), (8, 2, 8, 256, 3, 1),
+                                                             (8, 1, 4, 128, 6, 1), (1, 1, 4, 512, 4, 2)):
+        cs.append(small_m_bulk(mtiles=mtiles, rowtiles=rowtiles, warps=warps, tile_k=tile_k, stages=stages,
+                               split_k=split_k, xs=True))
+    cs.append(small_m_bulk(dtype="fp16", out="fp32", bias=True, mtiles=8, tile_k=256, split_k=2, xs=True))
     cs.append(small_m_bulk(dtype="fp16", mtiles=2, split_k=2))
     cs.append(small_m_bulk(bias=True, mtiles=2, rowtiles=2, tile_k=256, split_k=2))
     cs.append(small_m_bulk(bias=True, mtiles=1))

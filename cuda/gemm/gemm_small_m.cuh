@@ -258,6 +258,10 @@ __global__ void __launch_bounds__(kWarps * 32) small_m_kernel(const T* __restric
 // memory. Rows are padded by 64 bytes so that rows g and g + 1 fall in opposite halves of the 32
 // banks: a warp's 32 16-byte reads then spread 4 to a bank group, the minimum of 4 wavefronts.
 //
+// x: read by every CTA, from global memory through L1 (kXSmem = false), or copied with the stage
+// (kXSmem: M rows of kTileK more per stage, read with the weights' conflict-free pattern), which
+// saves L1/L2 traffic where M is large (at M = 64 a 16-row CTA reads 4x its weight bytes of x).
+//
 // Split-K: a cluster of kSplitK CTAs shares one row tile, each reducing its range of K tiles;
 // their fp32 partials are summed through distributed shared memory in rank order (deterministic,
 // one kernel, no workspace). kSplitK = 1 launches without a cluster.
@@ -277,9 +281,11 @@ __device__ __forceinline__ void bulk_row(void* dst, const void* src, uint32_t by
 
 constexpr int kRowPad = 32;  // elements (64 bytes) after each weight row of a stage
 
-template <int kRowTiles, int kTileK, int kStages>
+// A stage: kRowTiles * 16 weight rows, then (kXSmem) the kMTiles * 8 rows of x, each kTileK
+// elements plus the pad.
+template <int kMTiles, int kRowTiles, int kTileK, int kStages, bool kXSmem>
 constexpr int bulk_ring_bytes() {
-  return kStages * kRowTiles * kRows * (kTileK + kRowPad) * 2;
+  return kStages * (kRowTiles * kRows + (kXSmem ? kMTiles * 8 : 0)) * (kTileK + kRowPad) * 2;
 }
 
 // The epilogue's fp32 sums reuse the ring: per consumer warp, then per CTA.
@@ -289,21 +295,23 @@ constexpr int bulk_sum_bytes() {
 }
 
 // Ring or sums, whichever is larger; the stage barriers follow (kept apart from both).
-template <int kMTiles, int kRowTiles, int kConsumerWarps, int kTileK, int kStages>
+template <int kMTiles, int kRowTiles, int kConsumerWarps, int kTileK, int kStages, bool kXSmem>
 constexpr int bulk_data_bytes() {
-  return bulk_ring_bytes<kRowTiles, kTileK, kStages>() > bulk_sum_bytes<kMTiles, kRowTiles, kConsumerWarps>()
-             ? bulk_ring_bytes<kRowTiles, kTileK, kStages>()
+  return bulk_ring_bytes<kMTiles, kRowTiles, kTileK, kStages, kXSmem>() >
+                 bulk_sum_bytes<kMTiles, kRowTiles, kConsumerWarps>()
+             ? bulk_ring_bytes<kMTiles, kRowTiles, kTileK, kStages, kXSmem>()
              : bulk_sum_bytes<kMTiles, kRowTiles, kConsumerWarps>();
 }
 
 template <class T, class O, bool kBias, int kMTiles, int kRowTiles, int kConsumerWarps, int kTileK, int kStages,
-          int kSplitK>
+          int kSplitK, bool kXSmem>
 __global__ void __launch_bounds__((kConsumerWarps + 1) * 32, 1) small_m_bulk_kernel(
     const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, O* __restrict__ out, int m, int n,
     int k, int64_t lda, int64_t ldw, int64_t ldo) {
   constexpr int kRowsCta = kRowTiles * kRows;
   constexpr int kLd = kTileK + kRowPad;          // shared row stride, elements
-  constexpr int kStageElems = kRowsCta * kLd;
+  constexpr int kXRows = kXSmem ? kMTiles * 8 : 0;  // x rows a stage has room for
+  constexpr int kStageElems = (kRowsCta + kXRows) * kLd;
   constexpr int kGroups = kConsumerWarps / kRowTiles;  // consumer warps per row tile
   constexpr int kChunks = kTileK / kChunk;             // 32-wide chunks per stage and row
   constexpr int kM8 = kMTiles * 8;
@@ -312,7 +320,7 @@ __global__ void __launch_bounds__((kConsumerWarps + 1) * 32, 1) small_m_bulk_ker
   extern __shared__ __align__(128) unsigned char smem[];
   T* ring = reinterpret_cast<T*>(smem);
   uint64_t* full =
-      reinterpret_cast<uint64_t*>(smem + bulk_data_bytes<kMTiles, kRowTiles, kConsumerWarps, kTileK, kStages>());
+      reinterpret_cast<uint64_t*>(smem + bulk_data_bytes<kMTiles, kRowTiles, kConsumerWarps, kTileK, kStages, kXSmem>());
   uint64_t* empty = full + kStages;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -338,17 +346,21 @@ __global__ void __launch_bounds__((kConsumerWarps + 1) * 32, 1) small_m_bulk_ker
   for (int mt = 0; mt < kMTiles; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
 
   if (warp == 0) {
+    const int x_rows = kXSmem ? min(m, kXRows) : 0;
     for (int i = 0; i < my_tiles; ++i) {
       const int s = i % kStages;
       if (i >= kStages) ::fray::mbar_wait(&empty[s], ((i / kStages) - 1) & 1);
       const int k0 = (tile_begin + i) * kTileK;
       const uint32_t row_bytes = static_cast<uint32_t>(min(kTileK, k - k0)) * 2u;  // K % 8 == 0: a multiple of 16
-      if (lane == 0) ::fray::mbar_arrive_expect_tx(&full[s], row_bytes * kRowsCta);
+      if (lane == 0) ::fray::mbar_arrive_expect_tx(&full[s], row_bytes * (kRowsCta + x_rows));
       __syncwarp();
-      // Rows past N copy row N - 1 (valid memory); their outputs are never stored.
-      for (int r = lane; r < kRowsCta; r += 32)
-        bulk_row(ring + s * kStageElems + r * kLd, w + static_cast<int64_t>(min(n0 + r, n - 1)) * ldw + k0,
-                 row_bytes, &full[s]);
+      // Rows past N copy row N - 1 (valid memory); their outputs are never stored. x rows past M
+      // are not copied (the consumers read row M - 1 for them).
+      for (int r = lane; r < kRowsCta + x_rows; r += 32) {
+        const T* src = r < kRowsCta ? w + static_cast<int64_t>(min(n0 + r, n - 1)) * ldw + k0
+                                    : x + static_cast<int64_t>(r - kRowsCta) * lda + k0;
+        bulk_row(ring + s * kStageElems + r * kLd, src, row_bytes, &full[s]);
+      }
     }
   } else {
     const int c = warp - 1;
@@ -358,6 +370,10 @@ __global__ void __launch_bounds__((kConsumerWarps + 1) * 32, 1) small_m_bulk_ker
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) x_row[mt] = x + static_cast<int64_t>(min(mt * 8 + g, m - 1)) * lda + t * 8;
     const int lo_off = (rt * kRows + g) * kLd + t * 8, hi_off = lo_off + 8 * kLd;
+    int x_off[kMTiles];  // kXSmem: x's fragment rows in a stage
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) x_off[mt] = (kRowsCta + min(mt * 8 + g, m - 1)) * kLd + t * 8;
+    (void)x_off;
     for (int i = 0; i < my_tiles; ++i) {
       const int s = i % kStages;
       ::fray::mbar_wait(&full[s], (i / kStages) & 1);
@@ -370,7 +386,16 @@ __global__ void __launch_bounds__((kConsumerWarps + 1) * 32, 1) small_m_bulk_ker
           const int j = grp + jj * kGroups;
           const uint4 lo = *reinterpret_cast<const uint4*>(st + lo_off + j * kChunk);
           const uint4 hi = *reinterpret_cast<const uint4*>(st + hi_off + j * kChunk);
-          mma_chunk<T, kMTiles>(acc, lo, hi, x_row, k0 + j * kChunk);
+          if constexpr (kXSmem) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+              const uint4 xv = *reinterpret_cast<const uint4*>(st + x_off[mt] + j * kChunk);
+              mma16816<T>(acc[mt], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
+              mma16816<T>(acc[mt], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
+            }
+          } else {
+            mma_chunk<T, kMTiles>(acc, lo, hi, x_row, k0 + j * kChunk);
+          }
         }
       } else {
         // The last tile of K: a thread's 8 elements are all inside or all past K (K % 8 == 0);
@@ -384,7 +409,11 @@ __global__ void __launch_bounds__((kConsumerWarps + 1) * 32, 1) small_m_bulk_ker
           const uint4 hi = in ? *reinterpret_cast<const uint4*>(st + hi_off + j * kChunk) : z;
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
-            const uint4 xv = in ? __ldg(reinterpret_cast<const uint4*>(x_row[mt] + k0 + j * kChunk)) : z;
+            uint4 xv = z;
+            if (in) {
+              if constexpr (kXSmem) xv = *reinterpret_cast<const uint4*>(st + x_off[mt] + j * kChunk);
+              else xv = __ldg(reinterpret_cast<const uint4*>(x_row[mt] + k0 + j * kChunk));
+            }
             mma16816<T>(acc[mt], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
             mma16816<T>(acc[mt], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
           }
@@ -492,14 +521,15 @@ struct SmallMConfig {
 // producer warp), kTileK elements of each row per stage, kStages stages, kSplitK CTAs per row tile
 // (a cluster, reduced through distributed shared memory).
 template <class T_, class O_, bool kBias_, int kMTiles_, int kRowTiles_, int kConsumerWarps_, int kTileK_, int kStages_,
-          int kSplitK_>
+          int kSplitK_, bool kXSmem_ = false>
 struct SmallMBulkConfig {
   using T = T_;
   using O = O_;
   static constexpr bool kBias = kBias_;
   static constexpr int kMTiles = kMTiles_, kRowTiles = kRowTiles_, kConsumerWarps = kConsumerWarps_;
   static constexpr int kTileK = kTileK_, kStages = kStages_, kSplitK = kSplitK_;
-  static constexpr int kSmemBytes = bulk_data_bytes<kMTiles, kRowTiles, kConsumerWarps, kTileK, kStages>() +
+  static constexpr bool kXSmem = kXSmem_;
+  static constexpr int kSmemBytes = bulk_data_bytes<kMTiles, kRowTiles, kConsumerWarps, kTileK, kStages, kXSmem>() +
                                     2 * kStages * 8;
   static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "x and w are bf16 or fp16");
   static_assert(std::is_same_v<O, T> || std::is_same_v<O, float>, "the output is the input dtype or fp32");
@@ -517,13 +547,14 @@ struct SmallMBulkConfig {
   }
   static constexpr int kCluster = kSplitK;
   static constexpr auto kernel() {
-    return small_m_bulk_kernel<T, O, kBias, kMTiles, kRowTiles, kConsumerWarps, kTileK, kStages, kSplitK>;
+    return small_m_bulk_kernel<T, O, kBias, kMTiles, kRowTiles, kConsumerWarps, kTileK, kStages, kSplitK, kXSmem>;
   }
 
   static void describe(char* buf, size_t len) {
-    snprintf(buf, len, "gemm_small_m bulk %s b=nk out=%s%s m<=%d rows=%d warps=1+%d tile_k=%d stages=%d split_k=%d",
+    snprintf(buf, len,
+             "gemm_small_m bulk %s b=nk out=%s%s m<=%d rows=%d warps=1+%d tile_k=%d stages=%d split_k=%d x=%s",
              name<T>(), name<O>(), kBias ? " bias" : "", kMTiles * 8, kRowTiles * kRows, kConsumerWarps, kTileK,
-             kStages, kSplitK);
+             kStages, kSplitK, kXSmem ? "shared" : "global");
   }
 };
 
