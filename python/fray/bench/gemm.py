@@ -6,8 +6,8 @@ flops = 2·M·N·K; bytes (the gbps column, M <= 64 only, where the weight strea
 {1, 16, 64, 128} x (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)} in bf16, one fp16 row
 per shape class (4096³, 1x4096x4096, 16x14336x4096). Each impl gets the do_bench median with the
 L2 flushed (3 interleaved rounds; ":graph" rows under 50 us) and a "<shape>:kineto" row,
-fray.bench_kineto's device time of its kernels (L2 flushed, 30 calls). torch.compile max-autotune runs at the large shapes and M = 1 only
-(minutes of autotuning per shape otherwise).
+fray.bench_kineto's device time of its kernels (L2 flushed, 30 calls). torch.compile max-autotune runs at 4096³ and 1x4096x4096 only
+(MAX_AUTOTUNE_SHAPES: minutes of autotuning per shape).
 
 Set-up costs, recorded as rows of their own (us = the time in µs, `note` says what):
   shape "<shape>:setup"      per fray impl, the first call at the shape: JIT compile (if the
@@ -41,6 +41,9 @@ WARM_SHAPES = [(4096, 4096, 4096), (1, 4096, 4096)]
 # Host cost: a decode-sized GEMM whose kernel (~3 us) is shorter than a call's host work, so
 # back-to-back calls with one synchronisation measure the host (as bench/host does for the others).
 HOST_SHAPE = (1, 1024, 1024)
+# Inductor's max-autotune benchmarks its own Triton configs for minutes per shape: one large and
+# one decode shape keep the run inside the GPU machine's 10-minute command limit.
+MAX_AUTOTUNE_SHAPES = ((4096, 4096, 4096), (1, 4096, 4096))
 HOST_CALLS = 2000
 
 # Kernel names in the profiler trace, per impl (the first that matches is used).
@@ -178,7 +181,7 @@ def run(op, recorder, shapes=None, graph=True):
                              tunings=tune.stats["tunings"] - s0)
             except Exception as exc:  # the row says why; the timing loop records the error too
                 recorder.add(op, impl, shape + ":setup", dtype, None, note="error: %s" % str(exc)[:200])
-        if dtype == torch.bfloat16 and (m >= 4096 or (m, n, k) == (1, 4096, 4096)):
+        if dtype == torch.bfloat16 and (m, n, k) in MAX_AUTOTUNE_SHAPES:
             try:
                 compiled = torch.compile(lambda x, w: x @ w.t(), mode="max-autotune")
                 compiled(a, b)
