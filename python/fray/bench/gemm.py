@@ -6,8 +6,8 @@ flops = 2·M·N·K; bytes (the gbps column, M <= 64 only, where the weight strea
 {1, 16, 64, 128} x (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)} in bf16, one fp16 row
 per shape class (4096³, 1x4096x4096, 16x14336x4096). Each impl gets the do_bench median with the
 L2 flushed (3 interleaved rounds; ":graph" rows under 50 us) and a "<shape>:kineto" row,
-fray.bench_kineto's device time of its kernels (L2 flushed, 30 calls). torch.compile max-autotune runs at 4096³ and 1x4096x4096 only
-(MAX_AUTOTUNE_SHAPES: minutes of autotuning per shape).
+fray.bench_kineto's device time of its kernels (L2 flushed, 30 calls). torch.compile max-autotune
+runs at 4096³ and 1x4096x4096 only (MAX_AUTOTUNE_SHAPES: minutes of autotuning per shape).
 
 Set-up costs, recorded as rows of their own (us = the time in µs, `note` says what):
   shape "<shape>:setup"      per fray impl, the first call at the shape: JIT compile (if the
