@@ -79,9 +79,19 @@ ROWS = [
     ("attention", "kv_append", "B64Hkv8D128", "bf16", None),
     ("attention", "kv_append", "B64Hkv8D128:graph", "bf16", None),
     ("attention", "kv_append_paged", "B64Hkv8D128P16", "bf16", None),
+    ("gemm", "gemm", "4096x4096x4096", "bf16", None),
+    ("gemm", "gemm", "8192x8192x8192", "bf16", None),
+    ("gemm", "gemm", "4096x14336x4096", "bf16", None),
+    ("gemm", "gemm", "4096x4096x14336", "bf16", None),
+    ("gemm", "gemm", "128x4096x4096", "bf16", None),
+    ("gemm", "gemm", "64x4096x4096", "bf16", None),
+    ("gemm", "gemm", "16x14336x4096", "bf16", None),
+    ("gemm", "gemm", "1x4096x4096", "bf16", None),
+    ("gemm", "gemm", "1x4096x4096:graph", "bf16", None),
+    ("gemm", "gemm", "4096x4096x4096", "fp16", None),
 ]
 PEER_NAMES = {"torch.builtin": None, "torch.eager": "torch eager", "torch.compile": "torch.compile"}
-BUILTIN = {"rmsnorm": "F.rms_norm", "softmax": "torch.softmax", "online_softmax": "torch.softmax+amax+logsumexp", "layernorm": "F.layer_norm",
+BUILTIN = {"gemm": "torch.mm", "rmsnorm": "F.rms_norm", "softmax": "torch.softmax", "online_softmax": "torch.softmax+amax+logsumexp", "layernorm": "F.layer_norm",
            "vector_add": "torch.add", "topk": "torch.topk", "argmax": "torch.argmax",
            "decode_attention": "SDPA", "paged_decode_attention": "SDPA (contiguous)"}
 
@@ -103,6 +113,8 @@ def cell(r):
     s = "%.1f µs" % r["us"] if r["us"] >= 10 else "%.2f µs" % r["us"]
     if r.get("gbps") and not r["shape"].endswith(":graph"):
         s += " (%.2f TB/s)" % (r["gbps"] / 1000)
+    elif r.get("tflops") and not r["shape"].endswith(":graph"):
+        s += " (%.0f TFLOP/s)" % r["tflops"]
     return s
 
 

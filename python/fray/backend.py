@@ -80,8 +80,20 @@ def _capability(index):
     return torch.cuda.get_device_capability(index)
 
 
+# family -> fn(device) -> None or why not: families whose CUDA kernels are JIT-compiled (no
+# fray._C._<family> extension to ask for its archs) say themselves whether they can run.
+_CUDA_CHECKS = {}
+
+
+def register_cuda_check(family, fn):
+    _CUDA_CHECKS[family] = fn
+
+
 def cuda_unavailable_reason(family, device):
     """None when the CUDA backend of `family` can run on `device`, else why not."""
+    check = _CUDA_CHECKS.get(family)
+    if check is not None:
+        return check(device)
     ext = load_extension(family)
     if isinstance(ext, ImportError):
         return "the CUDA extension fray._C._%s is not available (%s)" % (family, ext)

@@ -1,8 +1,9 @@
 """Seed-compatible names of the CUDA kernels (the seed compiled them at run time; Fray builds them
-ahead of time with Bazel). Same code as the public API."""
+ahead of time with Bazel, and the GEMMs at run time through fray.jit). Same code as the public API."""
 import torch
 
 from fray.ops import attention as _attention
+from fray.ops import gemm as _gemm
 from fray.ops import norm as _norm
 from fray.ops import rope as _rope
 from fray.ops import softmax as _softmax
@@ -34,3 +35,21 @@ def flash_decoding(Q, K, V, Output):
     Output [B, H, 1, D]."""
     lens = torch.full((K.shape[0],), K.shape[2], dtype=torch.int32, device=K.device)
     return _attention.decode_attention(Q, K, V, lens, out=Output)
+
+
+def _seed_gemm(a, b, c, dtype, name):
+    for arg, t in (("a", a), ("b", b), ("c", c)):
+        if isinstance(t, torch.Tensor) and t.dtype != dtype:
+            raise TypeError("%s: %s expects %s tensors, got %s" % (arg, name, str(dtype).replace("torch.", ""),
+                                                                 str(t.dtype).replace("torch.", "")))
+    return _gemm.gemm(a, b, out=c)
+
+
+def fp16_gemm(a, b, c):
+    """c = a @ b.T for fp16 a [M, K], b [N, K] (nn.Linear's weight), c [M, N]; returns c."""
+    return _seed_gemm(a, b, c, torch.float16, "fp16_gemm")
+
+
+def bf16_gemm(a, b, c):
+    """c = a @ b.T for bf16 a [M, K], b [N, K], c [M, N]; returns c."""
+    return _seed_gemm(a, b, c, torch.bfloat16, "bf16_gemm")

@@ -50,3 +50,33 @@ def layernorm_scale(x, w, b, eps):
     xhat = torch.as_tensor(ref.layernorm(xd, torch.ones_like(w, dtype=torch.float64), None, eps))
     s = w.to(torch.float64).abs() * (xhat.abs() + 1.0)
     return s if b is None else s + b.to(torch.float64).abs()
+
+
+# GEMM: the output is rounded once (TOLERANCES' rtol of the output dtype) after an fp32 sum of K
+# products (exact for bf16/fp16 inputs). That sum's rounding error grows like sqrt(K) * 2^-24 of
+# the terms' magnitude sum_k |a_ik b_kj| for random data (K * 2^-24 is the never-reached worst
+# case); GEMM_ACC_FACTOR covers the blocked order of tensor-core sums with a margin. Dropping or
+# doubling one 64-wide K block moves an element by ~8 |a||b| at K >= 4096, far outside the bound.
+GEMM_ACC_FACTOR = 8.0
+
+
+def gemm_bound(expected_f64, terms, out_dtype, k):
+    """Elementwise error bound of a GEMM result: atol + rtol(out) |expected| + factor sqrt(K) 2^-24 terms."""
+    tol = TOLERANCES[out_dtype]
+    e = expected_f64.abs() if isinstance(expected_f64, torch.Tensor) else np.abs(expected_f64)
+    return tol["atol"] + tol["rtol"] * e + GEMM_ACC_FACTOR * (max(k, 1) ** 0.5) * 2.0 ** -24 * terms
+
+
+def assert_gemm_close(actual, expected_f64, terms, out_dtype, k, what=""):
+    """actual vs the float64 GEMM reference, within gemm_bound (terms: reference.gemm.term_scale)."""
+    a = actual.detach().to("cpu", torch.float64) if isinstance(actual, torch.Tensor) else torch.from_numpy(np.asarray(actual, np.float64))
+    e = expected_f64 if isinstance(expected_f64, torch.Tensor) else torch.from_numpy(np.asarray(expected_f64, np.float64))
+    t = terms if isinstance(terms, torch.Tensor) else torch.from_numpy(np.asarray(terms, np.float64))
+    e, t = e.detach().to("cpu", torch.float64), t.detach().to("cpu", torch.float64)
+    assert a.shape == e.shape, "%s: shape %s != %s" % (what, tuple(a.shape), tuple(e.shape))
+    assert torch.isfinite(a).all(), "%s: non-finite values in the result" % what
+    bound = gemm_bound(e, t, out_dtype, k)
+    err = (a - e).abs()
+    bad = err > bound
+    assert not bad.any(), "%s (%s, K=%d): %d of %d elements off; worst error %.3g where the bound is %.3g" % (
+        what, out_dtype, k, int(bad.sum()), err.numel(), float(err[bad].max()), float(bound[bad][err[bad].argmax()]))

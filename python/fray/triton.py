@@ -8,6 +8,7 @@ import functools
 from fray.ops import activation as _activation
 from fray.ops import attention as _attention
 from fray.ops import elementwise as _elementwise
+from fray.ops import gemm as _gemm
 from fray.ops import norm as _norm
 from fray.ops import rope as _rope
 from fray.ops import sampling as _sampling
@@ -34,3 +35,8 @@ vector_add = _forced(_elementwise.vector_add)
 decode_attention = _forced(_attention.decode_attention)
 paged_decode_attention = _forced(_attention.paged_decode_attention)
 topk = _forced(_sampling.topk)
+
+
+def matmul(a, b):
+    """a [M, K] @ b [K, N] (the seed's layout) on the Triton backend."""
+    return _gemm.gemm(a, b, b_layout="kn", backend="triton")
