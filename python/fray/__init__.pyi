@@ -109,6 +109,10 @@ def kv_append(k_cache: _A, v_cache: _A, k_new: _A, v_new: _A, lens: _A, *, kv_la
 def kv_append_paged(k_pages: _A, v_pages: _A, block_table: _A, k_new: _A, v_new: _A, lens: _A, *,
                     backend: Backend = "auto") -> Tuple[_A, _A]: ...
 
+# gemm: C = a @ b.T (b_layout "nk": b is [N, K]) or a @ b ("kn": b is [K, N]), + bias[N]
+def gemm(a: _A, b: _A, *, b_layout: Literal["nk", "kn"] = "nk", bias: Optional[_A] = None,
+         out: Optional[_A] = None, out_dtype: Optional[torch.dtype] = None, backend: Backend = "auto") -> _A: ...
+
 # the seed's kernel timer: seconds per call (one float, or one per name)
 @overload
 def bench_kineto(fn: Callable[[], Any], kernel_names: str, num_tests: int = 30, flush_l2: bool = True,
