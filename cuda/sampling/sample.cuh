@@ -802,14 +802,22 @@ __device__ __forceinline__ uint32_t threshold_cluster(uint64_t tgt, const T* dat
     const uint64_t v = tid == 0 ? (static_cast<uint64_t>(lo) << 32) | hi
                                 : (static_cast<uint64_t>(min(ncand, static_cast<uint32_t>(kCandCap) + 1u)) << 48) |
                                       (m->above_total & ((1ull << 48) - 1));
-    xchg_push(&m->xhdr[rank][tid], v, bar_hdr, 0);
+    if (C == 1) {
+      m->xhdr[0][tid] = v;  // no peer to push to (see the kernel's kXMax exchange)
+    } else {
+      xchg_push(&m->xhdr[rank][tid], v, bar_hdr, 0);
+    }
   }
   uint64_t status;  // the threshold, or kRefineTogether
   uint64_t range;   // (min key << 32) | max key over the cluster
   constexpr uint64_t kRefineTogether = 1ull << 63;
   if (rank == 0) {
-    if (tid == 0) xchg_expect(bar_hdr, static_cast<uint32_t>(16 * C));
-    xchg_wait(bar_hdr);
+    if (C == 1) {
+      __syncthreads();
+    } else {
+      if (tid == 0) xchg_expect(bar_hdr, static_cast<uint32_t>(16 * C));
+      xchg_wait(bar_hdr);
+    }
     const uint64_t h = lane < C ? m->xhdr[lane][0] : 0xffffffff00000000ull;
     const uint64_t h1 = lane < C ? m->xhdr[lane][1] : 0ull;
     const uint32_t cnt = static_cast<uint32_t>(h1 >> 48);
@@ -1070,14 +1078,28 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     uint64_t b = lane < kWarps ? m->red[lane] : 0ull;
     b = warp_max_u64(b);
     const float mn = warp_min_f(lane < kWarps ? __uint_as_float(static_cast<uint32_t>(m->scan[lane])) : vmin);
-    // (key, min) to every block, this block's pair at 2 * rank.
-    if (lane < C) {
-      xchg_push(&xslot[kXMaxAt + 2 * rank], b, &m->xbar[kXMax], lane);
-      xchg_push(&xslot[kXMaxAt + 2 * rank + 1], __float_as_uint(mn), &m->xbar[kXMax], lane);
+    // (key, min) to every block, this block's pair at 2 * rank. A cluster of one block stores
+    // its pair locally: st.async to shared::cluster needs a peer (compute-sanitizer memcheck:
+    // "Invalid __shared__ write ... Cluster needs to have at least 2 blocks", then the kernel is
+    // aborted), and narrow rows (up to ~28K fp32 columns) run on one block.
+    if (C == 1) {
+      if (lane == 0) {
+        xslot[kXMaxAt] = b;
+        xslot[kXMaxAt + 1] = __float_as_uint(mn);
+      }
+    } else {
+      if (lane < C) {
+        xchg_push(&xslot[kXMaxAt + 2 * rank], b, &m->xbar[kXMax], lane);
+        xchg_push(&xslot[kXMaxAt + 2 * rank + 1], __float_as_uint(mn), &m->xbar[kXMax], lane);
+      }
+      if (lane == 0) xchg_expect(&m->xbar[kXMax], static_cast<uint32_t>(16 * C));
     }
-    if (lane == 0) xchg_expect(&m->xbar[kXMax], static_cast<uint32_t>(16 * C));
   }
-  xchg_wait(&m->xbar[kXMax]);
+  if (C == 1) {
+    __syncthreads();
+  } else {
+    xchg_wait(&m->xbar[kXMax]);
+  }
   best = warp_max_u64(lane < C ? xslot[kXMaxAt + 2 * lane] : 0ull);
   const float lmin =
       warp_min_f(lane < C ? __uint_as_float(static_cast<uint32_t>(xslot[kXMaxAt + 2 * lane + 1])) : vmin);

@@ -46,7 +46,9 @@ def edit_sample(s):
                      "\n  if (*bar >> 63) ::emu::fail(\"xchg_expect twice in one phase\");\n"
                      "  *bar = (1ull << 63) | static_cast<uint32_t>(static_cast<int32_t>(*bar) + static_cast<int32_t>(bytes));\n}\n")
     s = replace_func(s, "__device__ __forceinline__ void xchg_push(uint64_t* slot, uint64_t v, uint64_t* bar, int rank) {",
-                     "\n  const cg::cluster_group c = cg::this_cluster();\n  *c.map_shared_rank(slot, rank) = v;\n"
+                     "\n  const cg::cluster_group c = cg::this_cluster();\n"
+                     "  if (c.num_blocks() < 2) ::emu::fail(\"st.async push in a cluster of one block (no peer)\");\n"
+                     "  *c.map_shared_rank(slot, rank) = v;\n"
                      "  uint64_t* b = c.map_shared_rank(bar, rank);\n"
                      "  *b = (*b & (1ull << 63)) | static_cast<uint32_t>(static_cast<int32_t>(*b) - 8);\n"
                      "  ++::emu::S().progress;  // (a waiting block may now complete: not a deadlock)\n}\n")
