@@ -104,6 +104,10 @@ constexpr int kXchgs = kXMsg + 2;
 constexpr int kXMaxAt = 0;                   // [2 * C): (key, min bits) of block c at 2c
 constexpr int kXMsgAt = 2 * 16;              // [2 + C): status / threshold, key range, block c's kept mass at 2 + c
 
+#ifndef FRAY_SAMPLE_EXTRA_BARRIERS
+#define FRAY_SAMPLE_EXTRA_BARRIERS 0  // 1: a cluster barrier where only pushed exchanges order phases
+#endif
+
 // Per-block scalars that live in shared memory (after the slice, histograms and candidates).
 struct Misc {
   uint64_t scan[kWarps];   // block scans
@@ -492,8 +496,10 @@ static __device__ __noinline__ Selection select_bin_push(const uint64_t* hist, u
   return Selection{static_cast<int>(part[P]), part[P + 1], total, tgt};
 }
 
-// Whole block: min and max of (kmin, kmax) over the block, in every thread.
-__device__ __forceinline__ void block_minmax(uint32_t& kmin, uint32_t& kmax, Misc* m) {
+// Whole block: min and max of (kmin, kmax) over the block, in every thread. sum_above: thread 1
+// also sums the per-warp masses in m->scan into m->above_total, between the two barriers (the
+// first publishes them, the second keeps the next block scan's writes to m->scan after the read).
+__device__ __forceinline__ void block_minmax(uint32_t& kmin, uint32_t& kmax, Misc* m, bool sum_above = false) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   kmin = __reduce_min_sync(kFull, kmin);
@@ -503,7 +509,13 @@ __device__ __forceinline__ void block_minmax(uint32_t& kmin, uint32_t& kmax, Mis
   const uint64_t r = lane < kWarps ? m->red[lane] : 0xffffffff00000000ull;
   kmin = __reduce_min_sync(kFull, static_cast<uint32_t>(r >> 32));
   kmax = __reduce_max_sync(kFull, static_cast<uint32_t>(r));
-  __syncthreads();  // m->red is read before its next use
+  if (sum_above && threadIdx.x == 1) {
+    uint64_t sum = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += m->scan[w];
+    m->above_total = sum;  // (also read by the draw's shortcut, after later barriers)
+  }
+  __syncthreads();  // m->red (and m->scan) are read before their next use
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -554,7 +566,7 @@ __device__ __forceinline__ void for_each_element(const T* data, int nv, F&& f) {
 // keys past kCandCap are dropped: overflow, then the refinement re-reads the slice).
 template <typename T, class Pred>
 __device__ __forceinline__ void compact_candidates(const T* data, int nv, Pred pred, uint32_t* cand, Misc* m,
-                                                   uint32_t& kmin, uint32_t& kmax) {
+                                                   uint32_t& kmin, uint32_t& kmax, bool sum_above = false) {
   constexpr int N = Vec<T>::N;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   uint32_t lo = 0xffffffffu;
@@ -591,7 +603,7 @@ __device__ __forceinline__ void compact_candidates(const T* data, int nv, Pred p
       }
     }
   }
-  block_minmax(lo, hi, m);  // its barriers also complete cand / ncand
+  block_minmax(lo, hi, m, sum_above);  // its barriers also complete cand / ncand
   kmin = lo;
   kmax = hi;
 }
@@ -785,19 +797,17 @@ __device__ __forceinline__ uint32_t threshold_cluster(uint64_t tgt, const T* dat
   fused = false;
   tot_lane = 0;
   uint32_t lo, hi;
-  compact_candidates(data, nv, pred, cand, m, lo, hi);
+  // (k == 1, want_totals: block_minmax's barriers bracket the sum of the top-p caller's per-warp
+  // masses in m->scan; read after them, in thread 1, the draw's block scan overwrote m->scan
+  // ordered only through the exchanges' mbarriers: racecheck's block_exclusive_scan vs
+  // threshold_cluster hazard)
+  compact_candidates(data, nv, pred, cand, m, lo, hi, k == 1 && want_totals);
   const uint32_t ncand = m->ncand;
   uint64_t* const bar_hdr = &m->xbar[kXHdr + k];
   uint64_t* const bar_msg = &m->xbar[kXMsg + k];
   const int words = want_totals ? 2 + C : 2;
   // The record: the count clamped to kCandCap + 1 (12 bits) over the above-bin mass (< 2^48: at
   // most 98304 elements of mass <= 2^31), which the top-p caller left per warp in m->scan.
-  if (k == 1 && want_totals && tid == 1) {
-    uint64_t sum = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += m->scan[w];
-    m->above_total = sum;  // (also read by the draw's shortcut, after later barriers)
-  }
   if (tid < 2) {
     const uint64_t v = tid == 0 ? (static_cast<uint64_t>(lo) << 32) | hi
                                 : (static_cast<uint64_t>(min(ncand, static_cast<uint32_t>(kCandCap) + 1u)) << 48) |
@@ -831,6 +841,15 @@ __device__ __forceinline__ uint32_t threshold_cluster(uint64_t tgt, const T* dat
       if (kc.over || kc.total > static_cast<uint32_t>(kCandCap)) {
         status = kRefineTogether;
       } else {
+        // Its remote loads of the others' lists are complete before any of them writes its list
+        // again (compact_candidates of the top-p threshold, select_bin_push's staging that runs
+        // into cand): their values are in block 0's cand before the __syncthreads below, and
+        // every later write to a block's cand follows, in that block, a wait on an mbarrier
+        // phase that needs a push block 0 issues after it (kXMsg + k to the others now, or
+        // kXSel + 3 of the top-p selection), and st.async completes its bytes with release
+        // semantics at cluster scope. racecheck does not follow that chain and reports gather_lists
+        // vs compact_candidates (70 x 131072 top-k past kSurvMax + top-p); building with
+        // FRAY_SAMPLE_EXTRA_BARRIERS=1 adds the cluster barrier that makes the order explicit.
         gather_lists(cand, cand, kc.cnt, kc.incl, 1, C);  // its own list already leads
         __syncthreads();
         const uint32_t thr = refine<kMass>(kmin, kmax, tgt, data, nv, pred, cand, kc.total, r, hist, part, m, 1, 0);
@@ -1216,6 +1235,11 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     cluster.sync();  // every block has read the counts before they are reset below
   }
 
+#if FRAY_SAMPLE_EXTRA_BARRIERS
+  // Off by default: the pushed exchanges already order block 0's remote loads of the top-k
+  // candidate lists before the top-p level's writes to them (see threshold_cluster).
+  if (C > 1 && thr_k != 0u) cluster.sync();
+#endif
   // ---- top-p over the top-k survivors: first level masses by value bin of (max - l) / T.
   uint32_t thr_p = 0;
   bool fused_totals = false;  // block 0 pushed every block's kept mass (uniform)
@@ -1277,8 +1301,8 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
       // every such token is kept (its key exceeds every key of bin b1), so with the kept
       // candidates of b1 it gives the block's kept mass without the final pass (below), which
       // needs min-p off (the same value in every block). Per warp into m->scan here;
-      // threshold_cluster sums them into m->above_total after the range pass's block barriers
-      // (which leave m->scan alone) and pushes it to block 0 in the block's record.
+      // threshold_cluster sums them into m->above_total between its range pass's block
+      // barriers (which leave m->scan alone) and pushes it to block 0 in the block's record.
       if (r.min_p <= 0.0f) {
         uint64_t own = 0;
         for (int i = tid; i < b1; i += kThreads) own += hist[i];
