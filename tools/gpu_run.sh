@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Run Fray's GPU tests and benchmarks from a staged bundle, without Bazel:
 #   bash run.sh [FAMILIES|all] [DEADLINE_SECONDS] [BENCH_REGEX]
+#   bash run.sh sanitize [FAMILIES|all] [DEADLINE_SECONDS]
 # FAMILIES: comma list (norm,softmax) or all; BENCH_REGEX selects benchmark files by name (default
 # all of the families'). Logs, junit XML and benchmark JSON lines are re-packed into
 # $OUT/results.tgz (or ./gpu_results/) after every step, so a run cut short still returns what it
 # did; the GPU machine returns only a few files, so that archive and summary.txt are all of $OUT.
+# sanitize: memcheck, racecheck, initcheck and synccheck over every case of python/fray/sanitize.py
+# (one process per case and tool, 12 at a time); per-case logs, sanitize.jsonl and SANITIZE.md
+# (the tables, ready for bench/results/h200/) go into the archive under sanitize/.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
+MODE=tests
+if [ "${1:-}" = sanitize ]; then MODE=sanitize; shift; fi
 FAMILY=${1:-all}
 DEADLINE=${2:-540}
 BENCH_RE=${3:-.}
@@ -27,6 +33,20 @@ fi
 { nvidia-smi; python3 -c 'import sys, torch, triton; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'; echo "commit $FRAY_COMMIT"; } > "$RES/env.txt" 2>&1
 pack
 
+if [ "$MODE" = sanitize ]; then
+  cd "$HERE"
+  # (the sweep stops starting cases 60 s before the deadline; the slowest case is well under that)
+  timeout "$(left)" python3 -m fray.sanitize --sweep "$FAMILY" --out "$RES/sanitize" --jobs 12 \
+    --deadline $(( $(left) - 60 )) > "$RES/sanitize.log" 2>&1 &
+  pid=$!
+  while kill -0 $pid 2>/dev/null; do sleep 20; pack; done
+  wait $pid; rc=$?
+  echo "sanitize ($FAMILY): rc=$rc $(tail -n 1 "$RES/sanitize.log")" | tee -a "$RES/summary.txt"
+  cp "$RES/sanitize/SANITIZE.md" "$OUTDIR/" 2>/dev/null || true
+  pack
+  cat "$RES/summary.txt"
+  exit $rc
+fi
 if [ "$FAMILY" = all ]; then
   FAMILIES=$(cd "$HERE/tests" && ls -d */ | tr -d /)
 else
