@@ -162,10 +162,11 @@ def _sampling_cases():
         fray.sample(x, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds, offsets=offs,
                     return_logprobs=True, backend="cuda")
 
-    # Widths and row counts chosen so the plan (sample_plan in sample.cuh) takes clusters of 1, 2,
-    # 4, 8 and 16 blocks; narrow rows run on one block (the pushed exchanges' one-block path).
-    shapes = ((3, 1), (3, 7), (3, 1000), (3, 2047), (4, 32000), (4, 65536), (70, 131072), (2, 131072),
-              (1, 262144))
+    # Widths and row counts chosen so the plan (sample_plan in sample.cuh, 132 SMs) takes clusters
+    # of 1 (up to 2047), 2 (64 x 30000), 4 (4 x 32000; bf16 also 70 x 131072), 8 (fp32 70 x 131072,
+    # bf16 40 x 262144) and 16 blocks (4 x 65536, 2 x 131072, 1 x 262144; fp32 40 x 262144).
+    shapes = ((3, 1), (3, 7), (3, 1000), (3, 2047), (64, 30000), (4, 32000), (4, 65536), (70, 131072),
+              (2, 131072), (1, 262144), (40, 262144))
     for d in ("fp32", "bf16"):
         dt = _dt(d)
         for rows, cols in shapes:
