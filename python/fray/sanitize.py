@@ -5,16 +5,18 @@ variant). A new family joins the sweep by adding its list to CASES; nothing else
 
   python3 -m fray.sanitize --list [FAMILIES]          # case names
   python3 -m fray.sanitize --case NAME[,NAME...]      # cases in this process (exit 0: ran clean)
-  python3 -m fray.sanitize --sweep FAMILIES --out DIR # every case x tool, each in its own process
+  python3 -m fray.sanitize --sweep FAMILIES --out DIR # every case x tool, a few cases per process
+  python3 -m fray.sanitize --sweep FAMILIES --estimate # the expected time per tool
 
-The sweep runs `compute-sanitizer --tool T --kernel-name kns=fray ... python3 -m fray.sanitize
---case NAMES` per chunk of cases and tool, and re-runs a chunk that is not clean one case per
-process (so one fault cannot hide the next case), restricted to kernels
-whose names hold "fray" (every Fray CUDA kernel lives in namespace fray; torch's fills, copies
-and randn are not checked), a few processes at a time with a per-case timeout, and writes
+The sweep runs `compute-sanitizer --tool T ... python3 -m fray.sanitize --case NAMES` per chunk of
+cases and tool, the costliest processes first, and re-runs a chunk that is not clean one case per
+process (so one fault cannot hide the next case). memcheck, racecheck and synccheck check only
+kernels whose names hold "fray" (--kernel-name kns=fray: every Fray CUDA kernel lives in namespace
+fray; torch's fills, copies and randn are not checked); initcheck checks every kernel and counts
+the reports whose device frame is Fray's. racecheck skips the cases marked race=False. It writes
 DIR/<tool>/<case>.log, DIR/sanitize.jsonl and DIR/SANITIZE.md (command, commit, one table per
-tool). The first case, smoke/vector_add, is trivial: if it is not clean under a tool, the tool
-itself failed (its log says why).
+tool, rewritten after every process). The first case, smoke/vector_add, is trivial: if it is not
+clean under a tool, the tool itself failed (its log says why).
 """
 import argparse
 import concurrent.futures as cf
@@ -47,6 +49,15 @@ def _randn(*shape, dtype=None, seed=0):
 _DTYPES = ("fp32", "fp16", "bf16")
 
 
+def _case(fn, size, race=True):
+    """A case: fn launches Fray kernels; size is about how many elements its kernels touch (the
+    sweep's time estimate and order); race=False leaves it out of racecheck (kernels without
+    shared memory, or a path racecheck covers at a smaller shape of the same instantiation)."""
+    fn.size = size
+    fn.race = race
+    return fn
+
+
 def _dt(name):
     torch = _torch()
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
@@ -61,16 +72,19 @@ def _smoke_cases():
     def run():
         a = _randn(1000)
         fray.vector_add(a, a, backend="cuda")
-    return {"vector_add": run}
+    return {"vector_add": _case(run, 1000)}
 
+
+# One case per kernel instantiation (dtype) and launch path, not per shape: a shape appears only
+# where it selects a different path. Kernels without shared memory skip racecheck.
 
 def _elementwise_cases():
     import fray
     out = {}
     for d in _DTYPES:
-        for n in (1, 1000, 65537):
-            out["vector_add_%s_n%d" % (d, n)] = lambda d=d, n=n: fray.vector_add(
-                _randn(n, dtype=_dt(d)), _randn(n, dtype=_dt(d), seed=1), backend="cuda")
+        # 65537: the vector body and the scalar tail in one launch
+        out["vector_add_%s_n65537" % d] = _case(lambda d=d: fray.vector_add(
+            _randn(65537, dtype=_dt(d)), _randn(65537, dtype=_dt(d), seed=1), backend="cuda"), 65537, race=False)
     return out
 
 
@@ -78,20 +92,20 @@ def _norm_cases():
     import fray
     out = {}
     for d in _DTYPES:
-        for rows, h in ((1, 8192), (7, 1000), (33, 4096)):
-            dt = _dt(d)
-            out["rmsnorm_%s_%dx%d" % (d, rows, h)] = lambda dt=dt, rows=rows, h=h: fray.rmsnorm(
-                _randn(rows, h, dtype=dt), _randn(h, dtype=dt, seed=1), backend="cuda")
-            out["add_rmsnorm_%s_%dx%d" % (d, rows, h)] = lambda dt=dt, rows=rows, h=h: fray.add_rmsnorm(
-                _randn(rows, h, dtype=dt), _randn(rows, h, dtype=dt, seed=2), _randn(h, dtype=dt, seed=1),
-                backend="cuda")
-            out["layernorm_%s_%dx%d" % (d, rows, h)] = lambda dt=dt, rows=rows, h=h: fray.layernorm(
-                _randn(rows, h, dtype=dt), _randn(h, dtype=dt, seed=1), _randn(h, dtype=dt, seed=3),
-                backend="cuda")
         dt = _dt(d)
-        out["add_rmsnorm_inplace_%s_4x4096" % d] = lambda dt=dt: fray.add_rmsnorm(
+        # 7 x 1000: a width that is not a multiple of the vector (the scalar path); 33 x 4096: vectors
+        for rows, h in ((7, 1000), (33, 4096)):
+            out["rmsnorm_%s_%dx%d" % (d, rows, h)] = _case(lambda dt=dt, rows=rows, h=h: fray.rmsnorm(
+                _randn(rows, h, dtype=dt), _randn(h, dtype=dt, seed=1), backend="cuda"), rows * h)
+            out["add_rmsnorm_%s_%dx%d" % (d, rows, h)] = _case(lambda dt=dt, rows=rows, h=h: fray.add_rmsnorm(
+                _randn(rows, h, dtype=dt), _randn(rows, h, dtype=dt, seed=2), _randn(h, dtype=dt, seed=1),
+                backend="cuda"), rows * h)
+            out["layernorm_%s_%dx%d" % (d, rows, h)] = _case(lambda dt=dt, rows=rows, h=h: fray.layernorm(
+                _randn(rows, h, dtype=dt), _randn(h, dtype=dt, seed=1), _randn(h, dtype=dt, seed=3),
+                backend="cuda"), rows * h)
+        out["add_rmsnorm_inplace_%s_4x4096" % d] = _case(lambda dt=dt: fray.add_rmsnorm(
             _randn(4, 4096, dtype=dt), _randn(4, 4096, dtype=dt, seed=2), _randn(4096, dtype=dt, seed=1),
-            inplace=True, backend="cuda")
+            inplace=True, backend="cuda"), 4 * 4096)
     return out
 
 
@@ -100,15 +114,14 @@ def _activation_cases():
     out = {}
     for d in _DTYPES:
         dt = _dt(d)
-        for rows, h in ((1, 8192), (5, 1000)):
-            out["silu_mul_%s_%dx%d" % (d, rows, h)] = lambda dt=dt, rows=rows, h=h: fray.silu_mul(
-                _randn(rows, 2 * h, dtype=dt), backend="cuda")
-            for approx in ("none", "tanh"):
-                out["gelu_mul_%s_%s_%dx%d" % (approx, d, rows, h)] = (
-                    lambda dt=dt, rows=rows, h=h, a=approx: fray.gelu_mul(
-                        _randn(rows, 2 * h, dtype=dt), approximate=a, backend="cuda"))
-        out["silu_mul_split_%s_3x512" % d] = lambda dt=dt: fray.silu_mul(
-            _randn(3, 512, dtype=dt), _randn(3, 512, dtype=dt, seed=1), backend="cuda")
+        rows, h = 5, 1000
+        out["silu_mul_%s_%dx%d" % (d, rows, h)] = _case(lambda dt=dt: fray.silu_mul(
+            _randn(rows, 2 * h, dtype=dt), backend="cuda"), rows * h)
+        for approx in ("none", "tanh"):
+            out["gelu_mul_%s_%s_%dx%d" % (approx, d, rows, h)] = _case(lambda dt=dt, a=approx: fray.gelu_mul(
+                _randn(rows, 2 * h, dtype=dt), approximate=a, backend="cuda"), rows * h)
+        out["silu_mul_split_%s_3x512" % d] = _case(lambda dt=dt: fray.silu_mul(
+            _randn(3, 512, dtype=dt), _randn(3, 512, dtype=dt, seed=1), backend="cuda"), 3 * 512)
     return out
 
 
@@ -120,10 +133,10 @@ def _softmax_cases():
     for d in _DTYPES:
         dt = _dt(d)
         for rows, w in ((9, 7), (9, 256), (5, 1024), (3, 8192), (2, 32768), (2, 131072), (1, 262144)):
-            out["softmax_%s_%dx%d" % (d, rows, w)] = lambda dt=dt, rows=rows, w=w: fray.softmax(
-                _randn(rows, w, dtype=dt), temperature=0.8, backend="cuda")
-        out["online_softmax_%s_3x8192" % d] = lambda dt=dt: fray.online_softmax(
-            _randn(3, 8192, dtype=dt), backend="cuda")
+            out["softmax_%s_%dx%d" % (d, rows, w)] = _case(lambda dt=dt, rows=rows, w=w: fray.softmax(
+                _randn(rows, w, dtype=dt), temperature=0.8, backend="cuda"), rows * w)
+        out["online_softmax_%s_3x8192" % d] = _case(lambda dt=dt: fray.online_softmax(
+            _randn(3, 8192, dtype=dt), backend="cuda"), 3 * 8192)
     return out
 
 
@@ -139,14 +152,16 @@ def _rope_cases():
                 k = _randn(17, 2, 128, dtype=dt, seed=1)
                 pos = torch.randint(0, 64, (17,), device="cuda")
                 fray.rope(q, k, pos, max_position=64, style=style, inplace=inplace, rotary_dim=rot, backend="cuda")
-            out["rope_%s_%s" % (style, d)] = run
-            out["rope_%s_%s_inplace_rot64" % (style, d)] = lambda run=run: run(inplace=True, rot=64)
+            out["rope_%s_%s" % (style, d)] = _case(run, 17 * 6 * 128, race=False)
+            out["rope_%s_%s_inplace_rot64" % (style, d)] = _case(lambda run=run: run(inplace=True, rot=64),
+                                                                 17 * 6 * 128, race=False)
+
         def fused(dt=dt):
             qkv = _randn(9, 8 * 64, dtype=dt)
             q = qkv[:, : 4 * 64].view(9, 4, 64)
             k = qkv[:, 4 * 64: 6 * 64].view(9, 2, 64)
             fray.rope(q, k, torch.arange(9, device="cuda"), max_position=16, inplace=True, backend="cuda")
-        out["rope_fused_qkv_%s" % d] = fused
+        out["rope_fused_qkv_%s" % d] = _case(fused, 9 * 8 * 64, race=False)
     return out
 
 
@@ -162,21 +177,23 @@ def _sampling_cases():
         fray.sample(x, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds, offsets=offs,
                     return_logprobs=True, backend="cuda")
 
-    # Widths and row counts chosen so the plan (sample_plan in sample.cuh, 132 SMs) takes clusters
-    # of 1 (up to 2047), 2 (64 x 30000), 4 (4 x 32000; bf16 also 70 x 131072), 8 (fp32 70 x 131072,
-    # bf16 40 x 262144) and 16 blocks (4 x 65536, 2 x 131072, 1 x 262144; fp32 40 x 262144).
-    shapes = ((3, 1), (3, 7), (3, 1000), (3, 2047), (64, 30000), (4, 32000), (4, 65536), (70, 131072),
-              (2, 131072), (1, 262144), (40, 262144))
+    # The smallest shapes that give each cluster size of sample_plan (sample.cuh, 132 SMs: a
+    # cluster doubles while rows x C <= 118 and the slice keeps >= 4096 elements): 1 block (3 x 1,
+    # 7, 1000, 2047: the narrow rows), 2 (60 x 8192), 4 (30 x 16384), 8 (15 x 32768), 16 (1 x
+    # 65536); fp32 1 x 393216: 8 blocks of 192 KB slices (past the 80 KB target, the widest row).
+    shapes = ((3, 1), (3, 7), (3, 1000), (3, 2047), (60, 8192), (30, 16384), (15, 32768), (1, 65536), (1, 393216))
     for d in ("fp32", "bf16"):
         dt = _dt(d)
         for rows, cols in shapes:
+            if cols == 393216 and d == "bf16":
+                continue  # bf16 takes 16 blocks of 48 KB there: the 1 x 65536 path
             tag = "%s_%dx%d" % (d, rows, cols)
-            out["sample_topp_" + tag] = lambda r=rows, c=cols, dt=dt: sample(r, c, dt, top_p=0.9)
-            out["sample_topk50_" + tag] = lambda r=rows, c=cols, dt=dt: sample(r, c, dt, top_k=50)
+            out["sample_topp_" + tag] = _case(lambda r=rows, c=cols, dt=dt: sample(r, c, dt, top_p=0.9), rows * cols)
+            out["sample_topk50_" + tag] = _case(lambda r=rows, c=cols, dt=dt: sample(r, c, dt, top_k=50), rows * cols)
             if cols >= 4096:  # top-k past the survivors' limit: the cluster refinement
-                out["sample_topk2000_topp_minp_" + tag] = lambda r=rows, c=cols, dt=dt: sample(
-                    r, c, dt, top_k=2000, top_p=0.95, min_p=0.01)
-        out["sample_greedy_%s_3x1000" % d] = lambda dt=dt: sample(3, 1000, dt, temperature=0.0)
+                out["sample_topk2000_topp_minp_" + tag] = _case(lambda r=rows, c=cols, dt=dt: sample(
+                    r, c, dt, top_k=2000, top_p=0.95, min_p=0.01), rows * cols)
+        out["sample_greedy_%s_3x1000" % d] = _case(lambda dt=dt: sample(3, 1000, dt, temperature=0.0), 3000)
     for d in _DTYPES:
         dt = _dt(d)
 
@@ -185,7 +202,7 @@ def _sampling_cases():
             ids = torch.randint(0, 5000, (40,), device="cuda")
             offs = torch.tensor([0, 10, 10, 25, 40], device="cuda")
             fray.apply_penalties(x, ids, offs, repetition=1.2, presence=0.5, frequency=0.1, backend="cuda")
-        out["apply_penalties_%s_4x5000" % d] = pen
+        out["apply_penalties_%s_4x5000" % d] = _case(pen, 20000)
     for d in ("fp32", "bf16"):
         dt = _dt(d)
 
@@ -197,22 +214,29 @@ def _sampling_cases():
                              seeds=torch.arange(4, device="cuda"), offsets=torch.zeros(4, dtype=torch.int64,
                                                                                       device="cuda"),
                              backend="cuda")
-        out["decode_step_%s_4x32000" % d] = step
+        out["decode_step_%s_4x32000" % d] = _case(step, 4 * 32000)
     # top-k / argmax: on-chip (one block, clusters) and streaming (rows that do not fit the SMs'
-    # shared memory at once), sorted and unsorted, k up to 4096 (in-kernel ranking) and above.
+    # shared memory at once), sorted and unsorted, k up to 4096 (in-kernel ranking) and above. The
+    # streaming shapes are the smallest that topk_config (topk_plan.h, 132 SMs, k 50) streams: in
+    # clusters at 133 x 32768 fp32 and 17 x 65536 16-bit, one CTA per row at 331 rows (racecheck
+    # leaves that one out: ~11-22 M elements, minutes under racecheck; its kernel is the
+    # clustered one's code without the cluster exchange).
     for d in _DTYPES:
         dt = _dt(d)
+        wide = 32768 if d == "fp32" else 65536
+        srows = 133 if d == "fp32" else 17
         for rows, w, k in ((5, 256, 8), (3, 1000, 1), (4, 32000, 50), (2, 131072, 50), (1, 262144, 1024),
-                           (70, 131072, 50), (2, 131072, 5000)):
+                           (2, 131072, 5000), (srows, wide, 50), (331, wide, 50)):
             tag = "%s_%dx%dk%d" % (d, rows, w, k)
-            out["topk_" + tag] = lambda r=rows, w=w, k=k, dt=dt: fray.topk(_randn(r, w, dtype=dt), k,
-                                                                        backend="cuda")
-            if k == 50:
-                out["topk_unsorted_" + tag] = lambda r=rows, w=w, k=k, dt=dt: fray.topk(
-                    _randn(r, w, dtype=dt), k, sorted=False, backend="cuda")
+            race = rows != 331
+            out["topk_" + tag] = _case(lambda r=rows, w=w, k=k, dt=dt: fray.topk(_randn(r, w, dtype=dt), k,
+                                                                               backend="cuda"), rows * w, race)
+            if k == 50 and rows != 331:
+                out["topk_unsorted_" + tag] = _case(lambda r=rows, w=w, k=k, dt=dt: fray.topk(
+                    _randn(r, w, dtype=dt), k, sorted=False, backend="cuda"), rows * w, race and rows * w < 1000000)
         for rows, w in ((3, 1000), (1, 131072), (9, 152064)):
-            out["argmax_%s_%dx%d" % (d, rows, w)] = lambda r=rows, w=w, dt=dt: fray.argmax(
-                _randn(r, w, dtype=dt), backend="cuda")
+            out["argmax_%s_%dx%d" % (d, rows, w)] = _case(lambda r=rows, w=w, dt=dt: fray.argmax(
+                _randn(r, w, dtype=dt), backend="cuda"), rows * w)
     return out
 
 
@@ -237,13 +261,17 @@ def _attention_cases():
                                           num_splits=splits, backend="cuda")
                 else:
                     fray.decode_attention(q, k, v, lens, return_lse=True, num_splits=splits, backend="cuda")
-            out["decode_hnd_%s_%s" % (d, tag)] = case
-            out["decode_nhd_%s_%s" % (d, tag)] = lambda case=case: case(layout="NHD")
-            out["decode_hnd_split1_%s_%s" % (d, tag)] = lambda case=case: case(splits=1)
-            out["decode_hnd_split3_%s_%s" % (d, tag)] = lambda case=case: case(splits=3)
-            out["paged_decode_p16_%s_%s" % (d, tag)] = lambda case=case: case(paged=True)
-            out["paged_decode_p64_%s_%s" % (d, tag)] = lambda case=case: case(paged=True, page=64)
-            out["paged_decode_p16_split1_%s_%s" % (d, tag)] = lambda case=case: case(paged=True, splits=1)
+            # (a fifth of the K / V elements: under racecheck a case of 8 x 2 M elements took under 150 s
+            # in the sweep of da8da65, against ~40 s per million for sampling's logits)
+            size = 2 * kw["batch"] * kw["hkv"] * kw["capacity"] * kw["d"] // 5
+            out["decode_hnd_%s_%s" % (d, tag)] = _case(case, size)
+            out["decode_nhd_%s_%s" % (d, tag)] = _case(lambda case=case: case(layout="NHD"), size)
+            out["decode_hnd_split1_%s_%s" % (d, tag)] = _case(lambda case=case: case(splits=1), size)
+            out["decode_hnd_split3_%s_%s" % (d, tag)] = _case(lambda case=case: case(splits=3), size)
+            out["paged_decode_p16_%s_%s" % (d, tag)] = _case(lambda case=case: case(paged=True), size)
+            out["paged_decode_p64_%s_%s" % (d, tag)] = _case(lambda case=case: case(paged=True, page=64), size)
+            out["paged_decode_p16_split1_%s_%s" % (d, tag)] = _case(lambda case=case: case(paged=True, splits=1),
+                                                                    size)
 
         def append(dt=dt, paged=False, layout="HND"):
             _, k, v, kp, vp, bt, _ = _random_case(dt, torch.device("cuda"))
@@ -257,9 +285,10 @@ def _attention_cases():
                                kv_layout="NHD", backend="cuda")
             else:
                 fray.kv_append(k, v, kn, vn, lens, backend="cuda")
-        out["kv_append_hnd_%s" % d] = append
-        out["kv_append_nhd_%s" % d] = lambda append=append: append(layout="NHD")
-        out["kv_append_paged_%s" % d] = lambda append=append: append(paged=True)
+        # (no shared memory in the append kernels)
+        out["kv_append_hnd_%s" % d] = _case(append, 512, race=False)
+        out["kv_append_nhd_%s" % d] = _case(lambda append=append: append(layout="NHD"), 512, race=False)
+        out["kv_append_paged_%s" % d] = _case(lambda append=append: append(paged=True), 512, race=False)
     return out
 
 
@@ -285,6 +314,13 @@ def case_names(families):
     return names
 
 
+def _lookup(name, _built={}):
+    fam, _, case = name.partition("/")
+    if fam not in _built:
+        _built[fam] = CASES[fam]()
+    return _built[fam][case]
+
+
 def run_case(names):
     """Runs the cases (a comma list) in order, checking the CUDA context after each (a sticky
     error raises, naming the case)."""
@@ -308,6 +344,17 @@ def run_case(names):
 
 _ERR = re.compile(r"ERROR SUMMARY: (\d+) error")
 _RACE = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
+# An error record's first device frame: "=========     at <function>(...)+0x.. in file:line".
+_FRAME = re.compile(r"^=========     at (?:0x[0-9a-f]+ in )?(.+?)(?:\+0x[0-9a-f]+)?(?: in \S+:\d+)?$", re.M)
+_RECORD = re.compile(r"^========= (?:Uninitialized|Invalid|Program hit|Error|Potential|Barrier|Warning)", re.M)
+
+# Seconds per million elements a case's kernels touch, by tool, and the start-up of one process
+# under the tool (python3 + torch + the extensions), from the sweep of the bundle at da8da65 on the
+# H200 (2026-12-01): memcheck and synccheck ~1.5 s per small case in chunks of 8, ~5 s per
+# process; racecheck about 150 s for 2 x 1.9 M elements of sampling at clusters of 2.
+_RATE = {"memcheck": 1.0, "racecheck": 40.0, "initcheck": 2.0, "synccheck": 1.0}
+_START = {"memcheck": 5.0, "racecheck": 5.0, "initcheck": 6.0, "synccheck": 5.0}
+_HEAVY = 20.0  # seconds: a case estimated above this runs in its own process
 
 
 def _sanitizer():
@@ -318,15 +365,56 @@ def _sanitizer():
     raise RuntimeError("compute-sanitizer: expected on PATH or under $CUDA_HOME/bin, got none")
 
 
+def _command(san, tool, names):
+    # initcheck runs unfiltered: a kernel left out by --kernel-name is not tracked either, so the
+    # inputs torch's own kernels wrote (randn, fills, copies) read as uninitialised in Fray's
+    # (the sweep of da8da65: thousands of such reports in vector_add alone). Its reports are
+    # attributed by device frame instead; only Fray frames count.
+    filt = [] if tool == "initcheck" else ["--kernel-name", "kns=fray"]
+    extra = {"racecheck": ["--racecheck-report", "all"],
+             "initcheck": ["--show-backtrace", "device", "--print-limit", "2000"]}.get(tool, ["--print-limit", "200"])
+    if tool == "racecheck":
+        extra += ["--print-limit", "200"]
+    return ([san, "--tool", tool] + filt + extra + ["--error-exitcode", "99", sys.executable, "-m", "fray.sanitize",
+                                                     "--case", names])
+
+
+def classify(tool, text, rc):
+    """The row fields of one process's output: errors (or hazards), status, the Fray kernels
+    named, and for initcheck the reports in other kernels (not Fray's, listed apart)."""
+    row = {"rc": rc}
+    m = _ERR.search(text)
+    row["errors"] = int(m.group(1)) if m else None
+    frames = [f.strip() for f in _FRAME.findall(text)]
+    fray_frames = [f for f in frames if "fray" in f]
+    row["kernels"] = sorted(set(re.findall(r"(?:at|in) (?:\[clone )?(?:void |unsigned int )?(?:0x[0-9a-f]+ in )?"
+                                           r"(fray::[A-Za-z0-9_:]+)", text)))[:8]
+    if tool == "racecheck":
+        r = _RACE.search(text)
+        if r:
+            row["hazards"], row["race_errors"], row["race_warnings"] = (int(g) for g in r.groups())
+        count = None if not r else row["race_errors"] + row["race_warnings"]
+        row["errors"] = count
+    elif tool == "initcheck" and row["errors"] is not None:
+        printed = len(_RECORD.findall(text))
+        other = sorted(set(re.sub(r"\(.*", "", f) for f in frames if "fray" not in f))
+        row["other_kernels"] = other[:8]
+        row["other_errors"] = len(frames) - len(fray_frames)
+        # every report printed and none in a Fray frame: Fray's count is 0
+        row["errors"] = len(fray_frames) if printed >= row["errors"] else row["errors"] - row["other_errors"]
+    ok_rc = rc == 0 or (rc == 99 and tool == "initcheck")
+    clean = ok_rc and row["errors"] == 0
+    row["status"] = "clean" if clean else ("timeout" if rc == "timeout" else "FINDINGS" if rc in (0, 99)
+                                           else "FAILED")
+    return row
+
+
 def _one(tool, name, out_dir, timeout, san):
     """One process under `tool` running the cases of `name` (a comma list)."""
     first = name.split(",")[0]
     log = os.path.join(out_dir, tool, first.replace("/", "__") + ("+%d" % (name.count(",")) if "," in name else "")
                        + ".log")
-    cmd = [san, "--tool", tool, "--kernel-name", "kns=fray", "--error-exitcode", "99", "--print-limit", "200",
-           sys.executable, "-m", "fray.sanitize", "--case", name]
-    if tool == "racecheck":
-        cmd[3:3] = ["--racecheck-report", "all"]
+    cmd = _command(san, tool, name)
     t0 = time.time()
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
@@ -335,89 +423,129 @@ def _one(tool, name, out_dir, timeout, san):
         text, rc = (e.stdout or b"").decode(errors="replace") + "\n[timeout after %ds]\n" % timeout, "timeout"
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n" + text)
-    row = {"tool": tool, "case": name, "rc": rc, "seconds": round(time.time() - t0, 1)}
-    m = _ERR.search(text)
-    row["errors"] = int(m.group(1)) if m else None
-    r = _RACE.search(text)
-    if r:
-        row["hazards"], row["race_errors"], row["race_warnings"] = (int(g) for g in r.groups())
-    clean = rc == 0 and row["errors"] == 0 and (tool != "racecheck" or row.get("hazards") == 0)
-    row["status"] = "clean" if clean else ("timeout" if rc == "timeout" else "FINDINGS" if rc in (0, 99)
-                                           else "FAILED")
-    kernels = sorted(set(re.findall(r"(?:at|in) (?:0x[0-9a-f]+ in )?(fray::[A-Za-z0-9_:<>, ]+?)\(", text)))
-    row["kernels"] = kernels[:8]
+    row = {"tool": tool, "case": name, "seconds": round(time.time() - t0, 1)}
+    row.update(classify(tool, text, rc))
     return row
 
 
 def _cell(row):
-    if row["tool"] == "racecheck":
-        v = row.get("hazards")
-        body = "%s hazards" % ("?" if v is None else v)
-    else:
-        v = row["errors"]
-        body = "%s errors" % ("?" if v is None else v)
+    v = row.get("errors")
+    body = "%s %s" % ("?" if v is None else v, "hazards" if row["tool"] == "racecheck" else "errors")
     if row["status"] == "clean":
-        return body
+        extra = ""
+        if row.get("other_errors"):
+            extra = " (%d in other kernels: %s)" % (row["other_errors"], ", ".join(row.get("other_kernels") or []))
+        return body + extra
     where = ", ".join(row.get("kernels") or [])
     return "**%s** (%s, rc %s)%s" % (body, row["status"], row["rc"], ": " + where if where else "")
 
 
-def write_report(rows, path, command, commit):
+def write_report(rows, path, command, commit, pending=(), estimate=None):
     lines = ["# compute-sanitizer sweep", "", "Command: `%s`" % command, "", "Commit: %s" % commit, "",
              "Cases run a few to a process under each tool, the CUDA context checked after each; a process",
-             "that is not clean is re-run one case per process. Only kernels whose names hold `fray` are",
-             "checked (`--kernel-name kns=fray`). Logs: the results archive, `sanitize/<tool>/*.log`.", ""]
+             "that is not clean is re-run one case per process. memcheck, racecheck and synccheck check only",
+             "kernels whose names hold `fray` (`--kernel-name kns=fray`); initcheck checks every kernel (a",
+             "filtered kernel's writes are not tracked) and counts the reports whose device frame is a Fray",
+             "kernel, listing the others apart. racecheck runs the cases whose kernels use shared memory.",
+             "Logs: the results archive, `sanitize/<tool>/*.log`.", ""]
+    if estimate:
+        lines += ["Estimated before the run: " + "; ".join(estimate), ""]
+    if pending:
+        lines += ["**Incomplete: %d case x tool runs not finished.**" % len(pending), ""]
     for tool in TOOLS:
         rs = [r for r in rows if r["tool"] == tool]
-        if not rs:
+        ps = [p for p in pending if p[0] == tool]
+        if not rs and not ps:
             continue
         bad = [r for r in rs if r["status"] != "clean"]
-        lines += ["## %s: %d cases, %d clean, %d not" % (tool, len(rs), len(rs) - len(bad), len(bad)), "",
+        lines += ["## %s: %d cases, %d clean, %d not%s" % (tool, len(rs), len(rs) - len(bad), len(bad),
+                                                           ", %d pending" % len(ps) if ps else ""), "",
                   "| kernel path (case) | %s | s |" % ("hazards" if tool == "racecheck" else "errors"),
                   "|---|---|---|"]
         for r in sorted(rs, key=lambda r: r["case"]):
             lines.append("| %s | %s | %s |" % (r["case"], _cell(r), r["seconds"]))
+        for _, n in sorted(ps):
+            lines.append("| %s | pending | |" % n)
         lines.append("")
-    with open(path, "w") as f:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
         f.write("\n".join(lines))
+    os.replace(tmp, path)
 
 
-def sweep(families, out_dir, tools, jobs, timeout, deadline, chunk):
-    """Cases run `chunk` to a process (one family per process; the context is checked after
-    each); a chunk that is not clean under a tool is re-run one case per process, so every
-    finding is attributed to its case and one fault cannot hide the rest."""
-    san = _sanitizer()
+def _cost(tool, case):
+    return _RATE[tool] * getattr(case, "size", 0) / 1e6
+
+
+def plan(families, tools, chunk):
+    """(tool, [case names]) per process, most expensive first, and the estimate per tool."""
     names = case_names(["smoke"] + [f for f in families if f != "smoke"])
+    built = {fam: CASES[fam]() for fam in {n.split("/")[0] for n in names}}
+
+    def case(n):
+        fam, _, c = n.partition("/")
+        return built[fam][c]
+    work = []
+    for tool in tools:
+        sel = [n for n in names[1:] if tool != "racecheck" or getattr(case(n), "race", True)]
+        light = []
+        for n in sel:
+            if _cost(tool, case(n)) > _HEAVY:
+                work.append((tool, [n]))
+            else:
+                light.append(n)
+        for fam in families:
+            fn = [n for n in light if n.split("/")[0] == fam]
+            work += [(tool, fn[i:i + chunk]) for i in range(0, len(fn), chunk)]
+    est = {t: sum(_START[t] + sum(_cost(t, case(n)) for n in g) for tt, g in work if tt == t) for t in tools}
+    work.sort(key=lambda w: -(_START[w[0]] + sum(_cost(w[0], case(n)) for n in w[1])))
+    return names[0], work, est, {t: sum(len(g) for tt, g in work if tt == t) for t in tools}
+
+
+def sweep(families, out_dir, tools, jobs, timeout, deadline, chunk, command="", commit="unknown"):
+    """Cases run `chunk` to a process (one family per process; the context is checked after
+    each), the costliest processes first; a chunk that is not clean under a tool is re-run one case
+    per process, so every finding is attributed to its case and one fault cannot hide the rest.
+    SANITIZE.md is rewritten after every process, so a sweep cut short still leaves its report."""
+    san = _sanitizer()
+    smoke, work, est, counts = plan(families, tools, chunk)
+    estimate = ["%s %d cases, %d processes, ~%.0f s of process time (~%.0f s on %d jobs)" % (
+        t, counts[t], sum(1 for w in work if w[0] == t), est[t], est[t] / jobs, jobs) for t in tools]
+    for e in estimate:
+        print("estimate: " + e, flush=True)
+    print("estimate: wall ~%.0f s" % (sum(est.values()) / jobs + 10), flush=True)
     for tool in tools:
         os.makedirs(os.path.join(out_dir, tool), exist_ok=True)
     start = time.time()
     rows = []
+    pending = {(t, n) for t, g in work for n in g}
+    report = os.path.join(out_dir, "SANITIZE.md")
 
     def record(r):
         rows.append(r)
+        pending.discard((r["tool"], r["case"]))
         print("%-10s %-70s %s" % (r["tool"], r["case"][:70], _cell(r)), flush=True)
         with open(os.path.join(out_dir, "sanitize.jsonl"), "a") as fh:
             fh.write(json.dumps(r) + "\n")
+        write_report(rows, report, command, commit, sorted(pending), estimate)
 
     # The smoke case first under every tool: a tool that cannot run torch + Fray shows here.
     for tool in tools:
-        record(_one(tool, names[0], out_dir, timeout, san))
-    groups = []
-    for fam in [f for f in families if f != "smoke"]:
-        fn = [n for n in names[1:] if n.split("/")[0] == fam]
-        groups += [fn[i:i + chunk] for i in range(0, len(fn), chunk)]
+        record(_one(tool, smoke, out_dir, timeout, san))
 
     def run(t, g):
         if time.time() - start >= deadline:
             return [{"tool": t, "case": n, "rc": "skipped", "errors": None, "seconds": 0,
                      "status": "not run (deadline)"} for n in g]
-        r = _one(t, ",".join(g), out_dir, timeout, san)
+        # (no process outlives the deadline by more than 30 s: the report is due then)
+        left = deadline + 30 - (time.time() - start)
+        r = _one(t, ",".join(g), out_dir, int(max(10, min(timeout, left))), san)
         if r["status"] == "clean" or len(g) == 1:
             return [dict(r, case=n, seconds=round(r["seconds"] / len(g), 1), chunk=len(g)) for n in g]
         return None  # re-run one case per process
 
     with cf.ThreadPoolExecutor(jobs) as ex:
-        futs = {ex.submit(run, t, g): (t, g) for g in groups for t in tools}
+        futs = {ex.submit(run, t, g): (t, g) for t, g in work}
         redo = []
         for f in cf.as_completed(futs):
             out = f.result()
@@ -430,6 +558,8 @@ def sweep(families, out_dir, tools, jobs, timeout, deadline, chunk):
         for f in cf.as_completed(redo):
             for r in f.result():
                 record(r)
+    took = {t: round(sum(r["seconds"] for r in rows if r["tool"] == t), 1) for t in tools}
+    print("sanitize: wall %.0f s; process seconds per tool %s" % (time.time() - start, json.dumps(took)), flush=True)
     return rows
 
 
@@ -440,10 +570,12 @@ def main(argv=None):
     ap.add_argument("--sweep", metavar="FAMILIES")
     ap.add_argument("--out", default="sanitize")
     ap.add_argument("--tools", default=",".join(TOOLS))
-    ap.add_argument("--jobs", type=int, default=12)
+    ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--chunk", type=int, default=8, help="cases per process (a chunk not clean is re-run one by one)")
-    ap.add_argument("--timeout", type=int, default=150, help="seconds per case and tool")
-    ap.add_argument("--deadline", type=int, default=480, help="no case starts after this many seconds")
+    ap.add_argument("--timeout", type=int, default=240, help="seconds per process")
+    ap.add_argument("--deadline", type=int, default=270, help="no process starts after this many seconds")
+    ap.add_argument("--command", help="the command line the report names (run.sh passes its own)")
+    ap.add_argument("--estimate", action="store_true", help="print the plan's estimate per tool and exit")
     a = ap.parse_args(argv)
 
     def fams(s):
@@ -455,15 +587,24 @@ def main(argv=None):
         print("\n".join(case_names(fams(a.list))))
         return 0
     if a.sweep:
-        tools = a.tools.split(",")
+        tools = a.tools.split(",") if a.tools != "all" else list(TOOLS)
         for t in tools:
             if t not in TOOLS:
                 raise ValueError("tools: expected some of %s, got %r" % (", ".join(TOOLS), t))
+        if a.estimate:
+            _, work, est, counts = plan(fams(a.sweep), tools, a.chunk)
+            for t in tools:
+                print("%-10s %4d cases %4d processes ~%5.0f s process time, ~%4.0f s on %d jobs" % (
+                    t, counts[t], sum(1 for w in work if w[0] == t), est[t], est[t] / a.jobs, a.jobs))
+            heavy = max((_START[t] + sum(_cost(t, _lookup(n)) for n in g) for t, g in work), default=0)
+            print("wall ~%.0f s (the costliest process alone: ~%.0f s)" % (
+                max(sum(est.values()) / a.jobs, heavy) + 10, heavy))
+            return 0
         os.makedirs(a.out, exist_ok=True)
-        rows = sweep(fams(a.sweep), a.out, tools, a.jobs, a.timeout, a.deadline, a.chunk)
         from fray import env
-        cmd = "bash .bundle/run.sh sanitize %s" % a.sweep
-        write_report(rows, os.path.join(a.out, "SANITIZE.md"), cmd, env.commit() or "unknown")
+        cmd = a.command or "python3 -m fray.sanitize --sweep %s --tools %s" % (a.sweep, a.tools)
+        rows = sweep(fams(a.sweep), a.out, tools, a.jobs, a.timeout, a.deadline, a.chunk, cmd,
+                     env.commit() or "unknown")
         bad = [r for r in rows if r["status"] != "clean"]
         print("sanitize: %d runs, %d not clean" % (len(rows), len(bad)))
         return 1 if bad else 0
