@@ -493,13 +493,24 @@ static __device__ __noinline__ Selection select_bin_push(const uint64_t* hist, u
   }
   if (tid == 0) xchg_expect(bar_por, 16u);
   xchg_wait(bar_por);
-  return Selection{static_cast<int>(part[P]), part[P + 1], total, tgt};
+  const Selection sel{static_cast<int>(part[P]), part[P + 1], total, tgt};
+  // The wait orders only this thread: at C = 2, part[P, P + 2) is cand[0, 4), which the next
+  // phase (compact_candidates) writes, so a warp past the wait could overwrite the pushed pair
+  // before a slower warp has read it (racecheck at 64 x 30000, bundle at da8da65: WAR between
+  // this read and compact_candidates' store). One barrier per row and level, on the blocks
+  // that do not own the crossing portion.
+  __syncthreads();
+  return sel;
 }
 
 // Whole block: min and max of (kmin, kmax) over the block, in every thread. sum_above: thread 1
 // also sums the per-warp masses in m->scan into m->above_total, between the two barriers (the
 // first publishes them, the second keeps the next block scan's writes to m->scan after the read).
-__device__ __forceinline__ void block_minmax(uint32_t& kmin, uint32_t& kmax, Misc* m, bool sum_above = false) {
+// ncand (if given): m->ncand in every thread, read between the barriers too, so that thread 0's
+// next reset of it (the next level's `m->ncand = 0`, with no block barrier before it on the
+// exchange path) follows every read (racecheck at 4 x 32000 and 1 x 262144, bundle at da8da65).
+__device__ __forceinline__ void block_minmax(uint32_t& kmin, uint32_t& kmax, Misc* m, bool sum_above = false,
+                                             uint32_t* ncand = nullptr) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   kmin = __reduce_min_sync(kFull, kmin);
@@ -515,7 +526,8 @@ __device__ __forceinline__ void block_minmax(uint32_t& kmin, uint32_t& kmax, Mis
     for (int w = 0; w < kWarps; ++w) sum += m->scan[w];
     m->above_total = sum;  // (also read by the draw's shortcut, after later barriers)
   }
-  __syncthreads();  // m->red (and m->scan) are read before their next use
+  if (ncand) *ncand = m->ncand;
+  __syncthreads();  // m->red (and m->scan, m->ncand) are read before their next use
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -562,11 +574,12 @@ __device__ __forceinline__ void for_each_element(const T* data, int nv, F&& f) {
 }
 
 // Whole block: this block's candidates (pred) of the selected first-level bin: their key range
-// [kmin, kmax] (empty: kmin > kmax) and their keys compacted into `cand`, m->ncand of them (the
-// keys past kCandCap are dropped: overflow, then the refinement re-reads the slice).
+// [kmin, kmax] (empty: kmin > kmax) and their keys compacted into `cand`, ncand (= m->ncand) of
+// them (the keys past kCandCap are dropped: overflow, then the refinement re-reads the slice).
 template <typename T, class Pred>
 __device__ __forceinline__ void compact_candidates(const T* data, int nv, Pred pred, uint32_t* cand, Misc* m,
-                                                   uint32_t& kmin, uint32_t& kmax, bool sum_above = false) {
+                                                   uint32_t& kmin, uint32_t& kmax, uint32_t& ncand,
+                                                   bool sum_above = false) {
   constexpr int N = Vec<T>::N;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   uint32_t lo = 0xffffffffu;
@@ -603,7 +616,7 @@ __device__ __forceinline__ void compact_candidates(const T* data, int nv, Pred p
       }
     }
   }
-  block_minmax(lo, hi, m, sum_above);  // its barriers also complete cand / ncand
+  block_minmax(lo, hi, m, sum_above, &ncand);  // its barriers also complete cand / ncand
   kmin = lo;
   kmax = hi;
 }
@@ -801,8 +814,8 @@ __device__ __forceinline__ uint32_t threshold_cluster(uint64_t tgt, const T* dat
   // masses in m->scan; read after them, in thread 1, the draw's block scan overwrote m->scan
   // ordered only through the exchanges' mbarriers: racecheck's block_exclusive_scan vs
   // threshold_cluster hazard)
-  compact_candidates(data, nv, pred, cand, m, lo, hi, k == 1 && want_totals);
-  const uint32_t ncand = m->ncand;
+  uint32_t ncand;
+  compact_candidates(data, nv, pred, cand, m, lo, hi, ncand, k == 1 && want_totals);
   uint64_t* const bar_hdr = &m->xbar[kXHdr + k];
   uint64_t* const bar_msg = &m->xbar[kXMsg + k];
   const int words = want_totals ? 2 + C : 2;
