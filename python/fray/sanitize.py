@@ -502,6 +502,13 @@ def plan(families, tools, chunk):
     return names[0], work, est, {t: sum(len(g) for tt, g in work if tt == t) for t in tools}
 
 
+def _wall(work, est, jobs, tools):
+    """The smoke case under every tool at once, then the costliest process or the work spread over
+    the jobs, whichever is longer."""
+    heavy = max((_START[t] + sum(_cost(t, _lookup(n)) for n in g) for t, g in work), default=0)
+    return max(_START[t] for t in tools) + max(heavy, sum(est.values()) / jobs)
+
+
 def sweep(families, out_dir, tools, jobs, timeout, deadline, chunk, command="", commit="unknown"):
     """Cases run `chunk` to a process (one family per process; the context is checked after
     each), the costliest processes first; a chunk that is not clean under a tool is re-run one case
@@ -513,7 +520,7 @@ def sweep(families, out_dir, tools, jobs, timeout, deadline, chunk, command="", 
         t, counts[t], sum(1 for w in work if w[0] == t), est[t], est[t] / jobs, jobs) for t in tools]
     for e in estimate:
         print("estimate: " + e, flush=True)
-    print("estimate: wall ~%.0f s" % (sum(est.values()) / jobs + 10), flush=True)
+    print("estimate: wall ~%.0f s" % _wall(work, est, jobs, tools), flush=True)
     for tool in tools:
         os.makedirs(os.path.join(out_dir, tool), exist_ok=True)
     start = time.time()
@@ -530,8 +537,9 @@ def sweep(families, out_dir, tools, jobs, timeout, deadline, chunk, command="", 
         write_report(rows, report, command, commit, sorted(pending), estimate)
 
     # The smoke case first under every tool: a tool that cannot run torch + Fray shows here.
-    for tool in tools:
-        record(_one(tool, smoke, out_dir, timeout, san))
+    with cf.ThreadPoolExecutor(len(tools)) as ex:
+        for r in list(ex.map(lambda t: _one(t, smoke, out_dir, timeout, san), tools)):
+            record(r)
 
     def run(t, g):
         if time.time() - start >= deadline:
@@ -596,9 +604,7 @@ def main(argv=None):
             for t in tools:
                 print("%-10s %4d cases %4d processes ~%5.0f s process time, ~%4.0f s on %d jobs" % (
                     t, counts[t], sum(1 for w in work if w[0] == t), est[t], est[t] / a.jobs, a.jobs))
-            heavy = max((_START[t] + sum(_cost(t, _lookup(n)) for n in g) for t, g in work), default=0)
-            print("wall ~%.0f s (the costliest process alone: ~%.0f s)" % (
-                max(sum(est.values()) / a.jobs, heavy) + 10, heavy))
+            print("wall ~%.0f s" % _wall(work, est, a.jobs, tools))
             return 0
         os.makedirs(a.out, exist_ok=True)
         from fray import env
