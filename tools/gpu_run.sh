@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
 # Run Fray's GPU tests and benchmarks from a staged bundle, without Bazel:
 #   bash run.sh [FAMILIES|all] [DEADLINE_SECONDS] [BENCH_REGEX]
+#   bash run.sh sanitize [FAMILIES|all] [DEADLINE_SECONDS] [TOOLS]
 # FAMILIES: comma list (norm,softmax) or all; BENCH_REGEX selects benchmark files by name (default
 # all of the families'). Logs, junit XML and benchmark JSON lines are re-packed into
 # $OUT/results.tgz (or ./gpu_results/) after every step, so a run cut short still returns what it
 # did; the GPU machine returns only a few files, so that archive and summary.txt are all of $OUT.
+# sanitize: memcheck, racecheck, initcheck and synccheck (TOOLS: a comma list, default all four)
+# over the cases of python/fray/sanitize.py (a few cases per process, the costliest first, 16
+# processes at a time; the estimate per tool is printed first); per-case logs, sanitize.jsonl and
+# SANITIZE.md (the tables, ready for bench/results/h200/, rewritten after every process) go into
+# the archive under sanitize/ and SANITIZE.md next to it.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
+MODE=tests
+if [ "${1:-}" = sanitize ]; then MODE=sanitize; shift; fi
 FAMILY=${1:-all}
-DEADLINE=${2:-540}
+DEADLINE=${2:-$([ "$MODE" = sanitize ] && echo 300 || echo 540)}
+TOOLS=${3:-memcheck,racecheck,initcheck,synccheck}
 BENCH_RE=${3:-.}
 OUTDIR=${OUT:-$PWD/gpu_results}
 RES=$(mktemp -d)/results
@@ -32,6 +41,25 @@ export PATH=$SITE/bin:$PATH
 grep "^fray .* from $SITE/" "$RES/env.txt" | tee -a "$RES/summary.txt" || { echo "fray does not import from the installed wheel" | tee -a "$RES/summary.txt"; pack; exit 1; }
 pack
 
+if [ "$MODE" = sanitize ]; then
+  cd "$HERE"
+  # No process starts in the last 60 s and none outlives the deadline by more than 30 s (the
+  # sweep's own limits; this timeout only backs them up). SANITIZE.md is current after every
+  # process, so a sweep cut short still returns its tables.
+  timeout "$(left)" python3 -m fray.sanitize --sweep "$FAMILY" --tools "$TOOLS" --out "$RES/sanitize" --jobs 16 \
+    --deadline $(( $(left) - 60 )) --command "bash .bundle/run.sh sanitize $FAMILY $DEADLINE $TOOLS" \
+    > "$RES/sanitize.log" 2>&1 &
+  pid=$!
+  while kill -0 $pid 2>/dev/null; do
+    sleep 15; cp "$RES/sanitize/SANITIZE.md" "$OUTDIR/" 2>/dev/null; pack
+  done
+  wait $pid; rc=$?
+  echo "sanitize ($FAMILY): rc=$rc $(tail -n 1 "$RES/sanitize.log")" | tee -a "$RES/summary.txt"
+  cp "$RES/sanitize/SANITIZE.md" "$OUTDIR/" 2>/dev/null || true
+  pack
+  cat "$RES/summary.txt"
+  exit $rc
+fi
 if [ "$FAMILY" = all ]; then
   FAMILIES=$(cd "$HERE/tests" && ls -d */ | tr -d /)
 else

@@ -104,6 +104,10 @@ constexpr int kXchgs = kXMsg + 2;
 constexpr int kXMaxAt = 0;                   // [2 * C): (key, min bits) of block c at 2c
 constexpr int kXMsgAt = 2 * 16;              // [2 + C): status / threshold, key range, block c's kept mass at 2 + c
 
+#ifndef FRAY_SAMPLE_EXTRA_BARRIERS
+#define FRAY_SAMPLE_EXTRA_BARRIERS 0  // 1: a cluster barrier where only pushed exchanges order phases
+#endif
+
 // Per-block scalars that live in shared memory (after the slice, histograms and candidates).
 struct Misc {
   uint64_t scan[kWarps];   // block scans
@@ -489,11 +493,24 @@ static __device__ __noinline__ Selection select_bin_push(const uint64_t* hist, u
   }
   if (tid == 0) xchg_expect(bar_por, 16u);
   xchg_wait(bar_por);
-  return Selection{static_cast<int>(part[P]), part[P + 1], total, tgt};
+  const Selection sel{static_cast<int>(part[P]), part[P + 1], total, tgt};
+  // The wait orders only this thread: at C = 2, part[P, P + 2) is cand[0, 4), which the next
+  // phase (compact_candidates) writes, so a warp past the wait could overwrite the pushed pair
+  // before a slower warp has read it (racecheck at 64 x 30000, bundle at da8da65: WAR between
+  // this read and compact_candidates' store). One barrier per row and level, on the blocks
+  // that do not own the crossing portion.
+  __syncthreads();
+  return sel;
 }
 
-// Whole block: min and max of (kmin, kmax) over the block, in every thread.
-__device__ __forceinline__ void block_minmax(uint32_t& kmin, uint32_t& kmax, Misc* m) {
+// Whole block: min and max of (kmin, kmax) over the block, in every thread. sum_above: thread 1
+// also sums the per-warp masses in m->scan into m->above_total, between the two barriers (the
+// first publishes them, the second keeps the next block scan's writes to m->scan after the read).
+// ncand (if given): m->ncand in every thread, read between the barriers too, so that thread 0's
+// next reset of it (the next level's `m->ncand = 0`, with no block barrier before it on the
+// exchange path) follows every read (racecheck at 4 x 32000 and 1 x 262144, bundle at da8da65).
+__device__ __forceinline__ void block_minmax(uint32_t& kmin, uint32_t& kmax, Misc* m, bool sum_above = false,
+                                             uint32_t* ncand = nullptr) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   kmin = __reduce_min_sync(kFull, kmin);
@@ -503,7 +520,14 @@ __device__ __forceinline__ void block_minmax(uint32_t& kmin, uint32_t& kmax, Mis
   const uint64_t r = lane < kWarps ? m->red[lane] : 0xffffffff00000000ull;
   kmin = __reduce_min_sync(kFull, static_cast<uint32_t>(r >> 32));
   kmax = __reduce_max_sync(kFull, static_cast<uint32_t>(r));
-  __syncthreads();  // m->red is read before its next use
+  if (sum_above && threadIdx.x == 1) {
+    uint64_t sum = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += m->scan[w];
+    m->above_total = sum;  // (also read by the draw's shortcut, after later barriers)
+  }
+  if (ncand) *ncand = m->ncand;
+  __syncthreads();  // m->red (and m->scan, m->ncand) are read before their next use
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -550,11 +574,12 @@ __device__ __forceinline__ void for_each_element(const T* data, int nv, F&& f) {
 }
 
 // Whole block: this block's candidates (pred) of the selected first-level bin: their key range
-// [kmin, kmax] (empty: kmin > kmax) and their keys compacted into `cand`, m->ncand of them (the
-// keys past kCandCap are dropped: overflow, then the refinement re-reads the slice).
+// [kmin, kmax] (empty: kmin > kmax) and their keys compacted into `cand`, ncand (= m->ncand) of
+// them (the keys past kCandCap are dropped: overflow, then the refinement re-reads the slice).
 template <typename T, class Pred>
 __device__ __forceinline__ void compact_candidates(const T* data, int nv, Pred pred, uint32_t* cand, Misc* m,
-                                                   uint32_t& kmin, uint32_t& kmax) {
+                                                   uint32_t& kmin, uint32_t& kmax, uint32_t& ncand,
+                                                   bool sum_above = false) {
   constexpr int N = Vec<T>::N;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   uint32_t lo = 0xffffffffu;
@@ -591,7 +616,7 @@ __device__ __forceinline__ void compact_candidates(const T* data, int nv, Pred p
       }
     }
   }
-  block_minmax(lo, hi, m);  // its barriers also complete cand / ncand
+  block_minmax(lo, hi, m, sum_above, &ncand);  // its barriers also complete cand / ncand
   kmin = lo;
   kmax = hi;
 }
@@ -785,31 +810,37 @@ __device__ __forceinline__ uint32_t threshold_cluster(uint64_t tgt, const T* dat
   fused = false;
   tot_lane = 0;
   uint32_t lo, hi;
-  compact_candidates(data, nv, pred, cand, m, lo, hi);
-  const uint32_t ncand = m->ncand;
+  // (k == 1, want_totals: block_minmax's barriers bracket the sum of the top-p caller's per-warp
+  // masses in m->scan; read after them, in thread 1, the draw's block scan overwrote m->scan
+  // ordered only through the exchanges' mbarriers: racecheck's block_exclusive_scan vs
+  // threshold_cluster hazard)
+  uint32_t ncand;
+  compact_candidates(data, nv, pred, cand, m, lo, hi, ncand, k == 1 && want_totals);
   uint64_t* const bar_hdr = &m->xbar[kXHdr + k];
   uint64_t* const bar_msg = &m->xbar[kXMsg + k];
   const int words = want_totals ? 2 + C : 2;
   // The record: the count clamped to kCandCap + 1 (12 bits) over the above-bin mass (< 2^48: at
   // most 98304 elements of mass <= 2^31), which the top-p caller left per warp in m->scan.
-  if (k == 1 && want_totals && tid == 1) {
-    uint64_t sum = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += m->scan[w];
-    m->above_total = sum;  // (also read by the draw's shortcut, after later barriers)
-  }
   if (tid < 2) {
     const uint64_t v = tid == 0 ? (static_cast<uint64_t>(lo) << 32) | hi
                                 : (static_cast<uint64_t>(min(ncand, static_cast<uint32_t>(kCandCap) + 1u)) << 48) |
                                       (m->above_total & ((1ull << 48) - 1));
-    xchg_push(&m->xhdr[rank][tid], v, bar_hdr, 0);
+    if (C == 1) {
+      m->xhdr[0][tid] = v;  // no peer to push to (see the kernel's kXMax exchange)
+    } else {
+      xchg_push(&m->xhdr[rank][tid], v, bar_hdr, 0);
+    }
   }
   uint64_t status;  // the threshold, or kRefineTogether
   uint64_t range;   // (min key << 32) | max key over the cluster
   constexpr uint64_t kRefineTogether = 1ull << 63;
   if (rank == 0) {
-    if (tid == 0) xchg_expect(bar_hdr, static_cast<uint32_t>(16 * C));
-    xchg_wait(bar_hdr);
+    if (C == 1) {
+      __syncthreads();
+    } else {
+      if (tid == 0) xchg_expect(bar_hdr, static_cast<uint32_t>(16 * C));
+      xchg_wait(bar_hdr);
+    }
     const uint64_t h = lane < C ? m->xhdr[lane][0] : 0xffffffff00000000ull;
     const uint64_t h1 = lane < C ? m->xhdr[lane][1] : 0ull;
     const uint32_t cnt = static_cast<uint32_t>(h1 >> 48);
@@ -823,6 +854,15 @@ __device__ __forceinline__ uint32_t threshold_cluster(uint64_t tgt, const T* dat
       if (kc.over || kc.total > static_cast<uint32_t>(kCandCap)) {
         status = kRefineTogether;
       } else {
+        // Its remote loads of the others' lists are complete before any of them writes its list
+        // again (compact_candidates of the top-p threshold, select_bin_push's staging that runs
+        // into cand): their values are in block 0's cand before the __syncthreads below, and
+        // every later write to a block's cand follows, in that block, a wait on an mbarrier
+        // phase that needs a push block 0 issues after it (kXMsg + k to the others now, or
+        // kXSel + 3 of the top-p selection), and st.async completes its bytes with release
+        // semantics at cluster scope. racecheck does not follow that chain and reports gather_lists
+        // vs compact_candidates (70 x 131072 top-k past kSurvMax + top-p); building with
+        // FRAY_SAMPLE_EXTRA_BARRIERS=1 adds the cluster barrier that makes the order explicit.
         gather_lists(cand, cand, kc.cnt, kc.incl, 1, C);  // its own list already leads
         __syncthreads();
         const uint32_t thr = refine<kMass>(kmin, kmax, tgt, data, nv, pred, cand, kc.total, r, hist, part, m, 1, 0);
@@ -1070,14 +1110,28 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     uint64_t b = lane < kWarps ? m->red[lane] : 0ull;
     b = warp_max_u64(b);
     const float mn = warp_min_f(lane < kWarps ? __uint_as_float(static_cast<uint32_t>(m->scan[lane])) : vmin);
-    // (key, min) to every block, this block's pair at 2 * rank.
-    if (lane < C) {
-      xchg_push(&xslot[kXMaxAt + 2 * rank], b, &m->xbar[kXMax], lane);
-      xchg_push(&xslot[kXMaxAt + 2 * rank + 1], __float_as_uint(mn), &m->xbar[kXMax], lane);
+    // (key, min) to every block, this block's pair at 2 * rank. A cluster of one block stores
+    // its pair locally: st.async to shared::cluster needs a peer (compute-sanitizer memcheck:
+    // "Invalid __shared__ write ... Cluster needs to have at least 2 blocks", then the kernel is
+    // aborted), and narrow rows (up to ~28K fp32 columns) run on one block.
+    if (C == 1) {
+      if (lane == 0) {
+        xslot[kXMaxAt] = b;
+        xslot[kXMaxAt + 1] = __float_as_uint(mn);
+      }
+    } else {
+      if (lane < C) {
+        xchg_push(&xslot[kXMaxAt + 2 * rank], b, &m->xbar[kXMax], lane);
+        xchg_push(&xslot[kXMaxAt + 2 * rank + 1], __float_as_uint(mn), &m->xbar[kXMax], lane);
+      }
+      if (lane == 0) xchg_expect(&m->xbar[kXMax], static_cast<uint32_t>(16 * C));
     }
-    if (lane == 0) xchg_expect(&m->xbar[kXMax], static_cast<uint32_t>(16 * C));
   }
-  xchg_wait(&m->xbar[kXMax]);
+  if (C == 1) {
+    __syncthreads();
+  } else {
+    xchg_wait(&m->xbar[kXMax]);
+  }
   best = warp_max_u64(lane < C ? xslot[kXMaxAt + 2 * lane] : 0ull);
   const float lmin =
       warp_min_f(lane < C ? __uint_as_float(static_cast<uint32_t>(xslot[kXMaxAt + 2 * lane + 1])) : vmin);
@@ -1194,6 +1248,11 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
     cluster.sync();  // every block has read the counts before they are reset below
   }
 
+#if FRAY_SAMPLE_EXTRA_BARRIERS
+  // Off by default: the pushed exchanges already order block 0's remote loads of the top-k
+  // candidate lists before the top-p level's writes to them (see threshold_cluster).
+  if (C > 1 && thr_k != 0u) cluster.sync();
+#endif
   // ---- top-p over the top-k survivors: first level masses by value bin of (max - l) / T.
   uint32_t thr_p = 0;
   bool fused_totals = false;  // block 0 pushed every block's kept mass (uniform)
@@ -1255,8 +1314,8 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
       // every such token is kept (its key exceeds every key of bin b1), so with the kept
       // candidates of b1 it gives the block's kept mass without the final pass (below), which
       // needs min-p off (the same value in every block). Per warp into m->scan here;
-      // threshold_cluster sums them into m->above_total after the range pass's block barriers
-      // (which leave m->scan alone) and pushes it to block 0 in the block's record.
+      // threshold_cluster sums them into m->above_total between its range pass's block
+      // barriers (which leave m->scan alone) and pushes it to block 0 in the block's record.
       if (r.min_p <= 0.0f) {
         uint64_t own = 0;
         for (int i = tid; i < b1; i += kThreads) own += hist[i];

@@ -278,6 +278,12 @@ int main(int argc, char** argv) {
   cases.push_back({27, 12000, 8, 1, true});
   cases.push_back({27, 12000, 4, 5, true});
   cases.push_back({27, 8000, 8, 7, true});
+  // Narrow rows on a cluster of one block (no peer for a pushed exchange): the widths of the
+  // sanitizer's first report (1000) and the one-block edges.
+  cases.push_back({3, 7, 1, 2, true});
+  cases.push_back({3, 1000, 1, 0, true});
+  cases.push_back({3, 1000, 1, 1, false});
+  cases.push_back({3, 2047, 1, 5, true});
   int n = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     if (which >= 0 && static_cast<int>(i) != which) continue;

@@ -46,12 +46,21 @@ def edit_sample(s):
                      "\n  if (*bar >> 63) ::emu::fail(\"xchg_expect twice in one phase\");\n"
                      "  *bar = (1ull << 63) | static_cast<uint32_t>(static_cast<int32_t>(*bar) + static_cast<int32_t>(bytes));\n}\n")
     s = replace_func(s, "__device__ __forceinline__ void xchg_push(uint64_t* slot, uint64_t v, uint64_t* bar, int rank) {",
-                     "\n  const cg::cluster_group c = cg::this_cluster();\n  *c.map_shared_rank(slot, rank) = v;\n"
+                     "\n  const cg::cluster_group c = cg::this_cluster();\n"
+                     "  if (c.num_blocks() < 2) ::emu::fail(\"st.async push in a cluster of one block (no peer)\");\n"
+                     "  *c.map_shared_rank(slot, rank) = v;\n"
                      "  uint64_t* b = c.map_shared_rank(bar, rank);\n"
                      "  *b = (*b & (1ull << 63)) | static_cast<uint32_t>(static_cast<int32_t>(*b) - 8);\n"
                      "  ++::emu::S().progress;  // (a waiting block may now complete: not a deadlock)\n}\n")
+    # An mbarrier wait orders only the waiting thread: past it, a warp may run many rounds ahead of
+    # another (each warp resumes 0-255 scheduling rounds late, drawn per warp and wait), so a
+    # phase that reuses a buffer a slower warp still reads after its wait fails here unless a
+    # block barrier separates them (select_bin_push's staging at C = 2 is cand[0, 4)).
     s = replace_func(s, "__device__ __forceinline__ void xchg_wait(uint64_t* bar) {",
-                     "\n  while (!((*bar >> 63) && static_cast<int32_t>(*bar) == 0)) ::emu::yield();\n}\n")
+                     "\n  while (!((*bar >> 63) && static_cast<int32_t>(*bar) == 0)) ::emu::yield();\n"
+                     "  unsigned long long d = (threadIdx.x & 31) == 0 ? ::emu::S().rng() & 255 : 0;\n"
+                     "  d = __shfl_sync(0xffffffffu, d, 0);  // one delay per warp\n"
+                     "  for (; d > 0; --d) { ++::emu::S().progress; ::emu::yield(); }\n}\n")
     return replace_func(s, "__device__ __forceinline__ float fast_exp2(float x) {", " return exp2f(x); }\n")
 
 

@@ -1,0 +1,151 @@
+"""fray.sanitize, the compute-sanitizer sweep: on the CPU, the runner against a stand-in
+compute-sanitizer (a chunk with a finding is re-run one case per process and the finding lands on
+its case; clean chunks mark every case clean; the report has one table per tool); on the GPU,
+memcheck over the sampling kernel at narrow widths, which run on a cluster of one block (its
+pushed exchanges once wrote through st.async with no peer: an invalid __shared__ write that
+aborted the kernel), and racecheck over its two-block clusters."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fray import sanitize
+
+# A stand-in for compute-sanitizer that prints what the real tools print (13.0, the sweep of the
+# bundle at da8da65): racecheck only its RACECHECK SUMMARY, no ERROR SUMMARY; initcheck, which runs
+# unfiltered, a report in one of torch's kernels for every process.
+FAKE = r"""#!/bin/bash
+tool=$2
+bad=0
+[[ "$*" == */rmsnorm_fp16_7x1000* ]] && bad=1
+case $tool in
+racecheck)
+  if [ $bad = 1 ]; then
+    echo "========= Error: Race reported between Read access at"\
+" void fray::norm_detail::rmsnorm_kernel<half>(Args)+0x10 in rmsnorm.cuh:1"
+    echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"; exit 99
+  fi
+  echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)";;
+initcheck)
+  [[ "$*" == *kns=fray* ]] && { echo "initcheck filtered"; exit 3; }
+  echo "========= Uninitialized __global__ memory read of size 4 bytes"
+  echo "=========     at void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)+0x90"
+  if [ $bad = 1 ]; then
+    echo "========= Uninitialized __global__ memory read of size 16 bytes"
+    echo "=========     at void fray::norm_detail::rmsnorm_kernel<half>(Args)+0x10 in rmsnorm.cuh:1"
+    echo "========= ERROR SUMMARY: 2 errors"; exit 99
+  fi
+  echo "========= ERROR SUMMARY: 1 error"; exit 99;;
+*)
+  if [ $bad = 1 ]; then
+    echo "========= Invalid __shared__ write of size 8 bytes"
+    echo "=========     at void fray::norm_detail::rmsnorm_kernel<half>(Args)+0x10 in rmsnorm.cuh:1"
+    echo "========= ERROR SUMMARY: 2 errors"; exit 99
+  fi
+  echo "========= ERROR SUMMARY: 0 errors";;
+esac
+"""
+
+
+def test_case_lists_name_every_family_and_the_sampling_launch_paths():
+    names = sanitize.case_names([f for f in sanitize.CASES if f != "smoke"])
+    assert len(names) == len(set(names))
+    assert {n.split("/")[0] for n in names} == set(sanitize.CASES) - {"smoke"}
+    # the narrow one-block rows, then clusters of 2, 4, 8 and 16 blocks and the 192 KB slices
+    for shape in ("3x1", "3x7", "3x1000", "3x2047", "60x8192", "30x16384", "15x32768", "1x65536", "1x393216"):
+        assert "sampling/sample_topp_fp32_%s" % shape in names, shape
+    with pytest.raises(ValueError, match="families"):
+        sanitize.case_names(["nope"])
+
+
+def test_plan_racechecks_shared_memory_kernels_only_and_runs_the_costliest_first():
+    _, work, est, counts = sanitize.plan(["elementwise", "sampling"], sanitize.TOOLS, 8)
+    race = [n for t, g in work if t == "racecheck" for n in g]
+    assert race and not any(n.startswith("elementwise/") for n in race)
+    assert counts["memcheck"] == len(sanitize.case_names(["elementwise", "sampling"]))
+    costs = [sanitize._START[t] + sum(sanitize._cost(t, sanitize._lookup(n)) for n in g) for t, g in work]
+    assert costs == sorted(costs, reverse=True)
+    assert est["racecheck"] > est["memcheck"] > 0
+
+
+def test_classify_reads_the_real_summaries():
+    # racecheck prints no ERROR SUMMARY: 0 hazards is clean (the sweep of da8da65 re-ran every
+    # racecheck chunk one case per process for want of it)
+    r = sanitize.classify("racecheck", "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n", 0)
+    assert r["status"] == "clean" and r["errors"] == 0
+    r = sanitize.classify("racecheck", "=========     Write Thread (32,0,0) at void fray::sampling_detail::"
+                          "compact_candidates<float>(const T1 *)+0x10 in sample.cuh:601\n"
+                          "========= RACECHECK SUMMARY: 200 hazards displayed (987 errors, 4 warnings)\n", 99)
+    assert r["status"] == "FINDINGS" and r["errors"] == 991
+    assert r["kernels"] == ["fray::sampling_detail::compact_candidates"]
+    r = sanitize.classify("memcheck", "========= ERROR SUMMARY: 0 errors\n", 0)
+    assert r["status"] == "clean"
+    r = sanitize.classify("memcheck", "[timeout after 10s]\n", "timeout")
+    assert r["status"] == "timeout"
+
+
+def test_sweep_attributes_a_finding_to_its_case(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "compute-sanitizer"
+    fake.parent.mkdir()
+    fake.write_text(FAKE)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (fake.parent, os.environ.get("PATH", "")))
+    out = tmp_path / "out"
+    rows = sanitize.sweep(["norm"], str(out), sanitize.TOOLS, 4, 60, 600, 4, "cmd", "abc")
+    names = sanitize.case_names(["smoke", "norm"])
+    for tool in sanitize.TOOLS:
+        got = {r["case"]: r for r in rows if r["tool"] == tool}
+        assert sorted(got) == sorted(names), tool
+        bad = sorted(n for n, r in got.items() if r["status"] != "clean")
+        assert bad == ["norm/rmsnorm_fp16_7x1000"], (tool, bad)
+        r = got[bad[0]]
+        assert r["errors"] == (2 if tool in ("memcheck", "synccheck") else 1), (tool, r)
+        assert r["rc"] == 99 and r["chunk"] == 1  # re-run in its own process
+        assert r["kernels"] == ["fray::norm_detail::rmsnorm_kernel"]
+        if tool == "initcheck":  # torch's fill is listed apart and does not count
+            ok = got["norm/layernorm_fp32_7x1000"]
+            assert ok["status"] == "clean" and ok["other_errors"] == 1
+            fill = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>"
+            assert ok["other_kernels"] == [fill]
+    text = (out / "SANITIZE.md").read_text()  # written by the sweep itself
+    assert "Commit: abc" in text and "pending" not in text
+    for tool in sanitize.TOOLS:
+        assert "## %s: %d cases, %d clean, 1 not" % (tool, len(names), len(names) - 1) in text
+    assert "| norm/rmsnorm_fp16_7x1000 | **2 errors** (FINDINGS, rc 99)" in text
+
+
+def test_report_marks_an_unfinished_sweep():
+    p = "/tmp/fray_sanitize_pending.md"
+    sanitize.write_report([], p, "cmd", "abc", pending=[("racecheck", "sampling/x")])
+    text = open(p).read()
+    assert "Incomplete: 1 case x tool runs not finished" in text and "| sampling/x | pending | |" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_gpu_memcheck_clean_at_narrow_widths(cuda, dtype):
+    san = sanitize._sanitizer()  # raises where compute-sanitizer is missing: this test needs it
+    cases = ",".join("sampling/%s_%s_3x%d" % (op, dtype, w) for w in (1, 7, 1000, 2047)
+                     for op in ("sample_topp", "sample_topk50"))
+    p = subprocess.run([san, "--tool", "memcheck", "--kernel-name", "kns=fray", "--error-exitcode", "99",
+                        sys.executable, "-m", "fray.sanitize", "--case", cases],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    out = p.stdout.decode(errors="replace")
+    assert p.returncode == 0 and "ERROR SUMMARY: 0 errors" in out, out[-4000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_gpu_racecheck_clean_at_two_block_clusters(cuda, dtype):
+    # 60 x 8192 runs on clusters of 2, where select_bin_push's staging is the next phase's candidate
+    # list (a missing barrier: racecheck's WAR at 64 x 30000, bundle at da8da65); decode_step's
+    # 4 x 32000 (clusters of 4) resets the candidate count after the exchanges.
+    san = sanitize._sanitizer()
+    cases = ",".join(["sampling/sample_topp_%s_60x8192" % dtype, "sampling/sample_topk50_%s_60x8192" % dtype,
+                      "sampling/decode_step_%s_4x32000" % dtype])
+    p = subprocess.run([san, "--tool", "racecheck", "--racecheck-report", "all", "--kernel-name", "kns=fray",
+                        "--error-exitcode", "99", sys.executable, "-m", "fray.sanitize", "--case", cases],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=400)
+    out = p.stdout.decode(errors="replace")
+    assert p.returncode == 0 and "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)" in out, out[-4000:]
