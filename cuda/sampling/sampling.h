@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda/common/dtype.h"
+#include "cuda/common/launch_abi.h"
 
 namespace fray {
 
@@ -83,29 +84,32 @@ int sampling_num_kernel_instances();
 // Philox-4x32-10 (host; the kernels use the same function): 4 counter and 2 key words.
 void philox4x32_10_host(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
 
-// Python adapters (sampling_api.cc): plain integer / float arguments; a pointer argument of 0
-// means "use the scalar after it". Throw std::invalid_argument for bad arguments and
-// std::runtime_error for CUDA errors. dtype codes: 0 fp32, 1 fp16, 2 bf16.
+// The launchers (sampling_api.cc), called through the generic binder (cuda/common/binder.h) as
+// ext.<name>(ptrs, ints, floats, device, stream). A per-row parameter is a pointer slot (a [rows]
+// tensor) or, when that pointer is 0, the value slot of the same name. dtype codes 0 fp32, 1 fp16,
+// 2 bf16; bools as 0 / 1. Throw std::invalid_argument for bad arguments and std::runtime_error for
+// CUDA errors.
 namespace sampling_api {
 
-void sample(uintptr_t logits, int64_t row_stride, int dtype, int64_t rows, int64_t cols, uintptr_t temperature,
-            double temperature_value, uintptr_t top_k, int64_t top_k_value, uintptr_t top_p, double top_p_value,
-            uintptr_t min_p, double min_p_value, uintptr_t seeds, int64_t seed_value, uintptr_t offsets,
-            int64_t offset_value, uintptr_t tokens, uintptr_t logprobs, int device_index, uintptr_t stream);
+// sample:
+//   ptrs   logits, temperature, top_k, top_p, min_p, seeds, offsets, tokens, logprobs
+//   ints   row_stride, dtype, rows, cols, top_k_value, seed_value, offset_value
+//   floats temperature_value, top_p_value, min_p_value
+void sample(const FrayArgs& a);
 
-void apply_penalties(uintptr_t logits, int64_t row_stride, int dtype, int64_t rows, int64_t cols,
-                     uintptr_t token_ids, bool ids_int64, int64_t num_ids, uintptr_t token_offsets,
-                     bool offsets_int64, uintptr_t repetition, double repetition_value, uintptr_t presence,
-                     double presence_value, uintptr_t frequency, double frequency_value, int device_index,
-                     uintptr_t stream);
+// apply_penalties (token_ids / token_offsets int64 when ids_int64 / offsets_int64, else int32):
+//   ptrs   logits, token_ids, token_offsets, repetition, presence, frequency
+//   ints   row_stride, dtype, rows, cols, ids_int64, num_ids, offsets_int64
+//   floats repetition_value, presence_value, frequency_value
+void apply_penalties(const FrayArgs& a);
 
-void decode_step(uintptr_t logits, int64_t row_stride, int dtype, int64_t rows, int64_t cols, uintptr_t token_ids,
-                 bool ids_int64, int64_t num_ids, uintptr_t token_offsets, bool offsets_int64,
-                 uintptr_t repetition, double repetition_value, uintptr_t presence, double presence_value,
-                 uintptr_t frequency, double frequency_value, uintptr_t temperature, double temperature_value,
-                 uintptr_t top_k, int64_t top_k_value, uintptr_t top_p, double top_p_value, uintptr_t min_p,
-                 double min_p_value, uintptr_t seeds, int64_t seed_value, uintptr_t offsets, int64_t offset_value,
-                 uintptr_t tokens, uintptr_t logprobs, int device_index, uintptr_t stream);
+// decode_step: apply_penalties' slots, then sample's after its shared ones:
+//   ptrs   logits, token_ids, token_offsets, repetition, presence, frequency,
+//          temperature, top_k, top_p, min_p, seeds, offsets, tokens, logprobs
+//   ints   row_stride, dtype, rows, cols, ids_int64, num_ids, offsets_int64,
+//          top_k_value, seed_value, offset_value
+//   floats repetition_value, presence_value, frequency_value, temperature_value, top_p_value, min_p_value
+void decode_step(const FrayArgs& a);
 
 int64_t sample_max_width(int dtype);
 std::vector<uint32_t> philox(std::vector<uint32_t> counter, std::vector<uint32_t> key);

@@ -1,5 +1,5 @@
-// Fray sampling family: Python-facing adapters with plain integer / float arguments (no torch,
-// no pybind11). Host-only; compiled by the C++ compiler.
+// Fray sampling family: the launchers behind the generic binder (FrayArgs in; no torch, no
+// pybind11). Host-only; compiled by the C++ compiler. Slot order: cuda/sampling/sampling.h.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -102,47 +102,48 @@ PenaltyParams penalty_params(uintptr_t logits, int64_t row_stride, int dtype, in
   return p;
 }
 
+// The slots of SampleParams / PenaltyParams after the shared (logits, row_stride, dtype, rows,
+// cols) = (ptrs[0], ints[0..3]); decode_step's record is the penalties' slots followed by the
+// sampling ones (cuda/sampling/sampling.h), so both read through the same two functions.
+SampleParams sample_from(const FrayArgs& a, int pi, int ii, int fi) {
+  const uint64_t* q = a.ptrs + pi;
+  const int64_t* n = a.ints + ii;
+  const double* f = a.floats + fi;
+  return sample_params(a.ptrs[0], a.ints[0], static_cast<int>(a.ints[1]), a.ints[2], a.ints[3], q[0], f[0], q[1],
+                       n[0], q[2], f[1], q[3], f[2], q[4], n[1], q[5], n[2], q[6], q[7]);
+}
+
+PenaltyParams penalties_from(const FrayArgs& a) {
+  const uint64_t* q = a.ptrs;
+  const int64_t* n = a.ints;
+  const double* f = a.floats;
+  return penalty_params(q[0], n[0], static_cast<int>(n[1]), n[2], n[3], q[1], n[4] != 0, n[5], q[2], n[6] != 0, q[3],
+                        f[0], q[4], f[1], q[5], f[2]);
+}
+
 }  // namespace
 
-void sample(uintptr_t logits, int64_t row_stride, int dtype, int64_t rows, int64_t cols, uintptr_t temperature,
-            double temperature_value, uintptr_t top_k, int64_t top_k_value, uintptr_t top_p, double top_p_value,
-            uintptr_t min_p, double min_p_value, uintptr_t seeds, int64_t seed_value, uintptr_t offsets,
-            int64_t offset_value, uintptr_t tokens, uintptr_t logprobs, int device_index, uintptr_t stream) {
-  const SampleParams p =
-      sample_params(logits, row_stride, dtype, rows, cols, temperature, temperature_value, top_k, top_k_value, top_p,
-                    top_p_value, min_p, min_p_value, seeds, seed_value, offsets, offset_value, tokens, logprobs);
-  DeviceGuard guard(device_index);
-  check_cuda(fray::sample(p, reinterpret_cast<cudaStream_t>(stream)), "sample");
+void sample(const FrayArgs& a) {
+  require_slots(a, 9, 7, 3, "sample");
+  const SampleParams p = sample_from(a, 1, 4, 0);
+  DeviceGuard guard(a.device);
+  check_cuda(fray::sample(p, reinterpret_cast<cudaStream_t>(a.stream)), "sample");
 }
 
-void apply_penalties(uintptr_t logits, int64_t row_stride, int dtype, int64_t rows, int64_t cols,
-                     uintptr_t token_ids, bool ids_int64, int64_t num_ids, uintptr_t token_offsets,
-                     bool offsets_int64, uintptr_t repetition, double repetition_value, uintptr_t presence,
-                     double presence_value, uintptr_t frequency, double frequency_value, int device_index,
-                     uintptr_t stream) {
-  const PenaltyParams p = penalty_params(logits, row_stride, dtype, rows, cols, token_ids, ids_int64, num_ids,
-                                         token_offsets, offsets_int64, repetition, repetition_value, presence,
-                                         presence_value, frequency, frequency_value);
-  DeviceGuard guard(device_index);
-  check_cuda(fray::apply_penalties(p, reinterpret_cast<cudaStream_t>(stream)), "apply_penalties");
+void apply_penalties(const FrayArgs& a) {
+  require_slots(a, 6, 7, 3, "apply_penalties");
+  const PenaltyParams p = penalties_from(a);
+  DeviceGuard guard(a.device);
+  check_cuda(fray::apply_penalties(p, reinterpret_cast<cudaStream_t>(a.stream)), "apply_penalties");
 }
 
-void decode_step(uintptr_t logits, int64_t row_stride, int dtype, int64_t rows, int64_t cols, uintptr_t token_ids,
-                 bool ids_int64, int64_t num_ids, uintptr_t token_offsets, bool offsets_int64,
-                 uintptr_t repetition, double repetition_value, uintptr_t presence, double presence_value,
-                 uintptr_t frequency, double frequency_value, uintptr_t temperature, double temperature_value,
-                 uintptr_t top_k, int64_t top_k_value, uintptr_t top_p, double top_p_value, uintptr_t min_p,
-                 double min_p_value, uintptr_t seeds, int64_t seed_value, uintptr_t offsets, int64_t offset_value,
-                 uintptr_t tokens, uintptr_t logprobs, int device_index, uintptr_t stream) {
+void decode_step(const FrayArgs& a) {
+  require_slots(a, 14, 10, 6, "decode_step");
   // Both parameter sets are checked before anything is enqueued.
-  const PenaltyParams pen = penalty_params(logits, row_stride, dtype, rows, cols, token_ids, ids_int64, num_ids,
-                                           token_offsets, offsets_int64, repetition, repetition_value, presence,
-                                           presence_value, frequency, frequency_value);
-  const SampleParams p =
-      sample_params(logits, row_stride, dtype, rows, cols, temperature, temperature_value, top_k, top_k_value, top_p,
-                    top_p_value, min_p, min_p_value, seeds, seed_value, offsets, offset_value, tokens, logprobs);
-  DeviceGuard guard(device_index);
-  check_cuda(fray::decode_step(pen, p, reinterpret_cast<cudaStream_t>(stream)), "decode_step");
+  const PenaltyParams pen = penalties_from(a);
+  const SampleParams p = sample_from(a, 6, 7, 3);
+  DeviceGuard guard(a.device);
+  check_cuda(fray::decode_step(pen, p, reinterpret_cast<cudaStream_t>(a.stream)), "decode_step");
 }
 
 int64_t sample_max_width(int dtype) { return fray::sample_max_width(dtype_from_code(dtype, "logits")); }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cuda/common/dtype.h"
+#include "cuda/common/launch_abi.h"
 
 namespace fray {
 
@@ -65,16 +66,23 @@ int topk_num_kernel_instances();
 // not queried or failed); the plan's StreamFit (topk_plan.h).
 std::vector<int> topk_stream_fit(int device);
 
-// Python adapters (topk_api.cc): plain integer arguments; throw
-// std::invalid_argument for bad arguments and std::runtime_error for CUDA
-// errors. dtype codes: 0 fp32, 1 fp16, 2 bf16; `stream` is a raw cudaStream_t.
+// The launchers (topk_api.cc), called through the generic binder (cuda/common/binder.h) as
+// ext.<name>(ptrs, ints, floats, device, stream); dtype codes 0 fp32, 1 fp16, 2 bf16, bools as
+// 0 / 1. Throw std::invalid_argument for bad arguments and std::runtime_error for CUDA errors.
+// The planner's queries after them stay ordinary pybind11 functions (not on the launch path).
 namespace topk_api {
 
-void topk(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t width, int64_t k, bool largest,
-          bool sorted, uintptr_t values, uintptr_t indices, uintptr_t rank_keys, int device_index, uintptr_t stream);
+// topk (rank_keys 0: values and indices; else the rank keys only, sorted must be 0):
+//   ptrs   x, values, indices, rank_keys (int64 [rows, k] or 0)
+//   ints   x_row_stride, dtype, rows, width, k, largest, sorted
+//   floats (none)
+void topk(const FrayArgs& a);
 
-void argmax(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t width, uintptr_t out,
-            int device_index, uintptr_t stream);
+// argmax:
+//   ptrs   x, out (int64 [rows])
+//   ints   x_row_stride, dtype, rows, width
+//   floats (none)
+void argmax(const FrayArgs& a);
 
 // The launch plan of topk for these arguments (CPU tests check every plan is launchable):
 // (cluster CTAs per row, slice elements per CTA, threads per CTA, digit bits, sort size,

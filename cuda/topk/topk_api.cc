@@ -1,6 +1,6 @@
-// Fray topk family: Python-facing adapters with plain integer arguments (no
-// torch, no pybind11). Host-only; compiled by the C++ compiler. Every argument
-// check of the family happens here (the kernels trust their inputs).
+// Fray topk family: the launchers behind the generic binder (FrayArgs in; no torch, no pybind11)
+// and the planner's queries. Host-only; compiled by the C++ compiler. Every argument check of the
+// family happens here (the kernels trust their inputs). Slot order: cuda/topk/topk.h.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -37,8 +37,12 @@ void check_rows(int64_t rows, int64_t width, int64_t x_row_stride, const char* o
 
 }  // namespace
 
-void topk(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t width, int64_t k, bool largest,
-          bool sorted, uintptr_t values, uintptr_t indices, uintptr_t rank_keys, int device_index, uintptr_t stream) {
+void topk(const FrayArgs& a) {
+  require_slots(a, 4, 7, 0, "topk");
+  const uint64_t x = a.ptrs[0], values = a.ptrs[1], indices = a.ptrs[2], rank_keys = a.ptrs[3];
+  const int64_t x_row_stride = a.ints[0], rows = a.ints[2], width = a.ints[3], k = a.ints[4];
+  const int dtype = static_cast<int>(a.ints[1]);
+  const bool largest = a.ints[5] != 0, sorted = a.ints[6] != 0;
   check_rows(rows, width, x_row_stride, "topk");
   if (width > kTopkMaxWidth) {
     throw std::invalid_argument("fray: topk: width must be <= " + std::to_string(kTopkMaxWidth) + ", got " +
@@ -67,12 +71,15 @@ void topk(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t wi
   p.values = reinterpret_cast<void*>(values);
   p.indices = reinterpret_cast<int64_t*>(indices);
   p.rank_keys = reinterpret_cast<int64_t*>(rank_keys);
-  DeviceGuard guard(device_index);
-  check_cuda(fray::topk(p, reinterpret_cast<cudaStream_t>(stream)), "topk");
+  DeviceGuard guard(a.device);
+  check_cuda(fray::topk(p, reinterpret_cast<cudaStream_t>(a.stream)), "topk");
 }
 
-void argmax(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t width, uintptr_t out,
-            int device_index, uintptr_t stream) {
+void argmax(const FrayArgs& a) {
+  require_slots(a, 2, 4, 0, "argmax");
+  const uint64_t x = a.ptrs[0], out = a.ptrs[1];
+  const int64_t x_row_stride = a.ints[0], rows = a.ints[2], width = a.ints[3];
+  const int dtype = static_cast<int>(a.ints[1]);
   check_rows(rows, width, x_row_stride, "argmax");
   if (width > std::numeric_limits<int32_t>::max()) {
     throw std::invalid_argument("fray: argmax: width must be < 2^31, got " + std::to_string(width));
@@ -84,8 +91,8 @@ void argmax(uintptr_t x, int64_t x_row_stride, int dtype, int64_t rows, int64_t 
   p.rows = rows;
   p.width = width;
   p.out = reinterpret_cast<int64_t*>(out);
-  DeviceGuard guard(device_index);
-  check_cuda(fray::argmax(p, reinterpret_cast<cudaStream_t>(stream)), "argmax");
+  DeviceGuard guard(a.device);
+  check_cuda(fray::argmax(p, reinterpret_cast<cudaStream_t>(a.stream)), "argmax");
 }
 
 std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool> topk_plan(int64_t rows, int64_t width,

@@ -2,22 +2,18 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "cuda/common/binder.h"
 #include "cuda/topk/topk.h"
 
 namespace api = fray::topk_api;
 namespace py = pybind11;
 
 PYBIND11_MODULE(_topk, m) {
-  m.doc() = "Fray topk CUDA kernels (raw-pointer API; dtype codes 0 fp32, 1 fp16, 2 bf16).";
-  m.def("topk", &api::topk,
-        "values, indices [rows, k] = top-k of each row (rank order if sorted, else index order; or int64 rank "
-        "keys key << 24 | (2^24 - 1 - index) into rank_keys when it is not 0), on the given stream.",
-        py::arg("x"), py::arg("x_row_stride"), py::arg("dtype"), py::arg("rows"), py::arg("width"), py::arg("k"),
-        py::arg("largest"), py::arg("sorted"), py::arg("values"), py::arg("indices"), py::arg("rank_keys"),
-        py::arg("device_index"), py::arg("stream"));
-  m.def("argmax", &api::argmax, "out[rows] (int64) = index of each row's maximum, on the given stream.", py::arg("x"),
-        py::arg("x_row_stride"), py::arg("dtype"), py::arg("rows"), py::arg("width"), py::arg("out"),
-        py::arg("device_index"), py::arg("stream"));
+  m.doc() = "Fray topk CUDA kernels: launchers (ptrs, ints, floats, device, stream); slots in cuda/topk/topk.h.";
+  fray::def_launcher(m, "topk", &api::topk,
+                     "values, indices [rows, k] = top-k of each row (rank order if sorted, else index order; or "
+                     "int64 rank keys key << 24 | (2^24 - 1 - index) into rank_keys when it is not 0).");
+  fray::def_launcher(m, "argmax", &api::argmax, "out[rows] (int64) = index of each row's maximum.");
   m.def("topk_plan", &api::topk_plan,
         "(cluster, slice, threads, digit bits, sort size, dynamic smem bytes, smem opt-in, streaming kernel) of a "
         "topk launch.",

@@ -148,3 +148,44 @@ def test_rope_plan_follows_the_launcher_slots_with_the_offset_last(fake_cuda):
     assert ptrs == (q.data_ptr(), q.data_ptr(), k.data_ptr(), k.data_ptr(), 0, table.data_ptr(), 0)
     assert ints == (96, 16, 96, 16, 96, 16, 96, 16, 0, 0, 16, 3, 4, 2, 16, 16, 1, 2, 7)
     assert second[2][-1] == 9 and second[2][:-1] == ints[:-1] and second[1][5] == other.data_ptr()
+
+
+def test_topk_and_argmax_follow_the_launcher_slots(fake_cuda):
+    from fray.ops import sampling
+    x = torch.empty(3, 40, dtype=torch.bfloat16)[:, :32]  # row stride 40
+    values, indices = torch.empty(3, 5, dtype=torch.bfloat16), torch.empty(3, 5, dtype=torch.int64)
+    sampling._topk_cuda(x, values, indices, None, 5, False, True, 3, 32)
+    out = torch.empty(3, dtype=torch.int64)
+    sampling._argmax_plan(x, "auto")((x, out))
+    (n1, p1, i1, f1, d1, s1), (n2, p2, i2, f2, d2, s2) = fake_cuda.calls
+    assert (n1, n2) == ("topk", "argmax") and (d1, s1) == (d2, s2) == (0, 4321)
+    assert p1 == (x.data_ptr(), values.data_ptr(), indices.data_ptr(), 0)
+    assert i1 == (40, 2, 3, 32, 5, False, True) and f1 == ()
+    assert p2 == (x.data_ptr(), out.data_ptr()) and i2 == (40, 2, 3, 32) and f2 == ()
+    assert sampling._argmax_plan(x[:0], "auto") is P.NOOP
+
+
+def test_sampling_plans_follow_the_launcher_slots(fake_cuda):
+    """A tensor parameter fills its pointer slot with 0 in its value slot; a scalar one leaves the
+    pointer 0 and fills the value (cuda/sampling/sampling.h)."""
+    from fray.ops import sampling
+    logits = torch.empty(4, 48)[:, :40]  # row stride 48
+    top_k, seeds = torch.full((4,), 7, dtype=torch.int64), torch.arange(4)
+    rep = torch.full((4,), 1.3)
+    params = (0.7, top_k, 0.9, 0.05, seeds, 11)
+    pen = (rep, 0.25, 0.5)
+    tokens, logprobs = torch.empty(4, dtype=torch.int64), torch.empty(4)
+    ids, offs = torch.zeros(6, dtype=torch.int32), torch.zeros(5, dtype=torch.int64)
+    sampling._sample_impl(logits, params, tokens, logprobs, "auto")
+    sampling._penalties_impl(torch.empty(4, 40), ids, offs, pen, "auto")
+    sampling._decode_impl(torch.empty(4, 40), ids, offs, pen, params, tokens, logprobs, "auto")
+    (n1, p1, i1, f1, d1, s1), (n2, p2, i2, f2, _, _), (n3, p3, i3, f3, d3, s3) = fake_cuda.calls
+    assert (n1, n2, n3) == ("sample", "apply_penalties", "decode_step") and (d1, s1) == (d3, s3) == (0, 4321)
+    ptr = lambda *ts: tuple(0 if t is None else t.data_ptr() for t in ts)  # noqa: E731
+    sample_ptrs = ptr(None, top_k, None, None, seeds, None, tokens, logprobs)
+    assert p1 == (logits.data_ptr(),) + sample_ptrs
+    assert i1 == (48, 0, 4, 40, 0, 0, 11) and f1 == (0.7, 0.9, 0.05)
+    assert p2[1:] == ptr(ids, offs, rep, None, None)
+    assert i2 == (40, 0, 4, 40, False, 6, True) and f2 == (0, 0.25, 0.5)
+    assert p3[1:] == ptr(ids, offs, rep, None, None) + sample_ptrs
+    assert i3 == (40, 0, 4, 40, False, 6, True, 0, 0, 11) and f3 == (0, 0.25, 0.5, 0.7, 0.9, 0.05)

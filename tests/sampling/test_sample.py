@@ -225,20 +225,25 @@ def test_row_strides_sample_reads_repeated_rows_penalties_refuse_them():
     from fray import _validate as V
     ext = _extension()
     rows, cols = 4, 32000
-    tail = (0, 1.0, 0, 0, 0, 1.0, 0, 0.0, 0, 0, 0, 0)  # temperature .. offset_value
+    # slots: cuda/sampling/sampling.h; every pointer 0 (no launch), scalars temperature 1, top_p 1
+    sp, sf = (0,) * 9, (1.0, 1.0, 0.0)
+    si = lambda stride: (stride, 0, rows, cols, 0, 0, 0)  # noqa: E731
     for stride in (0, 1, cols, cols + 3):
         with pytest.raises(ValueError, match="tokens and logprobs"):
-            ext.sample(0, stride, 0, rows, cols, *tail, 0, 0, 0, 0)
+            ext.sample(sp, si(stride), sf, 0, 0)
     with pytest.raises(ValueError, match="row_stride >= 0"):
-        ext.sample(0, -1, 0, rows, cols, *tail, 0, 0, 0, 0)
-    pen = (0, True, 0, 0, True, 0, 1.0, 0, 0.0, 0, 0.0)  # token_ids .. frequency_value
+        ext.sample(sp, si(-1), sf, 0, 0)
+    pp, pf = (0,) * 6, (1.0, 0.0, 0.0)
+    pi = lambda stride: (stride, 0, rows, cols, 1, 0, 1)  # noqa: E731
     for stride in (0, cols - 1):
         with pytest.raises(ValueError, match="row_stride >= cols"):
-            ext.apply_penalties(0, stride, 0, rows, cols, *pen, 0, 0)
+            ext.apply_penalties(pp, pi(stride), pf, 0, 0)
         with pytest.raises(ValueError, match="row_stride >= cols"):
-            ext.decode_step(0, stride, 0, rows, cols, *pen, *tail, 0, 0, 0, 0)
+            ext.decode_step((0,) * 14, pi(stride) + (0, 0, 0), pf + sf, 0, 0)
     with pytest.raises(ValueError, match="needs token_offsets"):  # the stride passed
-        ext.apply_penalties(0, cols, 0, rows, cols, *pen, 0, 0)
+        ext.apply_penalties(pp, pi(cols), pf, 0, 0)
+    with pytest.raises(ValueError, match="decode_step expects 14 ptrs, 10 ints, 6 floats"):
+        ext.decode_step(sp, si(cols), sf, 0, 0)
     # The Python layer: the same split.
     x = torch.randn(1, 64).expand(3, 64)
     assert V.row_stride("logits", x) == 0

@@ -139,12 +139,17 @@ def test_extension_metadata():
 ])
 def test_extension_rejects_bad_arguments(kwargs, match):
     args = dict(x=0, x_row_stride=8, dtype=0, rows=2, width=8, k=2, largest=True, sorted=True, values=0,
-                indices=0, rank_keys=0, device_index=-1, stream=0)
+                indices=0, rank_keys=0)
     args.update(kwargs)
-    with pytest.raises(ValueError, match=match):
-        _ext().topk(**args)
+    a = args
+    with pytest.raises(ValueError, match=match):  # slots: cuda/topk/topk.h
+        _ext().topk((a["x"], a["values"], a["indices"], a["rank_keys"]),
+                    (a["x_row_stride"], a["dtype"], a["rows"], a["width"], a["k"], a["largest"], a["sorted"]), (),
+                    -1, 0)
     with pytest.raises(ValueError, match="width must be"):
-        _ext().argmax(x=0, x_row_stride=0, dtype=0, rows=1, width=0, out=0, device_index=-1, stream=0)
+        _ext().argmax((0, 0), (0, 0, 1, 0), (), -1, 0)
+    with pytest.raises(ValueError, match="topk expects 4 ptrs, 7 ints, 0 floats; got 4, 6, 0"):
+        _ext().topk((0, 0, 0, 0), (8, 0, 2, 8, 2, 1), (), -1, 0)
 
 
 PLAN_WIDTHS = [1, 2, 7, 8, 9, 255, 256, 999, 2047, 2048, 2049, 4095, 4096, 4097, 5000, 8191, 8192, 16383, 16385,

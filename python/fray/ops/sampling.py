@@ -172,11 +172,14 @@ def _check_workspace(workspace, need, method):
 
 
 def _topk_cuda(x, values, indices, workspace, k, largest, sorted, rows, width):
+    # Launcher slots: cuda/topk/topk.h (ptrs x, values, indices, rank_keys; ints x_row_stride,
+    # dtype, rows, width, k, largest, sorted).
     ext = B.load_extension(TOPK_FAMILY)
-    common = (x.data_ptr(), V.row_stride("x", x), V.DTYPE_CODES[x.dtype], rows, width, k, largest)
-    dev, stream = x.device.index, B.current_stream(x.device)
+    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    stream = P.current_stream(dev)
     if not sorted or k <= CUDA_SORT_MAX_K:
-        ext.topk(*common, sorted, values.data_ptr(), indices.data_ptr(), 0, dev, stream)
+        ext.topk((x, values, indices, None), (V.row_stride("x", x), V.DTYPE_CODES[x.dtype], rows, width, k,
+                                              largest, sorted), (), dev, stream)
         return
     # Rank order for k > 4096: the kernel writes the winners' distinct, non-negative int64 rank
     # keys in index order and a plain integer sort ranks them, so the NaN / signed-zero / tie
@@ -188,7 +191,8 @@ def _topk_cuda(x, values, indices, workspace, k, largest, sorted, rows, width):
     else:
         keys = workspace[:n * 8].view(torch.int64).view(rows, k)
         ranked = workspace[n * 8:n * 16].view(torch.int64).view(rows, k)
-    ext.topk(*common, False, values.data_ptr(), indices.data_ptr(), keys.data_ptr(), dev, stream)
+    ext.topk((x, values, indices, keys), (V.row_stride("x", x), V.DTYPE_CODES[x.dtype], rows, width, k, largest,
+                                          False), (), dev, stream)
     idx = indices.view(rows, k)
     torch.sort(keys, dim=-1, descending=True, out=(ranked, idx))  # idx: scratch for the permutation
     torch.bitwise_and(ranked, RANK_KEY_INDEX_MASK, out=idx)
@@ -336,23 +340,18 @@ def _argmax_plan(x, backend):
     width = x.shape[-1]
     rows = x.numel() // width
     if rows == 0:
-        return None
+        return P.NOOP
     stride = V.row_stride("x", x)
     if B.resolve("argmax", TOPK_FAMILY, backend, x.device) == "cuda":
-        return B.load_extension(TOPK_FAMILY).argmax, stride, V.DTYPE_CODES[x.dtype], rows, width
-    return None, stride, None, rows, width
+        # Launcher slots: cuda/topk/topk.h (ptrs x, out; ints x_row_stride, dtype, rows, width).
+        return P.CudaPlan(B.load_extension(TOPK_FAMILY).argmax, (stride, V.DTYPE_CODES[x.dtype], rows, width), (),
+                          x.device)
+    from fray_triton import sampling as ts
+    return P.TritonPlan(ts.argmax, (stride, rows, width), x.device)
 
 
 def _argmax_launch(plan, x, out):
-    if plan is None:
-        return
-    fn, stride, code, rows, width = plan
-    if fn is not None:
-        fn(x.data_ptr(), stride, code, rows, width, out.data_ptr(), x.device.index, B.current_stream(x.device))
-        return
-    from fray_triton import sampling as ts
-    with torch.cuda.device(x.device):
-        ts.argmax(x, out, stride, rows, width)
+    plan((x, out))
 
 
 def _argmax_impl(x, out, backend):
@@ -442,13 +441,6 @@ def _materialize_all(params, kinds, rows, device):
     return tuple(_materialize(v, rows, device, k) for v, k in zip(params, kinds))
 
 
-def _ptr_value(value):
-    """(device pointer, 0) of a tensor parameter or (0, scalar) of a scalar one: the CUDA ABI."""
-    if isinstance(value, torch.Tensor):
-        return value.data_ptr(), 0
-    return 0, value
-
-
 def _split_params(params, kinds):
     """Custom-op form: the tensors (None for scalars), the float scalars and the int scalars (the
     values of tensor parameters are placeholders)."""
@@ -530,17 +522,24 @@ def _penalty_params(logits, repetition, presence, frequency):
     )
 
 
-def _cuda_args(params):
-    """The CUDA ABI of a parameter list: (pointer, scalar) per parameter, pointer 0 for scalars."""
-    out = []
-    for v in params:
-        out.extend(_ptr_value(v))
-    return out
+_Tensor = torch.Tensor
 
 
-def _cuda_history_args(token_ids, token_offsets):
-    return (token_ids.data_ptr(), token_ids.dtype == torch.int64, token_ids.numel(),
-            token_offsets.data_ptr(), token_offsets.dtype == torch.int64)
+def _ptr(value):
+    """A parameter's pointer slot: the tensor (the binder reads its address) or None for a scalar."""
+    return value if isinstance(value, _Tensor) else None
+
+
+def _val(value):
+    """A parameter's value slot: the scalar, or 0 beside a tensor (the kernels read the tensor)."""
+    return 0 if isinstance(value, _Tensor) else value
+
+
+def _history_slots(token_ids, token_offsets):
+    """apply_penalties' history slots: (ptrs token_ids, token_offsets), (ints ids_int64, num_ids,
+    offsets_int64)."""
+    return (token_ids, token_offsets), (token_ids.dtype == torch.int64, token_ids.numel(),
+                                        token_offsets.dtype == torch.int64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -557,26 +556,33 @@ def _check_cuda_width(logits, backend):
 
 
 def _sample_launch(logits, backend):
-    """(ext.sample or None for Triton, row stride, dtype code, rows, width) of one logits signature."""
+    """(CudaPlan of ext.sample with its leading int slots, or None for Triton, row stride) of one
+    logits signature."""
     rows, width = logits.shape
     be = B.resolve("sample", FAMILY, backend, logits.device)
     if be == "cuda" and not _cuda_sample_fits(logits):
         be = "triton"  # only under "auto": a forced "cuda" was refused by _check_cuda_width
-    fn = B.load_extension(FAMILY).sample if be == "cuda" else None
-    return fn, V.row_stride("logits", logits), V.DTYPE_CODES[logits.dtype], rows, width
+    stride = V.row_stride("logits", logits)
+    if be != "cuda":
+        return None, stride
+    return P.CudaPlan(B.load_extension(FAMILY).sample, (stride, V.DTYPE_CODES[logits.dtype], rows, width), (),
+                      logits.device), stride
 
 
 def _sample_impl(logits, params, tokens, logprobs, backend):
     if logits.shape[0] == 0:
         return
     key = P.signature("sample:op", backend, (logits,))
-    plan = P.PLANS.get(key) or P.PLANS.put(key, _sample_launch(logits, backend))
-    fn, stride, code, rows, width = plan
-    if fn is not None:
-        fn(logits.data_ptr(), stride, code, rows, width, *_cuda_args(params), tokens.data_ptr(), logprobs.data_ptr(),
-           logits.device.index, B.current_stream(logits.device))
+    plan, stride = P.PLANS.get(key) or P.PLANS.put(key, _sample_launch(logits, backend))
+    if plan is not None:
+        # Launcher slots: cuda/sampling/sampling.h (sample).
+        t, k, p, m, s, o = params
+        dev = plan.device
+        plan.launcher((logits, _ptr(t), _ptr(k), _ptr(p), _ptr(m), _ptr(s), _ptr(o), tokens, logprobs),
+                      plan.ints + (_val(k), _val(s), _val(o)), (_val(t), _val(p), _val(m)), dev, P.current_stream(dev))
         return
     from fray_triton import sampling as ts
+    rows, width = logits.shape
     with torch.cuda.device(logits.device):
         ts.sample(logits, tokens, logprobs, *_materialize_all(params, _SAMPLE_KINDS, rows, logits.device),
                   stride, rows, width)
@@ -659,10 +665,13 @@ def _penalties_impl(logits, token_ids, token_offsets, params, backend):
     be = B.resolve("apply_penalties", FAMILY, backend, logits.device)
     stride = V.row_stride("logits", logits, writable=True)
     if be == "cuda":
+        # Launcher slots: cuda/sampling/sampling.h (apply_penalties).
+        hp, hi = _history_slots(token_ids, token_offsets)
+        r, p, f = params
+        dev = logits.device.index if logits.device.index is not None else torch.cuda.current_device()
         B.load_extension(FAMILY).apply_penalties(
-            logits.data_ptr(), stride, V.DTYPE_CODES[logits.dtype], rows, width,
-            *_cuda_history_args(token_ids, token_offsets), *_cuda_args(params), logits.device.index,
-            B.current_stream(logits.device))
+            (logits,) + hp + (_ptr(r), _ptr(p), _ptr(f)), (stride, V.DTYPE_CODES[logits.dtype], rows, width) + hi,
+            (_val(r), _val(p), _val(f)), dev, P.current_stream(dev))
         return
     from fray_triton import sampling as ts
     with torch.cuda.device(logits.device):
@@ -684,11 +693,18 @@ def _decode_impl(logits, token_ids, token_offsets, pen, params, tokens, logprobs
         return
     be = B.resolve("decode_step", FAMILY, backend, logits.device)
     if be == "cuda" and _cuda_sample_fits(logits):
-        # Two launches (penalties, then the sampling cluster kernel), no host sync.
+        # Two launches (penalties, then the sampling cluster kernel), no host sync. Launcher
+        # slots: cuda/sampling/sampling.h (decode_step: the penalties' slots, then sample's).
+        hp, hi = _history_slots(token_ids, token_offsets)
+        r, p, f = pen
+        t, k, tp, m, s, o = params
+        dev = logits.device.index if logits.device.index is not None else torch.cuda.current_device()
         B.load_extension(FAMILY).decode_step(
-            logits.data_ptr(), V.row_stride("logits", logits, writable=True), V.DTYPE_CODES[logits.dtype], rows,
-            width, *_cuda_history_args(token_ids, token_offsets), *_cuda_args(pen), *_cuda_args(params),
-            tokens.data_ptr(), logprobs.data_ptr(), logits.device.index, B.current_stream(logits.device))
+            (logits,) + hp + (_ptr(r), _ptr(p), _ptr(f), _ptr(t), _ptr(k), _ptr(tp), _ptr(m), _ptr(s), _ptr(o),
+                              tokens, logprobs),
+            (V.row_stride("logits", logits, writable=True), V.DTYPE_CODES[logits.dtype], rows, width) + hi
+            + (_val(k), _val(s), _val(o)),
+            (_val(r), _val(p), _val(f), _val(t), _val(tp), _val(m)), dev, P.current_stream(dev))
         return
     _penalties_impl(logits, token_ids, token_offsets, pen, backend)
     _sample_impl(logits, params, tokens, logprobs, backend)
