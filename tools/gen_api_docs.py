@@ -28,8 +28,14 @@ def render_api():
             fn = getattr(module, name)
             out.append("### `%s`\n\n```python\n%s\n```\n\n" % (name, _signature(name, fn)))
             out.append(inspect.cleandoc(fn.__doc__ or "(no docstring)") + "\n\n")
-    out.append("## benchmarking\n\n### `bench_kineto`\n\n```python\n%s\n```\n\n%s\n"
+    out.append("## benchmarking\n\n### `bench_kineto`\n\n```python\n%s\n```\n\n%s\n\n"
                % (_signature("bench_kineto", kineto.bench_kineto), inspect.cleandoc(kineto.bench_kineto.__doc__)))
+    from fray.compat import fusedtok
+    out.append("## fray.compat.fusedtok\n\n" + inspect.cleandoc(fusedtok.__doc__) + "\n\n")
+    for name in fusedtok.__all__:
+        fn = getattr(fusedtok, name)
+        out.append("### `fusedtok.%s`\n\n```python\n%s\n```\n\n%s\n\n" % (
+            name, _signature(name, fn), inspect.cleandoc(fn.__doc__ or "(no docstring)")))
     return "".join(out).rstrip() + "\n"
 
 

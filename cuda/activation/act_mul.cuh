@@ -291,8 +291,8 @@ cudaError_t launch_act_mul(const ActMulParams& p, cudaStream_t stream) {
     case Activation::kSilu: return act_detail::launch_typed<T, Activation::kSilu>(p, stream);
     case Activation::kGeluErf: return act_detail::launch_typed<T, Activation::kGeluErf>(p, stream);
     case Activation::kGeluTanh: return act_detail::launch_typed<T, Activation::kGeluTanh>(p, stream);
+    default: return cudaErrorInvalidValue;  // relu / tanh / sigmoid: unary only
   }
-  return cudaErrorInvalidValue;
 }
 
 // Number of kernels launch_act_mul<T> can launch: 3 activations x

@@ -11,14 +11,19 @@
 
 namespace fray {
 
-// Gate activation of the gated MLP. Integer values are part of the Python ABI.
+// Activations. Integer values are part of the Python ABI. act_mul (the gated MLP) takes the first
+// three; the unary kernel takes all six.
 enum class Activation : int {
   kSilu = 0,      // g / (1 + exp(-g))
   kGeluErf = 1,   // 0.5 g (1 + erf(g / sqrt(2)))
   kGeluTanh = 2,  // 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+  kRelu = 3,      // max(g, 0), NaN kept
+  kTanh = 4,      // tanh(g)
+  kSigmoid = 5,   // 1 / (1 + exp(-g))
 };
 
 inline constexpr bool is_valid_activation_code(int code) { return code >= 0 && code <= 2; }
+inline constexpr bool is_valid_unary_code(int code) { return code >= 0 && code <= 5; }
 
 // Gated activation over `rows` rows of `d` elements:
 //
@@ -50,6 +55,20 @@ cudaError_t act_mul(DType dtype, const ActMulParams& p, cudaStream_t stream);
 // Number of distinct activation kernels compiled into the library.
 int act_mul_num_kernel_instances();
 
+// out[i] = T(act(float(x[i]))) for i < n over flat, dense arrays (the caller has checked that x and
+// out share one layout). fp32 math, one rounding; the same activation code as act_mul's gate for
+// silu and both GELUs. out may be x itself; partial overlap is undefined.
+struct UnaryParams {
+  Activation act = Activation::kSilu;
+  const void* x = nullptr;
+  void* out = nullptr;
+  int64_t n = 0;
+};
+
+// Enqueues on `stream`; cudaErrorInvalidValue for an unsupported dtype or activation.
+cudaError_t unary(DType dtype, const UnaryParams& p, cudaStream_t stream);
+int unary_num_kernel_instances();
+
 // The launcher (activation_api.cc), called through the generic binder (cuda/common/binder.h) as
 // ext.act_mul(ptrs, ints, floats, device, stream); dtype codes 0 fp32, 1 fp16, 2 bf16. Throws
 // std::invalid_argument for bad codes and std::runtime_error for CUDA errors.
@@ -59,6 +78,11 @@ namespace activation_api {
 //   ints   gate_row_stride, up_row_stride, out_row_stride, rows, d, activation code, dtype
 //   floats none
 void act_mul(const FrayArgs& a);
+
+//   ptrs   x, out
+//   ints   n, activation code (0-5), dtype
+//   floats none
+void unary(const FrayArgs& a);
 
 std::string archs();
 int cuda_runtime_version();

@@ -41,6 +41,24 @@ void act_mul(const FrayArgs& a) {
   check_cuda(fray::act_mul(dt, p, reinterpret_cast<cudaStream_t>(a.stream)), kNames[act]);
 }
 
+void unary(const FrayArgs& a) {
+  require_slots(a, 2, 3, 0, "unary");
+  const DType dt = dtype_from_code(static_cast<int>(a.ints[2]), "x");
+  const int act = static_cast<int>(a.ints[1]);
+  if (!is_valid_unary_code(act)) {
+    throw std::invalid_argument("fray: unary activation code " + std::to_string(act) +
+                                " (expected 0 silu, 1 gelu erf, 2 gelu tanh, 3 relu, 4 tanh, 5 sigmoid)");
+  }
+  static const char* const kNames[] = {"silu", "gelu", "gelu", "relu", "tanh", "sigmoid"};
+  UnaryParams p;
+  p.act = static_cast<Activation>(act);
+  p.x = reinterpret_cast<const void*>(a.ptrs[0]);
+  p.out = reinterpret_cast<void*>(a.ptrs[1]);
+  p.n = a.ints[0];
+  DeviceGuard guard(a.device);
+  check_cuda(fray::unary(dt, p, reinterpret_cast<cudaStream_t>(a.stream)), kNames[act]);
+}
+
 std::string archs() { return FRAY_CUDA_ARCHS; }
 
 int cuda_runtime_version() {
@@ -49,7 +67,7 @@ int cuda_runtime_version() {
   return version;
 }
 
-int num_kernel_instances() { return act_mul_num_kernel_instances(); }
+int num_kernel_instances() { return act_mul_num_kernel_instances() + unary_num_kernel_instances(); }
 
 }  // namespace activation_api
 }  // namespace fray

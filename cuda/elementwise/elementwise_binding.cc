@@ -10,6 +10,8 @@ PYBIND11_MODULE(_elementwise, m) {
   m.doc() = "Fray elementwise CUDA kernels: launchers (ptrs, ints, floats, device, stream); slots in "
             "cuda/elementwise/elementwise.h.";
   fray::def_launcher(m, "vector_add", &api::vector_add, "out = a + b over n dense elements.");
+  fray::def_launcher(m, "mul", &api::mul, "out = a * b over n dense elements.");
+  fray::def_launcher(m, "axpy", &api::axpy, "out = a * x + b (scalars a, b) over n dense elements.");
   m.def("archs", &api::archs, "CUDA architectures this extension was compiled for.");
   m.def("cuda_runtime_version", &api::cuda_runtime_version, "cudaRuntimeGetVersion().");
 }

@@ -24,8 +24,9 @@ from fray_triton._host import cdiv, next_power_of_2
 
 from fray_triton.norm import _round
 
-# Activation codes, shared with cuda/activation/activation.h (enum Activation).
-SILU, GELU_ERF, GELU_TANH = 0, 1, 2
+# Activation codes, shared with cuda/activation/activation.h (enum Activation). act_mul takes the
+# first three, unary all six.
+SILU, GELU_ERF, GELU_TANH, RELU, TANH, SIGMOID = 0, 1, 2, 3, 4, 5
 
 # Outputs per program: 16 per thread at 8 warps, i.e. two 16-byte loads of gate and two of up
 # per thread for 16-bit types (four for fp32): a few KB in flight per program, and programs
@@ -41,6 +42,21 @@ MAX_BLOCK_R = 256
 def _activate(g, ACT: tl.constexpr, OUT_DTYPE: tl.constexpr):
     if ACT == 0:  # silu: g / (1 + e^-g), e^x = 2^(x log2 e)
         return g / (1.0 + tl.exp2(g * -1.4426950408889634))
+    elif ACT == 3:  # relu; where, not maximum, so that NaN stays NaN (torch.relu)
+        return tl.where(g < 0.0, 0.0, g)
+    elif ACT == 4:
+        # tanh without libdevice: (1 - e) / (1 + e), e = e^(-2|g|), with the sign put back; below
+        # |g| = 1/16 the cancellation in 1 - e would cost up to 8 of fp32's 24 bits, so the odd
+        # Taylor series to g^7 takes over (its truncation error there is < 1e-11 relative).
+        a = tl.abs(g)
+        e = tl.exp2(a * -2.8853900817779268)
+        big = (1.0 - e) / (1.0 + e)
+        g2 = g * g
+        small = a * (1.0 + g2 * (-0.3333333333333333 + g2 * (0.13333333333333333 + g2 * -0.05396825396825397)))
+        t = tl.where(a < 0.0625, small, big)
+        return tl.where(g < 0.0, -t, t)
+    elif ACT == 5:  # sigmoid: 1 / (1 + e^-g)
+        return 1.0 / (1.0 + tl.exp2(g * -1.4426950408889634))
     elif ACT == 2:  # gelu tanh: g / (1 + e^(-2z)), -2z log2(e) = g (c0 + c1 g^2)
         return g / (1.0 + tl.exp2(g * (-2.302208198144325 - 0.1029432395800235 * g * g)))
     elif OUT_DTYPE == tl.float32:  # gelu erf, fp32 outputs: libdevice erff
@@ -111,3 +127,32 @@ def gelu_mul(gate, up, out, approximate, gate_row_stride, up_row_stride, out_row
     """approximate: "none" (erf) or "tanh"."""
     act = GELU_TANH if approximate == "tanh" else GELU_ERF
     act_mul(gate, up, out, act, gate_row_stride, up_row_stride, out_row_stride, n_rows, n_cols)
+
+
+# The unary activations over flat, dense arrays: the streaming shape of fray_triton.elementwise
+# (4096 elements and 4 warps a program: 32 elements a thread, enough 16-byte loads in flight).
+UNARY_BLOCK = 4096
+UNARY_NUM_WARPS = 4
+_INT32_LIMIT = 2 ** 31 - 1
+
+
+@triton.jit
+def _unary_kernel(X, OUT, n, ACT: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    pid = tl.program_id(0)
+    if WIDE:
+        start = pid.to(tl.int64) * BLOCK
+    else:
+        start = pid * BLOCK
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    y = _activate(g, ACT, OUT.dtype.element_ty)
+    tl.store(OUT + offs, _round(y, OUT.dtype.element_ty), mask=mask)
+
+
+def unary(x, out, act, n):
+    """Launch on the current stream: out = act(x) over the n elements of the flat storage of two
+    dense tensors of one layout and dtype (out may be x)."""
+    grid = (cdiv(n, UNARY_BLOCK),)
+    _unary_kernel[grid](x, out, n, ACT=act, BLOCK=UNARY_BLOCK, WIDE=n + UNARY_BLOCK > _INT32_LIMIT,
+                        num_warps=UNARY_NUM_WARPS)

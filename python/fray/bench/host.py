@@ -187,6 +187,23 @@ def cases(device):
     _fray(impls, lambda b: fray.vector_add(a, c, out=s, backend=b))
     impls["torch.builtin"] = lambda: torch.add(a, c)
     out.append(("vector_add", str(BATCH * HIDDEN), "bf16", impls))
+
+    impls = {}
+    _fray(impls, lambda b: fray.mul(a, c, out=s, backend=b))
+    impls["torch.builtin"] = lambda: torch.mul(a, c)
+    out.append(("mul", str(BATCH * HIDDEN), "bf16", impls))
+
+    impls = {}
+    _fray(impls, lambda b: fray.axpy(a, 0.5, 1.0, out=s, backend=b))
+    impls["torch.eager"] = lambda: a * 0.5 + 1.0
+    out.append(("axpy", str(BATCH * HIDDEN), "bf16", impls))
+
+    for name, peer in (("silu", F.silu), ("gelu", F.gelu), ("relu", torch.relu), ("tanh", torch.tanh),
+                       ("sigmoid", torch.sigmoid)):
+        impls = {}
+        _fray(impls, lambda b, f=getattr(fray, name): f(a, out=s, backend=b))
+        impls["torch.builtin"] = lambda f=peer: f(a)
+        out.append((name, str(BATCH * HIDDEN), "bf16", impls))
     return out
 
 

@@ -1,4 +1,9 @@
-"""The activation family: gated MLP activations silu_mul and gelu_mul.
+"""The activation family: gated MLP activations silu_mul and gelu_mul, and the unary activations
+silu, gelu (erf or tanh), relu, tanh and sigmoid.
+
+The unary ops are flat elementwise ops (fray._flat: dense tensors of one layout, out may be x; one
+custom op fray::unary over the activation code). silu and gelu evaluate the same fp32 functions as
+silu_mul's and gelu_mul's gates, on CUDA and in Triton.
 
 Two layouts, as engines and model files hold them:
   one tensor   x = [..., 2 d], gate in the first half of the last dim, up in the second
@@ -17,6 +22,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from fray import _flat as F
 from fray import _plan as P
 from fray import _validate as V
 from fray import backend as B
@@ -24,10 +30,11 @@ from fray.reference import activation as ref
 from fray.reference import convert as C
 
 FAMILY = "activation"
-OPS = ("silu_mul", "gelu_mul")
-__all__ = ["silu_mul", "gelu_mul"]
-B.register_preference("silu_mul", ("cuda", "triton"))
-B.register_preference("gelu_mul", ("cuda", "triton"))
+UNARY_OPS = ("silu", "gelu", "relu", "tanh", "sigmoid")
+OPS = ("silu_mul", "gelu_mul") + UNARY_OPS
+__all__ = list(OPS)
+for _name in OPS:
+    B.register_preference(_name, ("cuda", "triton"))
 
 APPROXIMATIONS = ("none", "tanh")
 
@@ -242,6 +249,103 @@ def gelu_mul(x, up=None, *, approximate="none", out=None, backend="auto"):
 
 
 # ---------------------------------------------------------------------------------------------
+# the unary activations
+
+# Activation codes of cuda/activation/activation.h (enum Activation) and fray_triton.activation.
+_UNARY_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "tanh": 4, "sigmoid": 5}
+_UNARY_REFS = {"silu": ref.silu, "gelu": ref.gelu, "gelu_tanh": lambda g: ref.gelu(g, "tanh"), "relu": ref.relu,
+               "tanh": ref.tanh, "sigmoid": ref.sigmoid}
+
+
+@torch.library.custom_op("fray::unary", mutates_args=("out",))
+def _unary_op(x: torch.Tensor, out: torch.Tensor, act: str, backend: str) -> None:
+    _UNARY[act].launch((x,), out, (), backend)
+
+
+_unary_op.register_fake(lambda *args, **kwargs: None)
+
+
+def _triton_unary(code):
+    def launch(x, out, n):
+        from fray_triton import activation as tact
+        tact.unary(x, out, code, n)
+    return launch
+
+
+_UNARY = {name: F.FlatOp(name, FAMILY, ("x",), _UNARY_REFS[name], lambda ext: ext.unary, _triton_unary(code),
+                         custom_op=lambda x, out, backend, a=name: torch.ops.fray.unary(x, out, a, backend),
+                         ints=(code,), op="gelu" if name == "gelu_tanh" else name)
+          for name, code in _UNARY_CODES.items()}
+
+
+def silu(x, *, out=None, backend="auto"):
+    """silu(x) = x / (1 + exp(-x)), elementwise.
+
+    x: fp32/fp16/bf16, contiguous or any dense permutation of a contiguous layout (out shares it).
+    Math in fp32, one rounding to x's dtype. out: preallocated result, may be x itself (in place).
+    CUDA tensors run on the current stream without host synchronisation; CPU tensors and numpy
+    arrays run the float64 reference and come back in the input's dtype.
+    """
+    return _UNARY["silu"]((x,), out, (), backend)
+
+
+def gelu(x, *, approximate="none", out=None, backend="auto"):
+    """gelu(x), elementwise; layouts and arguments as in silu.
+
+    approximate="none": 0.5 x (1 + erf(x / sqrt(2))); "tanh": 0.5 x (1 + tanh(sqrt(2/pi) (x +
+    0.044715 x^3))), as torch.nn.functional.gelu's `approximate`.
+    """
+    approximate = _check_approximate(approximate)
+    return _UNARY["gelu" if approximate == "none" else "gelu_tanh"]((x,), out, (), backend)
+
+
+def relu(x, *, out=None, backend="auto"):
+    """relu(x) = max(x, 0), elementwise (NaN stays NaN); layouts and arguments as in silu."""
+    return _UNARY["relu"]((x,), out, (), backend)
+
+
+def tanh(x, *, out=None, backend="auto"):
+    """tanh(x), elementwise; layouts and arguments as in silu."""
+    return _UNARY["tanh"]((x,), out, (), backend)
+
+
+def sigmoid(x, *, out=None, backend="auto"):
+    """sigmoid(x) = 1 / (1 + exp(-x)), elementwise; layouts and arguments as in silu."""
+    return _UNARY["sigmoid"]((x,), out, (), backend)
+
+
+def _unary_check_cases(device):
+    from fray.testing import assert_close
+
+    def run(op, backend, dtype, rows, cols, dev):
+        x = (3 * torch.randn(rows, cols, device=dev)).to(dtype)
+        for name in (("gelu", "gelu_tanh") if op == "gelu" else (op,)):
+            want = _UNARY_REFS[name](x.double())
+            if backend == "triton-interpreter":
+                from fray_triton import activation as tact
+                y = torch.full_like(x, float("nan"))
+                tact.unary(x, y, _UNARY_CODES[name], x.numel())
+            else:
+                y = _UNARY[name]((x,), None, (), backend)
+            assert_close(y, want, dtype, name)
+
+    def hand():
+        x = np.array([-2.0, -0.0, 0.0, 1.0, np.nan])
+        np.testing.assert_array_equal(relu(x)[:4], [0.0, 0.0, 0.0, 1.0])
+        assert np.isnan(relu(x)[4])
+        np.testing.assert_allclose(sigmoid(np.array([0.0, 1.0])), [0.5, 0.7310585786], rtol=1e-10)
+        np.testing.assert_allclose(tanh(np.array([0.5])), [0.4621171573], rtol=1e-10)
+        np.testing.assert_allclose(silu(np.array([1.0])), [0.7310585786], rtol=1e-10)
+        np.testing.assert_allclose(gelu(np.array([1.0])), [0.8413447461], rtol=1e-10)
+        np.testing.assert_allclose(gelu(np.array([1.0]), approximate="tanh"), [0.8411919906], rtol=1e-10)
+
+    if device.type != "cuda":
+        return B.cpu_check_cases("+".join(UNARY_OPS), hand, UNARY_OPS,
+                                 lambda op, d, rows, cols: run(op, "triton-interpreter", d, rows, cols, "cpu"))
+    return B.gpu_check_cases(FAMILY, UNARY_OPS, device, ((1, 1), (3, 4097), (1024, 8192)), run)
+
+
+# ---------------------------------------------------------------------------------------------
 # `fray check` cases: (op, backend, dtype, shape, callable raising on a mismatch)
 
 def check_cases(device):
@@ -282,6 +386,8 @@ def check_cases(device):
                                    [0.8411919906], rtol=1e-10)
 
     if device.type != "cuda":
-        return B.cpu_check_cases("silu_mul+gelu_mul", hand, OPS,
-                                 lambda op, d, rows, cols: run(op, "triton-interpreter", d, rows, cols, "cpu"))
-    return B.gpu_check_cases(FAMILY, OPS, device, ((1, 1), (7, 4097), (1024, 8192)), run)
+        return B.cpu_check_cases("silu_mul+gelu_mul", hand, ("silu_mul", "gelu_mul"),
+                                 lambda op, d, rows, cols: run(op, "triton-interpreter", d, rows, cols, "cpu")) + \
+            _unary_check_cases(device)
+    return B.gpu_check_cases(FAMILY, ("silu_mul", "gelu_mul"), device, ((1, 1), (7, 4097), (1024, 8192)), run) + \
+        _unary_check_cases(device)

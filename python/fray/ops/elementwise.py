@@ -1,4 +1,8 @@
-"""The elementwise family: vector_add (out = a + b).
+"""The elementwise family: vector_add (out = a + b), mul (out = a * b) and axpy (out = a * x + b for
+scalars a and b: a scale and shift, the name and arguments fusedtok users know).
+
+mul and axpy are flat ops on the shared machinery of fray._flat (the layout rules below, custom
+ops fray::mul and fray::axpy); vector_add keeps its own path (its in-place custom op).
 
 Validation happens here, once; the kernels (cuda/elementwise, fray_triton.elementwise) see flat
 arrays and trust their inputs. The GPU entry points are torch custom ops (fray::vector_add, and
@@ -16,6 +20,7 @@ the argument) rather than silently copied.
 import numpy as np
 import torch
 
+from fray import _flat as F
 from fray import _plan as P
 from fray import _validate as V
 from fray import backend as B
@@ -23,9 +28,10 @@ from fray.reference import convert as C
 from fray.reference import elementwise as ref
 
 FAMILY = "elementwise"
-OPS = ("vector_add",)
-__all__ = ["vector_add"]
-B.register_preference("vector_add", ("cuda", "triton"))
+OPS = ("vector_add", "mul", "axpy")
+__all__ = list(OPS)
+for _name in OPS:
+    B.register_preference(_name, ("cuda", "triton"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -35,26 +41,7 @@ def _dtype_name(dtype):
     return str(dtype).replace("torch.", "")
 
 
-def _layout(name, t):
-    """The strides of t's non-trivial (size > 1) dims, after checking that t is dense: its
-    elements fill numel consecutive slots of memory (a permutation of a contiguous layout).
-    That holds iff every such stride is the product of the sizes of the dims with smaller
-    strides and no two are equal. (Pairwise comparisons rather than a sort: torch.compile
-    traces comparisons of symbolic sizes, not sorts of them.)"""
-    dims = [(size, st) for size, st in zip(t.shape, t.stride()) if size > 1]
-    for i, (_, st) in enumerate(dims):
-        expected = 1
-        for j, (size2, st2) in enumerate(dims):
-            if j != i and st2 == st:
-                expected = -1  # two dims on one stride: overlapping
-                break
-            if st2 < st:
-                expected *= size2
-        if st != expected:
-            raise ValueError(
-                "%s: expected a contiguous tensor (or a dense permutation of one, shared by a, b and "
-                "out); got shape %s with strides %s" % (name, tuple(t.shape), t.stride()))
-    return tuple(st for _, st in dims)
+_layout = F.dense_layout  # its error message names a, b and out: vector_add's arguments
 
 
 def _check_tensors(a, b, out):
@@ -93,14 +80,7 @@ def _check_out_overlap(a, b, out):
                              "exactly a or b)" % (name, name))
 
 
-def _overlaps_partially(x, y):
-    """True when x and y share memory but are not the same elements (same start, same layout)."""
-    if x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr():
-        return False
-    if x.data_ptr() == y.data_ptr():
-        return False  # same start, and the layouts were checked equal: the same elements
-    size = x.numel() * x.element_size()
-    return x.data_ptr() < y.data_ptr() + size and y.data_ptr() < x.data_ptr() + size
+_overlaps_partially = F.overlaps_partially
 
 
 def _check_arrays(a, b, out):
@@ -214,6 +194,66 @@ _compiling = P.compiling
 
 
 # ---------------------------------------------------------------------------------------------
+# mul and axpy
+
+def _triton_mul(a, b, out, n):
+    from fray_triton import elementwise as tew
+    tew.mul(a, b, out, n)
+
+
+def _triton_axpy(x, out, n, a, b):
+    from fray_triton import elementwise as tew
+    tew.axpy(x, out, n, a, b)
+
+
+@torch.library.custom_op("fray::mul", mutates_args=("out",))
+def _mul_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, backend: str) -> None:
+    _MUL.launch((a, b), out, (), backend)
+
+
+@torch.library.custom_op("fray::axpy", mutates_args=("out",))
+def _axpy_op(x: torch.Tensor, out: torch.Tensor, a: float, b: float, backend: str) -> None:
+    _AXPY.launch((x,), out, (a, b), backend)
+
+
+for _op in (_mul_op, _axpy_op):
+    _op.register_fake(lambda *args, **kwargs: None)
+
+_MUL = F.FlatOp("mul", FAMILY, ("a", "b"), ref.mul, lambda ext: ext.mul, _triton_mul,
+                custom_op=lambda a, b, out, backend: torch.ops.fray.mul(a, b, out, backend))
+_AXPY = F.FlatOp("axpy", FAMILY, ("x",), ref.axpy, lambda ext: ext.axpy, _triton_axpy,
+                 custom_op=lambda x, out, a, b, backend: torch.ops.fray.axpy(x, out, a, b, backend))
+
+
+def mul(a, b, *, out=None, backend="auto"):
+    """out = a * b, elementwise; shapes, dtypes, layouts, out and devices as in vector_add.
+
+    Math in fp32, one rounding to the dtype (bitwise what torch.mul gives).
+    """
+    return _MUL((a, b), out, (), backend)
+
+
+def _scalar(name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError("%s: expected a Python float, got %s" % (name, type(v).__name__))
+    v = float(v)
+    if not np.isfinite(np.float32(v)):
+        raise ValueError("%s: expected a value finite in fp32, got %r" % (name, v))
+    return v
+
+
+def axpy(x, a=1.0, b=0.0, *, out=None, backend="auto"):
+    """out = a * x + b, elementwise, for Python floats a and b (a scale and shift).
+
+    x: fp32/fp16/bf16, layouts, out and devices as in vector_add. a and b are rounded to fp32; the
+    kernels compute one fp32 fma(a, x, b) and round once to x's dtype (the float64 reference is
+    within half an fp32 ulp of that).
+    """
+    a, b = _scalar("a", a), _scalar("b", b)
+    return _AXPY((x,), out, (a, b), backend)
+
+
+# ---------------------------------------------------------------------------------------------
 # `fray check` cases: (op, backend, dtype, shape, callable raising on a mismatch)
 
 def check_cases(device):
@@ -236,13 +276,45 @@ def check_cases(device):
         y = vector_add(np.array([1.0, -2.5, 3.0]), np.array([0.5, 2.5, -4.0]))
         np.testing.assert_array_equal(y, [1.5, 0.0, -1.0])
 
+    def run_flat(op, backend, dtype, n, dev):
+        a = torch.randn(n, device=dev).to(dtype)
+        b = torch.randn(n, device=dev).to(dtype)
+        if op == "mul":
+            want = ref.mul(a.double(), b.double())
+        else:
+            want = ref.axpy(a.double(), -1.75, 0.3)
+        if backend == "triton-interpreter":
+            from fray_triton import elementwise as tew
+            y = torch.full_like(a, float("nan"))
+            tew.mul(a, b, y, n) if op == "mul" else tew.axpy(a, y, n, -1.75, 0.3)
+        else:
+            y = mul(a, b, backend=backend) if op == "mul" else axpy(a, -1.75, 0.3, backend=backend)
+        assert_close(y, want, dtype, op)
+
+    def hand_flat():
+        np.testing.assert_array_equal(mul(np.array([1.5, -2.0, 0.0]), np.array([2.0, 3.0, -1.0])), [3.0, -6.0, 0.0])
+        np.testing.assert_array_equal(axpy(np.array([1.0, -2.0]), 2.0, 0.5), [2.5, -3.5])
+
     cases = []
     if device.type != "cuda":
         cases.append(("vector_add", "reference", "fp64", "hand", hand))
+        cases.append(("mul+axpy", "reference", "fp64", "hand", hand_flat))
         for dtype in (torch.float32, torch.bfloat16):
             cases.append(("vector_add", "triton-interpreter", V.DTYPE_NAMES[dtype], "1000",
                           lambda d=dtype: run("triton-interpreter", d, 1000, "cpu")))
+            for op in ("mul", "axpy"):
+                cases.append((op, "triton-interpreter", V.DTYPE_NAMES[dtype], "1000",
+                              lambda o=op, d=dtype: run_flat(o, "triton-interpreter", d, 1000, "cpu")))
         return cases
+    for op in ("mul", "axpy"):
+        for backend, reason in B.available(op, FAMILY, device).items():
+            if reason is not None:
+                cases.append((op, backend, "-", "-", RuntimeError("unavailable: " + reason)))
+                continue
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                for n in (1, 4097, 1 << 20):
+                    cases.append((op, backend, V.DTYPE_NAMES[dtype], str(n),
+                                  lambda o=op, b=backend, d=dtype, k=n: run_flat(o, b, d, k, device)))
     for backend, reason in B.available("vector_add", FAMILY, device).items():
         if reason is not None:
             cases.append(("vector_add", backend, "-", "-", RuntimeError("unavailable: " + reason)))

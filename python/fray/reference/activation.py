@@ -3,6 +3,9 @@
 silu_mul(g, u)                      = g / (1 + exp(-g)) * u
 gelu_mul(g, u, approximate="none")  = 0.5 g (1 + erf(g / sqrt(2))) * u
 gelu_mul(g, u, approximate="tanh")  = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u
+relu(g)                             = max(g, 0) (NaN kept)
+tanh(g), sigmoid(g)                 = tanh(g), 1 / (1 + exp(-g))
+silu / gelu / relu / tanh / sigmoid are also the unary ops of the same names.
 split(x) gives (gate, up), the two halves of x's last dimension (the engines' fused layout).
 
 Inputs are float64 numpy arrays, or float64 torch tensors on any device (the GPU tests compute the
@@ -32,6 +35,21 @@ def gelu(g, approximate="none"):
     if approximate == "tanh":
         return 0.5 * g * (1.0 + _fn("tanh", SQRT_2_OVER_PI * (g + GELU_TANH_CUBIC * g * g * g)))
     return 0.5 * g * (1.0 + _fn("erf", g / math.sqrt(2.0)))
+
+
+def relu(g):
+    # where(g < 0, 0, g), not maximum: NaN stays NaN, as in the kernels and torch.relu
+    if isinstance(g, torch.Tensor):
+        return torch.where(g < 0, torch.zeros_like(g), g)
+    return np.where(g < 0, 0.0, g)
+
+
+def tanh(g):
+    return _fn("tanh", g)
+
+
+def sigmoid(g):
+    return 1.0 / (1.0 + _fn("exp", -g))
 
 
 def silu_mul(gate, up):

@@ -1,0 +1,1 @@
+"""Drop-in facades for users of other operator libraries: fray.compat.fusedtok."""
