@@ -135,7 +135,7 @@ class FlatOp:
             return P.CudaPlan(self.cuda(B.load_extension(self.family)), (n,) + self.ints + (V.DTYPE_CODES[x.dtype],),
                               scalars, x.device)
         triton, extra = self.triton, (n,) + tuple(scalars)
-        return P.TritonPlan(lambda *tensors: triton(*tensors, *extra), (), x.device)
+        return P.TritonPlan(lambda *tensors: triton(*tensors, *extra), x.device)
 
     def launch(self, inputs, out, scalars, backend):
         """Used by the custom op (out is never an input there)."""

@@ -122,7 +122,7 @@ class TritonPlan:
 
     __slots__ = ("fn", "args", "device")
 
-    def __init__(self, fn, args, device):
+    def __init__(self, fn, device, args=()):
         self.fn, self.args, self.device = fn, tuple(args), device
 
     def __call__(self, tensors):

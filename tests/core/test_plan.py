@@ -189,3 +189,18 @@ def test_sampling_plans_follow_the_launcher_slots(fake_cuda):
     assert i2 == (40, 0, 4, 40, False, 6, True) and f2 == (0, 0.25, 0.5)
     assert p3[1:] == ptr(ids, offs, rep, None, None) + sample_ptrs
     assert i3 == (40, 0, 4, 40, False, 6, True, 0, 0, 11) and f3 == (0, 0.25, 0.5, 0.7, 0.9, 0.05)
+
+
+def test_triton_plan_call_forms(monkeypatch):
+    """Every family builds its Triton plans as TritonPlan(fn, device) or TritonPlan(fn, device,
+    args); a plan calls fn(*tensors, *args) under the device guard. (The plans of the GPU path are
+    only reached with CUDA tensors, so this pins the constructor the call sites use.)"""
+    import contextlib
+
+    from fray import _plan as P
+    seen = []
+    monkeypatch.setattr(P.torch.cuda, "device", lambda d: (seen.append(d), contextlib.nullcontext())[1])
+    calls = []
+    P.TritonPlan(lambda *a: calls.append(a), "dev0")((1, 2))
+    P.TritonPlan(lambda *a: calls.append(a), "dev1", (3, 4))((1,))
+    assert calls == [(1, 2), (1, 3, 4)] and seen == ["dev0", "dev1"]

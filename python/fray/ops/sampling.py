@@ -347,7 +347,7 @@ def _argmax_plan(x, backend):
         return P.CudaPlan(B.load_extension(TOPK_FAMILY).argmax, (stride, V.DTYPE_CODES[x.dtype], rows, width), (),
                           x.device)
     from fray_triton import sampling as ts
-    return P.TritonPlan(ts.argmax, (stride, rows, width), x.device)
+    return P.TritonPlan(ts.argmax, x.device, (stride, rows, width))
 
 
 def _argmax_launch(plan, x, out):
