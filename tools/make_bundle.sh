@@ -30,5 +30,6 @@ if compgen -G ".whl/*.whl" >/dev/null; then cp .whl/*.whl "$DEST/wheels/"; fi
 # The JIT kernels include CUTLASS/CuTe from the nvidia-cutlass package, which the GPU machine lacks.
 compgen -G ".whl/nvidia_cutlass-*.whl" >/dev/null ||
   echo "make_bundle: warning: no .whl/nvidia_cutlass-*.whl (pip download --no-deps nvidia-cutlass -d .whl): JIT kernels that include CUTLASS will not compile there" >&2
-unzip -l "$DEST"/wheels/fray-*.whl | grep -q 'fray/_C/_norm.so' || { echo "make_bundle: extensions missing from the wheel" >&2; exit 1; }
+# (no grep -q: it exits at the first match, unzip dies of SIGPIPE and pipefail fails the check)
+unzip -l "$DEST"/wheels/fray-*.whl | grep 'fray/_C/_norm.so' >/dev/null || { echo "make_bundle: extensions missing from the wheel" >&2; exit 1; }
 echo "bundle staged in $DEST ($(du -sh "$DEST" | cut -f1), commit $commit)"
