@@ -30,8 +30,9 @@ struct ArgPack {
 namespace binder_detail {
 
 inline int tuple_size(PyObject* t, const char* what) {
-  if (!PyTuple_Check(t)) {
-    throw std::invalid_argument(std::string("fray: launcher ") + what + " must be a tuple");
+  if (!PyTuple_Check(t)) {  // a wrong type is a TypeError, as in Python
+    PyErr_Format(PyExc_TypeError, "fray: launcher %s must be a tuple, got %s", what, Py_TYPE(t)->tp_name);
+    throw pybind11::error_already_set();
   }
   const Py_ssize_t n = PyTuple_GET_SIZE(t);
   if (n > ArgPack::kMax) {

@@ -36,6 +36,21 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   return done != 0;
 }
 
+// The same at cluster scope (.acquire.cluster): for a barrier that other blocks of the cluster
+// complete (st.async's complete_tx releases at cluster scope), so that the writes those blocks
+// made before their release are visible here too, not only the pushed bytes.
+__device__ __forceinline__ bool mbar_try_wait_cluster(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+      "selp.u32 %0, 1, 0, p;\n\t}"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
 // Waits for the barrier's phase of the given parity to complete; the bytes its
 // copies wrote to shared memory are then visible to the waiting thread.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {

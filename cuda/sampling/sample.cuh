@@ -105,7 +105,13 @@ constexpr int kXMaxAt = 0;                   // [2 * C): (key, min bits) of bloc
 constexpr int kXMsgAt = 2 * 16;              // [2 + C): status / threshold, key range, block c's kept mass at 2 + c
 
 #ifndef FRAY_SAMPLE_EXTRA_BARRIERS
-#define FRAY_SAMPLE_EXTRA_BARRIERS 0  // 1: a cluster barrier where only pushed exchanges order phases
+// 1 (default): a cluster barrier between the top-k threshold and the top-p level, where block 0's
+// remote loads of the top-k candidate lists and the other blocks' top-p compaction into the same
+// lists are otherwise ordered only by the pushed exchanges (mbarrier phases), a chain
+// compute-sanitizer's racecheck does not follow (it reported the compaction's writes against
+// gather_lists' reads at decode_step 4 x 32000 on the H200, 2026-12-02). 0: without it (the
+// emulator's cuda/sampling/emu checks that ordering).
+#define FRAY_SAMPLE_EXTRA_BARRIERS 1
 #endif
 
 // Per-block scalars that live in shared memory (after the slice, histograms and candidates).
@@ -425,8 +431,11 @@ __device__ __forceinline__ void xchg_push(uint64_t* slot, uint64_t v, uint64_t* 
 }
 
 // Until every byte expected on `bar` (this row's phase) has landed; the data is then visible.
+// Cluster-scope acquire: the senders' own shared-memory writes before their push (a block's
+// candidate list, which block 0 then reads remotely) are ordered before what follows the wait.
 __device__ __forceinline__ void xchg_wait(uint64_t* bar) {
-  mbar_wait(bar, 0);
+  while (!mbar_try_wait_cluster(bar, 0)) {
+  }
 }
 
 // Whole cluster (C >= 2): select_bin's answer for the first-level selection k (0 top-k, 1 top-p)
@@ -861,8 +870,8 @@ __device__ __forceinline__ uint32_t threshold_cluster(uint64_t tgt, const T* dat
         // phase that needs a push block 0 issues after it (kXMsg + k to the others now, or
         // kXSel + 3 of the top-p selection), and st.async completes its bytes with release
         // semantics at cluster scope. racecheck does not follow that chain and reports gather_lists
-        // vs compact_candidates (70 x 131072 top-k past kSurvMax + top-p); building with
-        // FRAY_SAMPLE_EXTRA_BARRIERS=1 adds the cluster barrier that makes the order explicit.
+        // vs compact_candidates (70 x 131072 top-k past kSurvMax + top-p; decode_step 4 x 32000);
+        // FRAY_SAMPLE_EXTRA_BARRIERS (on by default) adds the cluster barrier that makes it explicit.
         gather_lists(cand, cand, kc.cnt, kc.incl, 1, C);  // its own list already leads
         __syncthreads();
         const uint32_t thr = refine<kMass>(kmin, kmax, tgt, data, nv, pred, cand, kc.total, r, hist, part, m, 1, 0);
@@ -1249,8 +1258,8 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
   }
 
 #if FRAY_SAMPLE_EXTRA_BARRIERS
-  // Off by default: the pushed exchanges already order block 0's remote loads of the top-k
-  // candidate lists before the top-p level's writes to them (see threshold_cluster).
+  // The pushed exchanges already order block 0's remote loads of the top-k candidate lists before
+  // the top-p level's writes to them (see threshold_cluster); this barrier makes it explicit.
   if (C > 1 && thr_k != 0u) cluster.sync();
 #endif
   // ---- top-p over the top-k survivors: first level masses by value bin of (max - l) / T.

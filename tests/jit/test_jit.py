@@ -481,10 +481,11 @@ def test_gpu_second_process_finds_the_cache_warm(cache, cuda, tmp_path):
     script = tmp_path / "warm.py"
     script.write_text(_WARM % {"path": [p for p in sys.path if p]})
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, FRAY_CACHE_DIR=str(cache)),
+                         env=dict(os.environ, FRAY_CACHE_DIR=str(cache), FRAY_JIT_DEBUG="1"),
                          cwd=os.path.dirname(os.path.abspath(__file__)))
     assert out.returncode == 0, out.stderr
-    assert "compiling" not in out.stderr  # quiet on a hit
+    # FRAY_JIT_DEBUG prints why an entry was not taken ("building <entry>: <problem>")
+    assert "compiling" not in out.stderr, (out.stderr[-3000:], sorted(os.listdir(cache / "jit")))
     r = json.loads(out.stdout.strip().splitlines()[-1])
     print("warm-cache load of the tiny kernel: %.1f ms" % (1e3 * r["load_s"]))
     assert r["ok"] and r["compiles"] == 0
@@ -543,3 +544,14 @@ def test_gpu_tune_jit_candidates_end_to_end(cache, cuda, monkeypatch, capfd):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out[:4096].cpu().to(torch.int64) & 0xFFFFFFFF, want)
+
+
+def test_cutlass_found_through_frays_own_headers(cache, monkeypatch):
+    """A GEMM unit includes only cuda/gemm/gemm_sm90.cuh, which includes cute/: the CUTLASS include
+    path must follow Fray's headers (without it nvcc fails with 'cute/tensor.hpp: No such file')."""
+    assert jit._uses_cutlass('#include "cuda/gemm/gemm_sm90.cuh"\n')
+    assert not jit._uses_cutlass('#include "cuda/common/launch_abi.h"\n#include <cuda_runtime.h>\n')
+    monkeypatch.setattr(jit, "cutlass_include", lambda: None)
+    with pytest.raises(RuntimeError, match="pip install nvidia-cutlass"):
+        jit.compile_only("tiny_gemm_include", tiny_kernel.source(include='#include "cuda/gemm/gemm_sm90.cuh"'))
+    assert jit.stats["compiles"] == 0

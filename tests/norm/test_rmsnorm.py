@@ -157,7 +157,7 @@ def test_generic_binder_refuses_malformed_calls():
     ext = B.load_extension("norm")
     with pytest.raises(ValueError, match="rmsnorm expects 5 ptrs, 8 ints, 2 floats; got 4, 8, 2"):
         ext.rmsnorm((0, 0, 0, 0), (8, 8, 0, 0, 1, 8, 2, 2), (1e-6, 0.0), 0, 0)
-    with pytest.raises(ValueError, match="ints must be a tuple"):
+    with pytest.raises(TypeError, match="ints must be a tuple, got list"):
         ext.layernorm((0, 0, 0, 0), [8, 8, 1, 8, 2, 2], (1e-5,), 0, 0)
     with pytest.raises(TypeError, match="takes .ptrs, ints, floats, device, stream., got 4"):
         ext.layernorm((0, 0, 0, 0), (8, 8, 1, 8, 2, 2), (1e-5,), 0)

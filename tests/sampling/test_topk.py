@@ -727,8 +727,10 @@ def test_gpu_stream_rank_keys(cuda, dtype):
             keys = torch.full((rows, k), -1, dtype=torch.int64, device=cuda)
             vals = torch.empty((rows, k), dtype=dtype, device=cuda)
             idx = torch.empty((rows, k), dtype=torch.int64, device=cuda)
-            ext.topk(x.data_ptr(), x.stride(0), _CODES[dtype], rows, 131072, k, largest, False, vals.data_ptr(),
-                     idx.data_ptr(), keys.data_ptr(), cuda.index or 0, torch.cuda.current_stream().cuda_stream)
+            # Launcher slots: cuda/topk/topk.h (ptrs x, values, indices, rank_keys; ints x_row_stride,
+            # dtype, rows, width, k, largest, sorted).
+            ext.topk((x, vals, idx, keys), (x.stride(0), _CODES[dtype], rows, 131072, k, largest, False), (),
+                     cuda.index or 0, torch.cuda.current_stream().cuda_stream)
             torch.cuda.synchronize()
             exp = ref.topk_indices(x.double().cpu().numpy(), k, largest)
             got = keys.cpu().numpy()

@@ -41,8 +41,7 @@ def _round(v, dtype: tl.constexpr):
         return v.to(dtype)
 
 
-@triton.jit
-def _rmsnorm_tile_kernel(
+def _rmsnorm_tile(
     X, R, W, Y, S,
     stride_x, stride_r, stride_y, stride_s,
     n_rows, n_cols, eps, w_offset,
@@ -70,8 +69,7 @@ def _rmsnorm_tile_kernel(
     tl.store(Y + rows64[:, None] * stride_y + cols[None, :], _round(y, Y.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _rmsnorm_loop_kernel(
+def _rmsnorm_loop(
     X, R, W, Y, S,
     stride_x, stride_r, stride_y, stride_s,
     n_rows, n_cols, eps, w_offset,
@@ -106,6 +104,25 @@ def _rmsnorm_loop_kernel(
         tl.store(Y + row * stride_y + c, _round(xf * rstd * w, Y.dtype.element_ty), mask=m)
 
 
+# Each kernel twice. Triton picks a memory op's vector width from the alignment it specialised on
+# (16-byte pointers, strides that are multiples of 16), and the layout of the whole row follows
+# the widest access, the stores to Y / S included; the layout fixes the order of the row's
+# sum of squares. So a call whose output alone differs in alignment (add_rmsnorm in place on a
+# 6-byte-offset view: Y = X) would round rstd differently from the same call out of place. Calls
+# whose every pointer and row stride is aligned take the specialised kernel; any other call takes
+# the variant that specialises on no alignment (scalar accesses), so its result depends on the
+# values alone, never on which buffer is the output.
+_ALIGN_ARGS = ["X", "R", "W", "Y", "S", "stride_x", "stride_r", "stride_y", "stride_s"]
+_rmsnorm_tile_kernel = triton.jit(_rmsnorm_tile)
+_rmsnorm_tile_kernel_any = triton.jit(_rmsnorm_tile, do_not_specialize_on_alignment=_ALIGN_ARGS)
+_rmsnorm_loop_kernel = triton.jit(_rmsnorm_loop)
+_rmsnorm_loop_kernel_any = triton.jit(_rmsnorm_loop, do_not_specialize_on_alignment=_ALIGN_ARGS)
+
+
+def _aligned(tensors, strides):
+    return all(t.data_ptr() % 16 == 0 for t in tensors) and all(s % 16 == 0 for s in strides)
+
+
 def _num_warps(elems):
     # About 16 elements per thread: enough independent loads in flight, few registers.
     return max(4, min(16, next_power_of_2(elems) // 512))
@@ -115,16 +132,17 @@ def _launch(x, r, w, y, s, sx, sr, sy, ss, n_rows, n_cols, eps, w_offset):
     has_res = r is not None
     if r is None:
         r, s, sr, ss = x, y, 0, 0
+    aligned = _aligned((x, r, w, y, s), (sx, sr, sy, ss))
     if n_cols <= MAX_SINGLE_BLOCK:
         block = next_power_of_2(n_cols)
         rows = max(1, min(64, ROW_PACK_ELEMS // block))
         rows = min(rows, next_power_of_2(n_rows))
         grid = (cdiv(n_rows, rows),)
-        _rmsnorm_tile_kernel[grid](
+        (_rmsnorm_tile_kernel if aligned else _rmsnorm_tile_kernel_any)[grid](
             x, r, w, y, s, sx, sr, sy, ss, n_rows, n_cols, eps, w_offset,
             HAS_RESIDUAL=has_res, BLOCK_N=block, ROWS=rows, num_warps=_num_warps(block * rows))
     else:
-        _rmsnorm_loop_kernel[(n_rows,)](
+        (_rmsnorm_loop_kernel if aligned else _rmsnorm_loop_kernel_any)[(n_rows,)](
             x, r, w, y, s, sx, sr, sy, ss, n_rows, n_cols, eps, w_offset,
             HAS_RESIDUAL=has_res, BLOCK_N=LOOP_BLOCK, num_warps=_num_warps(LOOP_BLOCK))
 

@@ -2,7 +2,7 @@
 # Builds and runs the CPU SIMT emulation of the sampling kernel (see README.md).
 #   bash cuda/sampling/emu/run.sh          # every case (about four minutes)
 #   bash cuda/sampling/emu/run.sh 7        # one case by index
-#   EMU_CXXFLAGS=-DFRAY_SAMPLE_EXTRA_BARRIERS=1 bash cuda/sampling/emu/run.sh   # with the extra barriers
+#   EMU_CXXFLAGS=-DFRAY_SAMPLE_EXTRA_BARRIERS=0 bash cuda/sampling/emu/run.sh   # without the extra barrier (on by default)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cuda=${CUDA_HOME:-/usr/local/cuda}

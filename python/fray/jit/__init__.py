@@ -189,8 +189,29 @@ def _fray_version():
 
 # --- the command and the key -----------------------------------------------------------------
 
-def _uses_cutlass(source):
-    return re.search(r'#\s*include\s*[<"](cutlass|cute)/', source) is not None
+_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+
+
+def _uses_cutlass(source, _seen=None):
+    """Whether the unit includes CUTLASS/CuTe, directly or through Fray's own headers (a GEMM unit
+    includes only cuda/gemm/gemm_sm90.cuh, which includes cute/): those are followed under
+    include_root(), each once."""
+    seen = set() if _seen is None else _seen
+    for name in _INCLUDE.findall(source):
+        if name.startswith(("cutlass/", "cute/")):
+            return True
+        if not name.startswith("cuda/") or name in seen:
+            continue
+        seen.add(name)
+        path = os.path.join(include_root(), name)
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError:
+            continue
+        if _uses_cutlass(text, seen):
+            return True
+    return False
 
 
 def _command(nvcc, arch, flags, source):
@@ -443,7 +464,7 @@ def _compile_cached(name, source, arch, flags):
             return entry / _SO, key
         if problem != "no entry":
             _count("rebuilds")
-            _debug("rebuilding %s: %s" % (entry.name, problem))
+        _debug("building %s: %s" % (entry, problem))
         _compile(name, source, cmd, key, entry, root, nvcc)
     return entry / _SO, key
 
