@@ -105,12 +105,12 @@ constexpr int kXMaxAt = 0;                   // [2 * C): (key, min bits) of bloc
 constexpr int kXMsgAt = 2 * 16;              // [2 + C): status / threshold, key range, block c's kept mass at 2 + c
 
 #ifndef FRAY_SAMPLE_EXTRA_BARRIERS
-// 1 (default): a cluster barrier between the top-k threshold and the top-p level, where block 0's
-// remote loads of the top-k candidate lists and the other blocks' top-p compaction into the same
-// lists are otherwise ordered only by the pushed exchanges (mbarrier phases), a chain
-// compute-sanitizer's racecheck does not follow (it reported the compaction's writes against
-// gather_lists' reads at decode_step 4 x 32000 on the H200, 2026-12-02). 0: without it (the
-// emulator's cuda/sampling/emu checks that ordering).
+// 1 (default): cluster barriers where block 0's remote loads of the other blocks' candidate lists
+// (gather_lists) are otherwise ordered only by the pushed exchanges (mbarrier phases), a chain
+// compute-sanitizer's racecheck does not follow (it reported the lists' writes in
+// compact_candidates against gather_lists' reads at decode_step 4 x 32000 on the H200,
+// 2026-12-02): after each threshold's compaction, and between the top-k threshold and the top-p
+// level. 0: without them (the emulator, cuda/sampling/emu, checks the exchanges' ordering).
 #define FRAY_SAMPLE_EXTRA_BARRIERS 1
 #endif
 
@@ -825,6 +825,13 @@ __device__ __forceinline__ uint32_t threshold_cluster(uint64_t tgt, const T* dat
   // threshold_cluster hazard)
   uint32_t ncand;
   compact_candidates(data, nv, pred, cand, m, lo, hi, ncand, k == 1 && want_totals);
+#if FRAY_SAMPLE_EXTRA_BARRIERS
+  // Every block's list is complete before block 0 may read it remotely (gather_lists). The push
+  // below already orders it (the senders' complete_tx releases at cluster scope, xchg_wait
+  // acquires at cluster scope), which racecheck does not model: it reported the lists' writes
+  // against gather_lists' reads at decode_step 4 x 32000 (H200, 2026-12-02).
+  if (C > 1) cluster.sync();
+#endif
   uint64_t* const bar_hdr = &m->xbar[kXHdr + k];
   uint64_t* const bar_msg = &m->xbar[kXMsg + k];
   const int words = want_totals ? 2 + C : 2;
