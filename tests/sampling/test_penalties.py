@@ -251,3 +251,33 @@ def test_gpu_decode_step_is_two_kernel_launches(cuda):
         pytest.skip("the profiler recorded no CUDA kernels (CUPTI unavailable)")
     assert len(kernels) == 2, kernels
     assert any("penalty" in k for k in kernels) and any("sample" in k for k in kernels), kernels
+
+
+def test_numpy_in_numpy_out():
+    """numpy arrays take the CPU path like every op: penalties in place on the array itself, the
+    samplers' outputs as numpy arrays equal to the tensor path's; a read-only array is refused."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 50)).astype(np.float32)
+    ids = np.array([1, 2, 2, 40, 7], dtype=np.int64)
+    offs = np.array([0, 2, 4, 5], dtype=np.int64)
+    t = torch.from_numpy(x.copy())
+    fray.apply_penalties(t, torch.from_numpy(ids), torch.from_numpy(offs), repetition=1.3, presence=0.2)
+    a = x.copy()
+    assert fray.apply_penalties(a, ids, offs, repetition=1.3, presence=0.2) is a
+    np.testing.assert_array_equal(a, t.numpy())
+    tok, lp = fray.sample(a, temperature=0.7, top_p=0.9, seeds=np.array([1, 2, 3]), offsets=0, return_logprobs=True)
+    etok, elp = fray.sample(t, temperature=0.7, top_p=0.9, seeds=torch.tensor([1, 2, 3]), offsets=0,
+                            return_logprobs=True)
+    assert isinstance(tok, np.ndarray) and tok.dtype == np.int64 and lp.dtype == np.float32
+    np.testing.assert_array_equal(tok, etok.numpy())
+    np.testing.assert_array_equal(lp, elp.numpy())
+    b = x.copy()
+    dtok = fray.decode_step(b, ids, offs, repetition=1.3, presence=0.2, temperature=0.7, top_p=0.9,
+                            seeds=np.array([1, 2, 3]), offsets=0)
+    np.testing.assert_array_equal(b, t.numpy())
+    np.testing.assert_array_equal(dtok, etok.numpy())
+    ro = x.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        fray.apply_penalties(ro, ids, offs, repetition=1.3)
+    fray.sample(ro, temperature=0.7, seeds=1, offsets=0)  # reading a read-only array is fine

@@ -627,6 +627,24 @@ def _check_sample_common(logits, return_logprobs, backend):
         _check_cuda_width(logits, backend)
 
 
+def _from_numpy(v):
+    """A numpy argument as the CPU tensor sharing its memory (writes reach the array); else v."""
+    if not V.is_array(v):
+        return v
+    if not v.flags.writeable:
+        v = v.copy()  # only inputs are read-only in practice; torch refuses to share such memory silently
+    return torch.from_numpy(v)
+
+
+def _require_writable_array(logits):
+    if not logits.flags.writeable:
+        raise ValueError("logits: the numpy array is read-only, and the penalties are applied in place on it")
+
+
+def _numpy_out(result):
+    return tuple(t.numpy() for t in result) if isinstance(result, tuple) else result.numpy()
+
+
 def sample(logits, *, temperature, top_k=None, top_p=None, min_p=None, seeds, offsets,
            return_logprobs=False, backend="auto"):
     """One token per row of logits [B, V] (fp32 or bf16): int64 [B] (and fp32 logprobs [B]).
@@ -640,6 +658,10 @@ def sample(logits, *, temperature, top_k=None, top_p=None, min_p=None, seeds, of
     CUDA_SAMPLE_MAX_WIDTH; Python-scalar parameters are passed by value, no [B] tensor is built),
     "triton", or "auto" (CUDA first, Triton for wider rows).
     """
+    if V.is_array(logits):  # numpy in, numpy out: the CPU path on tensors sharing the arrays' memory
+        return _numpy_out(sample(_from_numpy(logits), temperature=_from_numpy(temperature), top_k=_from_numpy(top_k),
+                                 top_p=_from_numpy(top_p), min_p=_from_numpy(min_p), seeds=_from_numpy(seeds),
+                                 offsets=_from_numpy(offsets), return_logprobs=return_logprobs, backend=backend))
     raw = (temperature, top_k, top_p, min_p, seeds, offsets)
     key = None
     if not _compiling():  # a GPU call validated once per signature (CPU parameter values are checked per call)
@@ -786,6 +808,12 @@ def apply_penalties(logits, token_ids, token_offsets, *, repetition=1.0, presenc
     For each distinct id with count n: l = l / rep if l > 0 else l * rep, then l -= presence,
     then l -= n * frequency; fp32 math, one rounding. Ids outside [0, V) raise on the CPU and are
     ignored on the GPU (checking them there would need a host sync)."""
+    if V.is_array(logits):  # numpy in, numpy out: in place on the array itself (a tensor sharing its memory)
+        _require_writable_array(logits)
+        apply_penalties(_from_numpy(logits), _from_numpy(token_ids), _from_numpy(token_offsets),
+                        repetition=_from_numpy(repetition), presence=_from_numpy(presence),
+                        frequency=_from_numpy(frequency), backend=backend)
+        return logits
     raw = (repetition, presence, frequency)
     key = None
     if not _compiling():  # a GPU call validated once per signature (CPU history values are checked per call)
@@ -815,6 +843,14 @@ def decode_step(logits, token_ids, token_offsets, *, repetition=1.0, presence=0.
     (and logprobs). Everything is validated before logits are touched. On CUDA tensors with the
     "cuda" backend: exactly two kernel launches (penalties, then sampling), no host sync, no
     allocation beyond the outputs; graph-capturable (bump `offsets` in place between replays)."""
+    if V.is_array(logits):  # numpy in, numpy out (penalties in place on the array itself)
+        _require_writable_array(logits)
+        return _numpy_out(decode_step(
+            _from_numpy(logits), _from_numpy(token_ids), _from_numpy(token_offsets),
+            repetition=_from_numpy(repetition), presence=_from_numpy(presence), frequency=_from_numpy(frequency),
+            temperature=_from_numpy(temperature), top_k=_from_numpy(top_k), top_p=_from_numpy(top_p),
+            min_p=_from_numpy(min_p), seeds=_from_numpy(seeds), offsets=_from_numpy(offsets),
+            return_logprobs=return_logprobs, backend=backend))
     raw_pen, raw = (repetition, presence, frequency), (temperature, top_k, top_p, min_p, seeds, offsets)
     key = None
     if not _compiling():  # a GPU call validated once per signature
