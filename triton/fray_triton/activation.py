@@ -20,6 +20,8 @@ cheaper closed-form Phi for 16-bit ones (see _activate).
 import triton
 import triton.language as tl
 
+from fray_triton import _flat
+from fray_triton._flat import flat_range
 from fray_triton._host import cdiv, next_power_of_2
 
 from fray_triton.norm import _round
@@ -129,22 +131,10 @@ def gelu_mul(gate, up, out, approximate, gate_row_stride, up_row_stride, out_row
     act_mul(gate, up, out, act, gate_row_stride, up_row_stride, out_row_stride, n_rows, n_cols)
 
 
-# The unary activations over flat, dense arrays: the streaming shape of fray_triton.elementwise
-# (4096 elements and 4 warps a program: 32 elements a thread, enough 16-byte loads in flight).
-UNARY_BLOCK = 4096
-UNARY_NUM_WARPS = 4
-_INT32_LIMIT = 2 ** 31 - 1
-
-
+# The unary activations over flat, dense arrays, in fray_triton._flat's streaming shape.
 @triton.jit
 def _unary_kernel(X, OUT, n, ACT: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr):
-    pid = tl.program_id(0)
-    if WIDE:
-        start = pid.to(tl.int64) * BLOCK
-    else:
-        start = pid * BLOCK
-    offs = start + tl.arange(0, BLOCK)
-    mask = offs < n
+    offs, mask = flat_range(n, BLOCK, WIDE)
     g = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     y = _activate(g, ACT, OUT.dtype.element_ty)
     tl.store(OUT + offs, _round(y, OUT.dtype.element_ty), mask=mask)
@@ -153,6 +143,4 @@ def _unary_kernel(X, OUT, n, ACT: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.co
 def unary(x, out, act, n):
     """Launch on the current stream: out = act(x) over the n elements of the flat storage of two
     dense tensors of one layout and dtype (out may be x)."""
-    grid = (cdiv(n, UNARY_BLOCK),)
-    _unary_kernel[grid](x, out, n, ACT=act, BLOCK=UNARY_BLOCK, WIDE=n + UNARY_BLOCK > _INT32_LIMIT,
-                        num_warps=UNARY_NUM_WARPS)
+    _flat.launch(_unary_kernel, n, x, out, n, ACT=act)
