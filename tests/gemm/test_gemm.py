@@ -159,14 +159,14 @@ def test_configuration_tables():
             for layout in G.LAYOUTS:
                 for bias in (False, True):
                     names = set()
-                    for c in G.SM90_LARGE + G.SM90_SMALL + G.small_m_candidates(1) + G.small_m_candidates(20):
+                    for c in G.SM90_LARGE + G.SM90_SMALL + G.small_m_candidates(1) + G.small_m_candidates(16) + G.small_m_candidates(20):
                         name, src = G.kernel_source(c, dtype, odt, layout, bias)
                         jit._check_name(name)
                         assert "FRAY_GEMM" in src and "using Config" in src
                         names.add(name)
                     assert len(names) == len({tune.config_label(c) for c in
                                               G.SM90_LARGE + G.SM90_SMALL + G.small_m_candidates(1) +
-                                              G.small_m_candidates(20)})
+                                              G.small_m_candidates(16) + G.small_m_candidates(20)})
     for m in (1, 8, 9, 16, 17, 32):
         assert G._heuristic_small_m(m) in G.small_m_candidates(m)
     assert G._heuristic_sm90(4096) in G.SM90_LARGE and G._heuristic_sm90(128) in G.SM90_SMALL
@@ -268,6 +268,15 @@ def test_small_m_tu_compiles_for_sm90a(tmp_path, monkeypatch):
     sass = subprocess.run([tool, "--dump-sass", str(so)], capture_output=True, text=True).stdout
     assert set(re.findall(r"arch = (sm_\w+)", sass)) == {"sm_90a"}, sass[:500]
     assert "HMMA.16816.F32.BF16" in sass  # the tensor-core mma.sync, not a scalar fallback
+    # The bulk-copy kernel's TU, one of the M <= 16 tuning candidates.
+    bulk = [c for c in G.small_m_candidates(16) if c["kernel"] == "small_m_bulk"]
+    assert bulk and all(c["mtiles"] == 2 for c in bulk)
+    assert all(c["kernel"] == "small_m" for c in G.small_m_candidates(20))  # M > 16: per-thread only
+    name, src = G.kernel_source(bulk[0], torch.float16, torch.float32, "nk", False)
+    lib = ctypes.CDLL(str(jit.compile_only(name, src)))
+    lib.fray_jit_describe.restype = ctypes.c_char_p
+    assert lib.fray_jit_describe().decode() == ("gemm_small_m bulk fp16 b=nk out=fp32 m<=16 rows=16 warps=1+4 "
+                                                "tile_k=512 stages=4 split_k=1 x=global")
 
 
 # ---------------------------------------------------------------------------------------------

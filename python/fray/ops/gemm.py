@@ -107,13 +107,28 @@ SM90_SMALL = [
 _SMALL_SHAPES = ((16, 4, 0), (8, 2, 4), (8, 4, 3), (8, 4, 0), (16, 2, 4))
 
 
+def _bulk(mtiles, rowtiles, warps, tile_k, stages, split_k):
+    """The bulk-copy small-M kernel (SmallMBulkConfig: a cp.async.bulk ring of b's rows fed by one
+    producer warp, `warps` consumer warps, 16 * rowtiles rows of b a CTA, split-K over a cluster)."""
+    return {"kernel": "small_m_bulk", "mtiles": mtiles, "rowtiles": rowtiles, "warps": warps, "tile_k": tile_k,
+            "stages": stages, "split_k": split_k}
+
+
+# The bulk kernel's best configurations in the harness at 42cf31e (2026-12-02: 17.0 us at
+# 1x4096x4096 against the per-thread kernel's 17.3 and cuBLAS's 18.5; 20.6 / 52.1 us at
+# 16x4096x4096 / 16x14336x4096 against 25.2 / 56.5): tuning candidates beside the per-thread ones
+# for M <= 16 (bench/NOTES.md, GEMM). Not yet the heuristic: the op has not run them on the GPU.
+_BULK_SHAPES = {1: ((1, 8, 1024, 3, 1), (1, 4, 512, 4, 1)),
+                2: ((1, 4, 512, 4, 1), (1, 4, 512, 6, 1), (1, 8, 1024, 3, 1))}
+
+
 def _small_mtiles(m):
     return 1 if m <= 8 else 2 if m <= 16 else 4
 
 
 def small_m_candidates(m):
     mt = _small_mtiles(m)
-    return [_small(mt, w, u, s) for w, u, s in _SMALL_SHAPES]
+    return [_small(mt, w, u, s) for w, u, s in _SMALL_SHAPES] + [_bulk(mt, *c) for c in _BULK_SHAPES.get(mt, ())]
 
 
 def _heuristic_sm90(m):
@@ -141,6 +156,16 @@ def kernel_source(config, dtype, out_dtype, layout, bias):
                "using Config = fray::gemm::small_m::SmallMConfig<%s, %s, %s, %d, %d, %d, %d>;\n"
                "FRAY_GEMM_SMALL_M_ENTRY(Config)\n" % (_NT[dtype], _NT[out_dtype], b, config["mtiles"],
                                                        config["warps"], config["unroll"], config["stages"]))
+        return name, src
+    if config["kernel"] == "small_m_bulk":
+        name = "gemm_small_m_bulk_%s_%s%s_m%d_r%d_w%d_k%d_s%d_z%d" % (
+            V.DTYPE_NAMES[dtype], V.DTYPE_NAMES[out_dtype], "_bias" if bias else "", config["mtiles"] * 8,
+            config["rowtiles"] * 16, config["warps"], config["tile_k"], config["stages"], config["split_k"])
+        src = ('#include "cuda/gemm/gemm_small_m.cuh"\n'
+               "using Config = fray::gemm::small_m::SmallMBulkConfig<%s, %s, %s, %d, %d, %d, %d, %d, %d, false>;\n"
+               "FRAY_GEMM_SMALL_M_ENTRY(Config)\n" % (_NT[dtype], _NT[out_dtype], b, config["mtiles"], config["rowtiles"],
+                                                       config["warps"], config["tile_k"], config["stages"],
+                                                       config["split_k"]))
         return name, src
     tm, tn, tk = _pair(config["tile"])
     cm, cn = _pair(config["cluster"])
