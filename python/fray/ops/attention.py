@@ -997,8 +997,9 @@ def _random_case(dtype, dev, batch=2, hq=4, hkv=2, capacity=37, d=64, page=16, l
 
 def check_cases(device):
     """On a GPU: CUDA and Triton x dtype x layout (contiguous HND/NHD, paged) against the
-    reference, and kv_append(_paged) of both backends. On the CPU: the reference against
-    hand-computed values and the Triton kernels under the interpreter."""
+    reference, kv_append(_paged) of both backends, and prefill_attention (varlen, chunked, empty
+    sequences) of each backend it has. On the CPU: the references against hand-computed values
+    and the Triton kernels under the interpreter."""
     from fray.testing import assert_close
 
     def run(dtype, paged, nhd, dev, interpreter, backend="triton"):
@@ -1040,9 +1041,52 @@ def check_cases(device):
         y, lse = decode_attention(q, k, v, np.array([0]), return_lse=True)
         assert (y == 0).all() and lse[0, 0] == -np.inf
 
+    def prefill_run(dtype, dev, interpreter, backend="triton"):
+        lens_q, lens_k = (1, 17, 0, 40, 6), (1, 30, 5, 40, 0)  # chunked, empty q, empty k
+        g = torch.Generator(device=dev).manual_seed(2)
+        q = torch.randn(sum(lens_q), 4, 64, device=dev, generator=g).to(dtype)
+        k = torch.randn(sum(lens_k), 2, 64, device=dev, generator=g).to(dtype)
+        v = torch.randn(sum(lens_k), 2, 64, device=dev, generator=g).to(dtype)
+        cu_q = torch.tensor(np.cumsum((0,) + lens_q), dtype=torch.int32, device=dev)
+        cu_k = torch.tensor(np.cumsum((0,) + lens_k), dtype=torch.int32, device=dev)
+        e, el, mag = ref.prefill_attention(C.to_f64(q), C.to_f64(k), C.to_f64(v), cu_q.tolist(), cu_k.tolist())
+        if interpreter:
+            from fray_triton import prefill_attention as tprefill
+            out = torch.full_like(q, float("nan"))
+            lse = torch.full((4, q.shape[0]), float("nan"))
+            tprefill.prefill(q, k, v, out, lse, cu_q, cu_k, 0.125, causal=True, batch=5, max_seqlen_q=40, seqlen_k=0,
+                             q_strides=(0,) + q.stride()[:2], k_strides=(0,) + k.stride()[:2],
+                             v_strides=(0,) + v.stride()[:2], out_strides=(0,) + out.stride()[:2],
+                             lse_strides=(0, lse.stride(0)), block_m=16, block_n=16)
+        else:
+            out, lse = prefill_attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=40,
+                                         max_seqlen_k=40, return_lse=True, backend=backend)
+        assert_close(out, e, dtype, "prefill", scale=mag)
+        lse, empty = lse.cpu(), torch.from_numpy(np.isinf(el))
+        if not torch.equal(torch.isinf(lse) & (lse < 0), empty):
+            raise AssertionError("prefill: the lse -inf rows differ from the reference")
+        assert_close(lse[~empty], torch.from_numpy(el)[~empty], torch.float32, "prefill lse")
+
+    def prefill_hand():
+        q, k, v = np.ones((2, 1, 64)), np.zeros((3, 1, 64)), np.zeros((3, 1, 64))
+        v[:, 0, :] = np.array([2.0, 4.0, 8.0])[:, None]
+        # equal keys, causal bottom-right: query 0 sees keys 0, 1 (mean 3), query 1 all three
+        y, lse = prefill_attention(q, k, v, cu_seqlens_q=np.array([0, 2]), cu_seqlens_k=np.array([0, 3]),
+                                   return_lse=True)
+        np.testing.assert_allclose(y[:, 0, 0], [3.0, 14.0 / 3.0], rtol=1e-15)
+        np.testing.assert_allclose(lse[0], [math.log(2.0), math.log(3.0)], rtol=1e-15)
+        y, lse = prefill_attention(q, k[:0], v[:0], cu_seqlens_q=np.array([0, 2]), cu_seqlens_k=np.array([0, 0]),
+                                   return_lse=True)
+        assert (y == 0).all() and (lse == -np.inf).all()
+
+    prefill_shape = "varlen q 1,17,0,40,6 k 1,30,5,40,0 Hq4 Hkv2 D64"
     cases = []
     if device.type != "cuda":
         cases.append(("decode_attention", "reference", "fp64", "hand", hand))
+        cases.append(("prefill_attention", "reference", "fp64", "hand", prefill_hand))
+        for dtype in (torch.float32, torch.bfloat16):
+            cases.append(("prefill_attention", "triton-interpreter", V.DTYPE_NAMES[dtype], prefill_shape,
+                          lambda d=dtype: prefill_run(d, "cpu", True)))
         for dtype in (torch.float32, torch.bfloat16):
             for paged in (False, True):
                 cases.append(("paged_decode_attention" if paged else "decode_attention", "triton-interpreter",
@@ -1074,6 +1118,10 @@ def check_cases(device):
                 continue
             for dtype in (torch.float32, torch.float16, torch.bfloat16):
                 name = V.DTYPE_NAMES[dtype]
+                if op == "prefill_attention":
+                    cases.append((op, backend, name, prefill_shape,
+                                  lambda d=dtype, b=backend: prefill_run(d, device, False, b)))
+                    continue
                 if op.startswith("kv_append"):
                     cases.append((op, backend, name, "2x2x37x64",
                                   lambda d=dtype, p=op == "kv_append_paged", b=backend: append(d, p, b)))
