@@ -447,7 +447,8 @@ def test_gpu_batched_vs_sdpa(cuda, causal, dtype):
     assert_close(y, e, dtype, "batched causal=%s" % causal, scale=mag)
     peer = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
                                           enable_gqa=True).transpose(1, 2)
-    assert_close(y.double(), peer.double(), dtype, "fray vs SDPA", scale=2 * mag + e.abs())
+    # both within the bound of the reference: within twice that bound of each other
+    assert_close(y.double(), peer.double(), dtype, "fray vs SDPA", scale=2 * torch.maximum(mag, e.abs()))
     # the seed's name: batched, causal
     if causal:
         assert torch.equal(fray.triton.attention_prefill(q, k, v), y)
@@ -492,7 +493,7 @@ def test_gpu_cuda_graph_capture_with_new_cu_seqlens(cuda):
     cu_q = _cu([200, 200, 200], cuda)
     cu_k = cu_q.clone()
     kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=total, max_seqlen_k=total, out=out)
-    fray.prefill_attention(q, k, v, **kw)  # warm-up (Triton compiles here)
+    fray.prefill_attention(q, k, v, return_lse=True, **kw)  # warm-up (Triton compiles, the plan is built)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

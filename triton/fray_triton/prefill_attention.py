@@ -102,7 +102,12 @@ def _prefill_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, IEEE: tl.constexpr, ROUND_P: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
+    # Causal: the last query blocks see the most keys; launching them first (programs start in
+    # id order) keeps a long block from starting last and running alone at the end.
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
     b64 = b.to(tl.int64)

@@ -17,12 +17,12 @@ after that (fray._plan; the split plan is part of it), checking per call only th
 alignment and FRAY_CHECK_INDICES. CPU tensors and numpy arrays run the float64 reference and
 come back in the input's dtype.
 
-Trust boundary: lens, block_table and cu_seqlens live on the device and are never read on the host (a read
-would synchronise and break CUDA-graph replay with new lengths). The kernels clamp lens[b] to
-[0, T] (decode) and skip appends at positions outside [0, T), so a bad length cannot read or
-write outside the cache; prefill clamps cu_seqlens offsets into the packed rows; block-table
-entries are used as given. FRAY_CHECK_INDICES=1 checks them
-with a host synchronisation and raises ValueError (RuntimeError while a CUDA graph is capturing).
+Trust boundary: lens, block_table and cu_seqlens live on the device and are never read on the
+host (a read would synchronise and break CUDA-graph replay with new lengths). The kernels clamp
+lens[b] to [0, T] (decode), skip appends at positions outside [0, T) and clamp cu_seqlens offsets
+into the packed rows (prefill), so a bad length cannot read or write outside the tensors;
+block-table entries are used as given. FRAY_CHECK_INDICES=1 checks them all with a host
+synchronisation and raises ValueError (RuntimeError while a CUDA graph is capturing).
 CPU calls always check them (the reference reads them on the host anyway).
 
 Layouts: contiguous caches are HND [B, Hkv, T, D] (the seed's [B, H, T, D]) or NHD [B, T, Hkv, D];
