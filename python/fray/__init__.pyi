@@ -118,6 +118,21 @@ def kv_append(k_cache: _A, v_cache: _A, k_new: _A, v_new: _A, lens: _A, *, kv_la
 def kv_append_paged(k_pages: _A, v_pages: _A, block_table: _A, k_new: _A, v_new: _A, lens: _A, *,
                     backend: Backend = "auto") -> Tuple[_A, _A]: ...
 
+# prefill attention: varlen q [total_q, Hq, D], k/v [total_k, Hkv, D] with cu_seqlens [B + 1] (lse
+# [Hq, total_q]), or batched q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D] (lse [B, Hq, Sq])
+@overload
+def prefill_attention(q: _A, k: _A, v: _A, *, causal: bool = True, cu_seqlens_q: Optional[_A] = None,
+                      cu_seqlens_k: Optional[_A] = None, max_seqlen_q: Optional[int] = None,
+                      max_seqlen_k: Optional[int] = None, scale: Optional[float] = None,
+                      return_lse: Literal[False] = False, out: Optional[_A] = None,
+                      backend: Backend = "auto") -> _A: ...
+@overload
+def prefill_attention(q: _A, k: _A, v: _A, *, causal: bool = True, cu_seqlens_q: Optional[_A] = None,
+                      cu_seqlens_k: Optional[_A] = None, max_seqlen_q: Optional[int] = None,
+                      max_seqlen_k: Optional[int] = None, scale: Optional[float] = None,
+                      return_lse: Literal[True], out: Optional[_A] = None,
+                      backend: Backend = "auto") -> Tuple[_A, _A]: ...
+
 # gemm: C = a @ b.T (b_layout "nk": b is [N, K]) or a @ b ("kn": b is [K, N]), + bias[N]
 def gemm(a: _A, b: _A, *, b_layout: Literal["nk", "kn"] = "nk", bias: Optional[_A] = None,
          out: Optional[_A] = None, out_dtype: Optional[torch.dtype] = None, backend: Backend = "auto") -> _A: ...

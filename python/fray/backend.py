@@ -22,10 +22,24 @@ VERIFIED_CAPABILITIES = {(9, 0)}
 
 # op -> backends in order of measured speed on the verified devices
 _PREFERENCE = {}
+# op -> {backend: why it has no kernel for this op} (a family whose extension exists but lacks one op)
+_MISSING = {}
 
 
-def register_preference(op, order):
+def register_preference(op, order, missing=None):
+    """order: the backends that implement `op`, fastest first; missing: {backend: reason} for the
+    ones that do not yet (forcing one raises RuntimeError with the reason; `fray ops` shows it)."""
     _PREFERENCE[op] = tuple(order)
+    _MISSING[op] = dict(missing or {})
+
+
+def missing_reason(op, backend):
+    """Why `backend` has no kernel for `op`, or None."""
+    return _MISSING.get(op, {}).get(backend)
+
+
+def _op_reason(op, backend, family, device):
+    return missing_reason(op, backend) or unavailable_reason(backend, family, device)
 
 
 try:  # the raw cudaStream_t of the current stream without building a torch.cuda.Stream object
@@ -154,7 +168,7 @@ def _resolve(op, family, backend, device):
         raise ValueError("backend: 'reference' runs on CPU tensors or numpy arrays; got tensors on %s "
                          "(move them with .cpu())" % device)
     if backend != "auto":
-        reason = unavailable_reason(backend, family, device)
+        reason = _op_reason(op, backend, family, device)
         if reason:
             raise RuntimeError("backend=%r cannot run %s: %s" % (backend, op, reason))
         return backend
@@ -164,7 +178,7 @@ def _resolve(op, family, backend, device):
         order = ("triton",) + tuple(b for b in order if b != "triton")
     reasons = []
     for b in order:
-        reason = unavailable_reason(b, family, device)
+        reason = _op_reason(op, b, family, device)
         if reason is None:
             return b
         reasons.append("%s: %s" % (b, reason))
@@ -173,7 +187,7 @@ def _resolve(op, family, backend, device):
 
 def available(op, family, device):
     """{backend: None or the reason it is unavailable} for the CLI's `ops` table."""
-    return {b: unavailable_reason(b, family, device) for b in ("cuda", "triton")}
+    return {b: _op_reason(op, b, family, device) for b in ("cuda", "triton")}
 
 
 def cpu_check_cases(label, hand, ops, run, rows=3, cols=100):

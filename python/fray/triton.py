@@ -34,7 +34,14 @@ layernorm = _forced(_norm.layernorm)
 vector_add = _forced(_elementwise.vector_add)
 decode_attention = _forced(_attention.decode_attention)
 paged_decode_attention = _forced(_attention.paged_decode_attention)
+prefill_attention = _forced(_attention.prefill_attention)
 topk = _forced(_sampling.topk)
+
+
+def attention_prefill(q_all, k_all, v_all, causal=True):
+    """The seed's prefill attention: batched q_all [B, S, Hq, D], k_all / v_all [B, S, Hkv, D]
+    (fray.prefill_attention's batched form, causal aligned bottom-right) on the Triton backend."""
+    return _attention.prefill_attention(q_all, k_all, v_all, causal=causal, backend="triton")
 
 
 def matmul(a, b):

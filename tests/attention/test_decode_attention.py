@@ -282,7 +282,8 @@ def test_cuda_extension_imports():
     assert ext.num_kernel_instances() == 35
     for op in A.OPS:
         assert hasattr(torch.ops.fray, op) and fray.OPS[op] == "attention"
-        assert A.B._PREFERENCE[op] == ("cuda", "triton")
+        # prefill_attention has no CUDA kernel yet (tests/attention/test_prefill_attention.py)
+        assert A.B._PREFERENCE[op] == (("triton",) if op == "prefill_attention" else ("cuda", "triton"))
 
 
 @pytest.mark.parametrize("batch,hkv,capacity,splits", [

@@ -149,6 +149,30 @@ def test_penalty_peer_matches_reference():
         fns["torch.eager"]()
 
 
+def test_prefill_shapes_flops_and_peers():
+    names = [ba.shape_name(s) for s, _ in ba.SHAPES["prefill_attention"]]
+    assert names == ["B2Hq32Hkv8S%dD128%s" % (s, c) for s in (1024, 4096, 8192) for c in ("", ":causal")]
+    assert ba.parse_shapes("prefill_attention", "B1Hq4Hkv2S16D64:causal:fp16,B1Hq4Hkv2S16D64") == [
+        (ba.Prefill(1, 4, 2, 16, 64, True), torch.float16), (ba.Prefill(1, 4, 2, 16, 64, False), torch.bfloat16)]
+    for bad in ("B1Hq4Hkv2T16D64", "B1Hq4Hkv2S16D64:sliding"):
+        with pytest.raises(ValueError, match="shapes"):
+            ba.parse_shapes("prefill_attention", bad)
+    spec = ba.Prefill(2, 4, 2, 16, 64, True)
+    assert ba.prefill_flops(spec) == 4 * 2 * 4 * 16 * 16 * 64 / 2
+    assert ba.prefill_flops(spec._replace(causal=False)) == 4 * 2 * 4 * 16 * 16 * 64
+    inp = ba.prefill_inputs(spec, torch.float32, "cpu")
+    assert inp["q_bhsd"].data_ptr() == inp["q"].data_ptr() and inp["q_bhsd"].shape == (2, 4, 16, 64)
+    fns = ba.impls("prefill_attention", spec, inp)
+    assert set(fns) == {"fray.triton", "torch.builtin:flash", "torch.builtin:efficient", "torch.builtin:cudnn"}
+    # the peers' call (SDPA's math kernel on the CPU here) and Fray's reference agree on the views
+    want = fray.prefill_attention(inp["q"], inp["k"], inp["v"], causal=True, backend="reference")
+    got = torch.nn.functional.scaled_dot_product_attention(inp["q_bhsd"], inp["k_bhsd"], inp["v_bhsd"], is_causal=True,
+                                                           enable_gqa=True).transpose(1, 2)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="CUDA"):
+        fns["fray.triton"]()
+
+
 def _fake_timers(monkeypatch):
     monkeypatch.setattr(fb, "time_us", lambda fn: (fn(), 10.0)[1])
     monkeypatch.setattr(fb, "graph_us", lambda fn: (fn(), 2.0)[1])
@@ -159,7 +183,8 @@ def test_run_end_to_end_leaves_error_rows_for_fray_on_cpu(monkeypatch):
     _fake_timers(monkeypatch)
     rec = fb.Recorder()
     for op, shapes in (("decode_attention", "B2Hq4Hkv2Tvar32D64"), ("paged_decode_attention", "B2Hq4Hkv2T32D64P16"),
-                       ("kv_append", "B2Hkv2T32D64"), ("kv_append_paged", "B2Hkv2T32D64P16")):
+                       ("kv_append", "B2Hkv2T32D64"), ("kv_append_paged", "B2Hkv2T32D64P16"),
+                       ("prefill_attention", "B1Hq4Hkv2S16D64:causal")):
         ba.run(op, rec, shapes=ba.parse_shapes(op, shapes), device="cpu")
     for op, shapes in (("topk", "2x300k5"), ("argmax", "2x300"), ("sample", "2x300"), ("decode_step", "2x300"),
                        ("apply_penalties", "2x300")):
@@ -169,6 +194,8 @@ def test_run_end_to_end_leaves_error_rows_for_fray_on_cpu(monkeypatch):
     for r in rec.records:
         if r["impl"].startswith("fray."):
             assert r["us"] is None and "CUDA" in r["note"], r
+        elif r["op"] == "prefill_attention":  # SDPA's CUDA-only backends (torch's build decides which) error
+            assert r["us"] in (10.0, 2.0) or (r["us"] is None and r["note"].startswith("error:")), r
         else:
             assert r["us"] in (10.0, 2.0) and r["rounds"], r
     varlen = [r for r in rec.records if r["shape"] == "B2Hq4Hkv2Tvar32D64"]

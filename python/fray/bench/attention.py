@@ -13,7 +13,14 @@ decode bytes: the K and V rows read = 2 · sum(lens) · Hkv · D · s (q, out an
               2 · B · T · Hkv · D · s that SDPA's padded cache holds, and kv_tokens = sum(lens).
 append bytes: read k_new and v_new + write them into the cache = 4 · B · Hkv · D · s (lens and
               block-table reads not counted).
-Impls: fray.cuda / fray.triton (public API, HND caches, preallocated out); on B32 also
+prefill_attention: "B<batch>Hq<q heads>Hkv<kv heads>S<seq>D<head dim>", batched [B, S, H, D], bf16:
+B2Hq32Hkv8S{1024, 4096, 8192}D128, each non-causal and ":causal". flops = 4 · B · Hq · S² · D
+(QK^T and PV), half of that causal (the masked half is never computed); bytes not reported.
+Impls: fray.triton (the op's only backend so far); peers torch.builtin:flash / :efficient /
+:cudnn = F.scaled_dot_product_attention(enable_gqa=True, is_causal) under sdpa_kernel(<backend>)
+on the [B, H, S, D] transposed views of the same tensors (no copy); a backend that cannot run
+the shape leaves an error row.
+Decode impls: fray.cuda / fray.triton (public API, HND caches, preallocated out); on B32 also
 fray.cuda:NHD / fray.triton:NHD (kv_layout="NHD", same data transposed). Peers: torch.builtin =
 F.scaled_dot_product_attention(q[:, :, None, :], k, v, enable_gqa=True) on the HND cache; varlen
 shapes give it the padded cache with a boolean mask [B, 1, 1, T] (torch.builtin) and with an
@@ -37,6 +44,7 @@ DTYPE = torch.bfloat16
 
 Decode = collections.namedtuple("Decode", "batch hq hkv capacity head_dim varlen page")
 Append = collections.namedtuple("Append", "batch hkv capacity head_dim page")
+Prefill = collections.namedtuple("Prefill", "batch hq hkv seq head_dim causal")
 
 _DECODE = [
     Decode(32, 32, 8, 4096, 128, False, None),
@@ -49,12 +57,17 @@ SHAPES = {
     "paged_decode_attention": [(s._replace(page=p), DTYPE) for s in _DECODE for p in (16, 64)],
     "kv_append": [(Append(64, 8, 4096, 128, None), DTYPE)],
     "kv_append_paged": [(Append(64, 8, 4096, 128, 16), DTYPE)],
+    "prefill_attention": [(Prefill(2, 32, 8, s, 128, c), DTYPE) for s in (1024, 4096, 8192) for c in (False, True)],
 }
+SDPA_BACKENDS = ("flash", "efficient", "cudnn")
 OPS = tuple(SHAPES)
 NHD_BATCH = 32  # the decode shape that also gets the NHD-layout rows
 
 
 def shape_name(spec):
+    if isinstance(spec, Prefill):
+        return "B%dHq%dHkv%dS%dD%d%s" % (spec.batch, spec.hq, spec.hkv, spec.seq, spec.head_dim,
+                                         ":causal" if spec.causal else "")
     page = "P%d" % spec.page if spec.page else ""
     if isinstance(spec, Append):
         return "B%dHkv%dD%d%s" % (spec.batch, spec.hkv, spec.head_dim, page)
@@ -65,12 +78,15 @@ def shape_name(spec):
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _DECODE_RE = re.compile(r"B(\d+)Hq(\d+)Hkv(\d+)T(var)?(\d+)D(\d+)(?:P(\d+))?$")
 _APPEND_RE = re.compile(r"B(\d+)Hkv(\d+)(?:T(\d+))?D(\d+)(?:P(\d+))?$")
+_PREFILL_RE = re.compile(r"B(\d+)Hq(\d+)Hkv(\d+)S(\d+)D(\d+)$")
 
 
 def parse_shapes(op, text):
     """--shapes for this family: a comma list of shape names as recorded, each optionally
     ":bf16" / ":fp16" / ":fp32"; appends also take "T<capacity>" (default 4096)."""
     out = []
+    if op == "prefill_attention":
+        return [_parse_prefill(item) for item in text.split(",")]
     for item in text.split(","):
         name, _, dt = item.strip().partition(":")
         if dt and dt not in _DTYPES:
@@ -93,6 +109,18 @@ def parse_shapes(op, text):
             raise ValueError("shapes: %s %s a P<page> suffix, got %r" % (op, "needs" if paged else "takes no", item))
         out.append((spec, _DTYPES[dt or "bf16"]))
     return out
+
+
+def _parse_prefill(item):
+    """B<b>Hq<hq>Hkv<hkv>S<s>D<d>, then optionally ":causal" and a dtype (":bf16" ...)."""
+    name, *tags = item.strip().split(":")
+    m = _PREFILL_RE.match(name)
+    if not m or any(t not in _DTYPES and t != "causal" for t in tags):
+        raise ValueError("shapes: expected B<b>Hq<hq>Hkv<hkv>S<s>D<d>[:causal][:bf16|fp16|fp32] for "
+                         "prefill_attention, got %r" % (item,))
+    dts = [t for t in tags if t in _DTYPES]
+    b, hq, hkv, seq, d = (int(g) for g in m.groups())
+    return Prefill(b, hq, hkv, seq, d, "causal" in tags), _DTYPES[dts[-1] if dts else "bf16"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,6 +203,29 @@ def decode_inputs(spec, dtype, device):
     return inp
 
 
+def prefill_inputs(spec, dtype, device):
+    """Batched q [B, S, Hq, D], k, v [B, S, Hkv, D] on `device`, and their [B, H, S, D] views."""
+    g = torch.Generator(device=device).manual_seed(SEED)
+    inp = {"q": _randn((spec.batch, spec.seq, spec.hq, spec.head_dim), dtype, device, g),
+           "k": _randn((spec.batch, spec.seq, spec.hkv, spec.head_dim), dtype, device, g),
+           "v": _randn((spec.batch, spec.seq, spec.hkv, spec.head_dim), dtype, device, g)}
+    for n in ("q", "k", "v"):
+        inp[n + "_bhsd"] = inp[n].transpose(1, 2)
+    return inp
+
+
+def _sdpa_with(backend, q, k, v, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(getattr(SDPBackend, {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                                          "cudnn": "CUDNN_ATTENTION"}[backend])):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+
+def prefill_flops(spec):
+    flops = 4.0 * spec.batch * spec.hq * spec.seq * spec.seq * spec.head_dim
+    return flops / 2 if spec.causal else flops
+
+
 def append_inputs(spec, dtype, device):
     g = torch.Generator(device=device).manual_seed(SEED)
     inp = {"lens": _lens(spec, append=True).to(device), "bidx": torch.arange(spec.batch, device=device)}
@@ -197,6 +248,14 @@ def append_inputs(spec, dtype, device):
 def impls(op, spec, inp):
     """{impl name: zero-argument callable} for one shape."""
     out = {}
+    if op == "prefill_attention":
+        o = torch.empty_like(inp["q"])
+        out["fray.triton"] = lambda: fray.prefill_attention(inp["q"], inp["k"], inp["v"], causal=spec.causal, out=o,
+                                                            backend="triton")
+        for backend in SDPA_BACKENDS:
+            out["torch.builtin:" + backend] = lambda b=backend: _sdpa_with(
+                b, inp["q_bhsd"], inp["k_bhsd"], inp["v_bhsd"], spec.causal)
+        return out
     if op in ("decode_attention", "paged_decode_attention"):
         q, lens = inp["q"], inp["lens"]
         q4 = q[:, :, None, :]
@@ -249,6 +308,9 @@ def nbytes(op, spec, dtype, inp):
 
 
 def _notes(op, spec):
+    if op == "prefill_attention":
+        return "batched [B, S, H, D], %s; default scale; fray out preallocated; SDPA on [B, H, S, D] views" % (
+            "causal (flops halved)" if spec.causal else "non-causal")
     if op in ("kv_append", "kv_append_paged"):
         return "cache T=%d %s; lens uniform in [0, T) seed %d" % (
             spec.capacity, "P%d pages" % spec.page if spec.page else "HND", SEED + 1)
@@ -262,6 +324,15 @@ def run(op, recorder, shapes=None, graph=True, device="cuda"):
         raise ValueError("op: expected one of %s, got %r" % (", ".join(OPS), op))
     from fray import bench
     for spec, dtype in shapes or SHAPES[op]:
+        if isinstance(spec, Prefill):
+            inp = prefill_inputs(spec, dtype, device)
+            fns = impls(op, spec, inp)
+            bench.bench_impls(recorder, op, shape_name(spec), dtype, fns, None, prefill_flops(spec), graph=graph,
+                              notes=_notes(op, spec))
+            del fns, inp
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            continue
         maker = append_inputs if isinstance(spec, Append) else decode_inputs
         inp = maker(spec, dtype, device)
         n, extra = nbytes(op, spec, dtype, inp)

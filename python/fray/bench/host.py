@@ -172,6 +172,20 @@ def cases(device):
     impls["torch.builtin"] = lambda: F.scaled_dot_product_attention(q4, kc, vc, enable_gqa=True)
     out.append(("paged_decode_attention", spec + "P%d" % page, "bf16", impls))
 
+    # prefill: BATCH sequences of 64 tokens packed varlen (what an engine passes), against SDPA on
+    # the same tokens as [B, H, S, D] views
+    sp = 64
+    qp = randn(BATCH * sp, hq, dh)
+    kpf, vpf = randn(BATCH * sp, hkv, dh), randn(BATCH * sp, hkv, dh)
+    cu = torch.arange(0, BATCH * sp + 1, sp, device=device, dtype=torch.int32)
+    op_ = torch.empty_like(qp)
+    views = [t.view(BATCH, sp, -1, dh).transpose(1, 2) for t in (qp, kpf, vpf)]
+    impls = {}
+    _fray(impls, lambda b: fray.prefill_attention(qp, kpf, vpf, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=sp,
+                                                  max_seqlen_k=sp, out=op_, backend=b))
+    impls["torch.builtin"] = lambda: F.scaled_dot_product_attention(*views, is_causal=True, enable_gqa=True)
+    out.append(("prefill_attention", "B%dHq%dHkv%dS%dD%d" % (BATCH, hq, hkv, sp, dh), "bf16", impls))
+
     kn, vn = randn(BATCH, hkv, dh), randn(BATCH, hkv, dh)
     impls = {}
     _fray(impls, lambda b: fray.kv_append(kc, vc, kn, vn, lens, kv_layout="HND", backend=b))

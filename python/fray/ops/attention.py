@@ -1,5 +1,6 @@
-"""The attention family: single-token (decode) attention over contiguous and paged KV caches, and
-the KV-cache appends that precede it.
+"""The attention family: single-token (decode) attention over contiguous and paged KV caches, the
+KV-cache appends that precede it, and multi-token (prefill) attention over packed varlen or
+batched sequences (prefill_attention: Triton only so far, see its docstring).
 
 Backends: the CUDA C++ kernels (cuda/attention, fray._C._attention: tensor-core split-KV decode
 for 16-bit caches, CUDA-core for fp32, one kv_append kernel) and the Triton kernels
@@ -9,18 +10,19 @@ decode kernels copy K/V rows with 16-byte cp.async: caches whose pointer or stri
 16-byte multiples run on Triton under "auto" (backend="cuda" raises ValueError for them).
 
 Validation happens here, once; the kernels trust their inputs. GPU entry points are torch custom
-ops (fray::decode_attention, fray::paged_decode_attention, fray::kv_append, fray::kv_append_paged)
-with fake implementations, so torch.compile(fullgraph=True) traces through them; in eager mode a
-call validates its signature once and launches from the cached plan after that (fray._plan; the
-split plan is part of it), checking per call only the caches' address alignment and
-FRAY_CHECK_INDICES. CPU tensors and numpy arrays run the float64 reference and
+ops (fray::decode_attention, fray::paged_decode_attention, fray::kv_append, fray::kv_append_paged,
+fray::prefill_attention) with fake implementations, so torch.compile(fullgraph=True) traces
+through them; in eager mode a call validates its signature once and launches from the cached plan
+after that (fray._plan; the split plan is part of it), checking per call only the caches' address
+alignment and FRAY_CHECK_INDICES. CPU tensors and numpy arrays run the float64 reference and
 come back in the input's dtype.
 
-Trust boundary: lens and block_table live on the device and are never read on the host (a read
-would synchronise and break CUDA-graph replay with new lengths). The kernels clamp lens[b] to
-[0, T] (decode) and skip appends at positions outside [0, T), so a bad length cannot read or
-write outside the cache; block-table entries are used as given. FRAY_CHECK_INDICES=1 checks both
-with a host synchronisation and raises ValueError (RuntimeError while a CUDA graph is capturing).
+Trust boundary: lens, block_table and cu_seqlens live on the device and are never read on the
+host (a read would synchronise and break CUDA-graph replay with new lengths). The kernels clamp
+lens[b] to [0, T] (decode), skip appends at positions outside [0, T) and clamp cu_seqlens offsets
+into the packed rows (prefill), so a bad length cannot read or write outside the tensors;
+block-table entries are used as given. FRAY_CHECK_INDICES=1 checks them all with a host
+synchronisation and raises ValueError (RuntimeError while a CUDA graph is capturing).
 CPU calls always check them (the reference reads them on the host anyway).
 
 Layouts: contiguous caches are HND [B, Hkv, T, D] (the seed's [B, H, T, D]) or NHD [B, T, Hkv, D];
@@ -30,6 +32,7 @@ block_table[b, t // block_size], slot t % block_size.
 """
 import functools
 import math
+from typing import Optional
 
 import numpy as np
 import torch
@@ -42,10 +45,11 @@ from fray.reference import attention as ref
 from fray.reference import convert as C
 
 FAMILY = "attention"
-OPS = ("decode_attention", "paged_decode_attention", "kv_append", "kv_append_paged")
+OPS = ("decode_attention", "paged_decode_attention", "kv_append", "kv_append_paged", "prefill_attention")
 __all__ = list(OPS)
-for _op_name in OPS:
+for _op_name in OPS[:-1]:
     B.register_preference(_op_name, ("cuda", "triton"))
+B.register_preference("prefill_attention", ("triton",), missing={"cuda": "the CUDA prefill kernel is not built yet"})
 
 LAYOUTS = ("HND", "NHD")
 HEAD_DIMS = (64, 128, 256)
@@ -706,6 +710,269 @@ def kv_append_paged(k_pages, v_pages, block_table, k_new, v_new, lens, *, backen
 
 
 # ---------------------------------------------------------------------------------------------
+# prefill attention
+
+def _prefill_shapes(q, k, v, cu_q, cu_k):
+    """(varlen, batch) after the shape checks of either form."""
+    if (cu_q is None) != (cu_k is None):
+        given, missing = ("cu_seqlens_q", "cu_seqlens_k") if cu_k is None else ("cu_seqlens_k", "cu_seqlens_q")
+        raise ValueError("%s: expected a tensor with %s (the varlen form takes both; the batched form "
+                         "[B, S, H, D] neither), got None" % (missing, given))
+    varlen = cu_q is not None
+    if varlen:
+        if len(q.shape) != 3:
+            raise ValueError("q: the varlen form (cu_seqlens given) takes q [total_q, Hq, D], got shape %s"
+                             % (tuple(q.shape),))
+        if len(k.shape) != 3:
+            raise ValueError("k: the varlen form (cu_seqlens given) takes k [total_k, Hkv, D], got shape %s"
+                             % (tuple(k.shape),))
+        if len(cu_q.shape) != 1 or cu_q.shape[0] < 1:
+            raise ValueError("cu_seqlens_q: expected shape [B + 1] (sequence b's queries are rows "
+                             "cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q), got %s" % (tuple(cu_q.shape),))
+        V.require_shape("cu_seqlens_k", cu_k, cu_q.shape)
+        batch = cu_q.shape[0] - 1
+    else:
+        if len(q.shape) != 4:
+            raise ValueError("q: expected [B, Sq, Hq, D] (or [total_q, Hq, D] with cu_seqlens_q / cu_seqlens_k), "
+                             "got shape %s" % (tuple(q.shape),))
+        if len(k.shape) != 4 or k.shape[0] != q.shape[0]:
+            raise ValueError("k: expected [B=%d, Sk, Hkv, D] like q [B, Sq, Hq, D], got shape %s"
+                             % (q.shape[0], tuple(k.shape)))
+        batch = q.shape[0]
+    V.require_shape("v", v, k.shape)
+    hq, d = q.shape[-2], q.shape[-1]
+    hkv, dk = k.shape[-2], k.shape[-1]
+    if dk != d:
+        raise ValueError("k: head dim %d differs from q's %d" % (dk, d))
+    if d not in HEAD_DIMS:
+        raise ValueError("q: head dim must be one of %s, got %d" % (HEAD_DIMS, d))
+    if hkv < 1 or hq % hkv:
+        raise ValueError("q: the query head count Hq=%d must be a multiple of k's kv head count Hkv=%d (GQA / MQA)"
+                         % (hq, hkv))
+    return varlen, batch
+
+
+def _check_max_seqlen(name, value, varlen, on_gpu):
+    if value is None:
+        if varlen and on_gpu:
+            raise ValueError("%s: the varlen form on CUDA tensors needs the longest sequence's length as a Python "
+                             "int (cu_seqlens stays on the device: nothing is read on the host), got None" % name)
+        return None
+    if not varlen:
+        raise ValueError("%s: only the varlen form (cu_seqlens given) takes it; the batched form's lengths are "
+                         "dim 1 of q and k (got %r)" % (name, value))
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError("%s: expected a Python int, got %s" % (name, type(value).__name__))
+    if value < 0:
+        raise ValueError("%s: expected a value >= 0, got %d" % (name, value))
+    return value
+
+
+def _cu_values(cu_q, cu_k, total_q, total_k, max_q, max_k):
+    """The host-side check of cu_seqlens: starts at 0, non-decreasing, ends within the packed rows,
+    no sequence longer than max_seqlen (when given)."""
+    for name, cu, total, mx, mname, tname in (("cu_seqlens_q", cu_q, total_q, max_q, "max_seqlen_q", "q"),
+                                              ("cu_seqlens_k", cu_k, total_k, max_k, "max_seqlen_k", "k")):
+        c = [int(x) for x in torch.as_tensor(cu).to("cpu", torch.int64).tolist()]
+        if c[0] != 0:
+            raise ValueError("%s: expected entry 0 to be 0, got %d" % (name, c[0]))
+        for b in range(len(c) - 1):
+            if c[b + 1] < c[b]:
+                raise ValueError("%s: expected non-decreasing offsets; entry %d = %d < entry %d = %d"
+                                 % (name, b + 1, c[b + 1], b, c[b]))
+            if mx is not None and c[b + 1] - c[b] > mx:
+                raise ValueError("%s: sequence %d has %d tokens, more than %s=%d"
+                                 % (name, b, c[b + 1] - c[b], mname, mx))
+        if c[-1] > total:
+            raise ValueError("%s: the last offset %d lies past %s's %d rows" % (name, c[-1], tname, total))
+
+
+def _device_check_cu(*args):
+    """FRAY_CHECK_INDICES=1 on CUDA tensors: _cu_values at the cost of a host sync."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("FRAY_CHECK_INDICES=1 checks cu_seqlens with a host synchronisation, which CUDA-graph "
+                           "capture forbids; unset FRAY_CHECK_INDICES while capturing")
+    _cu_values(*args)
+
+
+def _refuse_missing(op, backend):
+    why = B.missing_reason(op, backend)
+    if why:
+        raise RuntimeError("backend=%r cannot run %s: %s (use backend='triton' or 'auto')" % (backend, op, why))
+
+
+def _prefill_lse_shape(q, varlen):
+    return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+
+
+class _PrefillPlan:
+    """One prefill signature's Triton launch with every host-side argument fixed; per call only
+    FRAY_CHECK_INDICES and the data pointers."""
+
+    __slots__ = ("varlen", "batch", "max_q", "max_k", "seqlen_k", "total_q", "total_k", "causal", "scale", "dev",
+                 "strides", "empty_k", "lse_shape")
+
+    def __call__(self, q, k, v, cu_q, cu_k, out, lse):
+        if self.varlen and env.check_indices():
+            _device_check_cu(cu_q, cu_k, self.total_q, self.total_k, self.max_q, self.max_k)
+        if self.batch == 0 or self.max_q == 0 or q.shape[-2] == 0:
+            return
+        if self.empty_k:  # no keys at all: every row is a zero row with lse -inf
+            out.zero_()
+            lse.fill_(float("-inf"))
+            return
+        from fray_triton import prefill_attention as tprefill
+        qs, ks, vs, os_, ls = self.strides
+        with torch.cuda.device(self.dev):
+            tprefill.prefill(q, k, v, out, lse, cu_q, cu_k, self.scale, causal=self.causal, batch=self.batch,
+                             max_seqlen_q=self.max_q, seqlen_k=self.seqlen_k, q_strides=qs, k_strides=ks,
+                             v_strides=vs, out_strides=os_, lse_strides=ls)
+
+
+def _token_strides(t, varlen):
+    """(batch, token, head) strides of a [T, H, D] (varlen: batch 0) or [B, S, H, D] tensor."""
+    return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
+
+
+def _prefill_plan(q, k, v, cu_q, out, lse, causal, max_q, max_k, scale, backend):
+    be = B.resolve("prefill_attention", FAMILY, backend, q.device)
+    _refuse_missing("prefill_attention", be)  # FRAY_BACKEND=cuda
+    p = _PrefillPlan()
+    p.varlen = cu_q is not None
+    p.batch = cu_q.shape[0] - 1 if p.varlen else q.shape[0]
+    p.max_q, p.max_k = max_q, max_k
+    p.seqlen_k = 0 if p.varlen else k.shape[1]
+    p.total_q, p.total_k = q.shape[0], k.shape[0]
+    p.empty_k = k.shape[0] == 0 or (not p.varlen and k.shape[1] == 0)
+    p.causal, p.scale = causal, scale
+    p.dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    p.lse_shape = tuple(lse.shape)
+    p.strides = (_token_strides(q, p.varlen), _token_strides(k, p.varlen), _token_strides(v, p.varlen),
+                 _token_strides(out, p.varlen), (0, lse.stride(0)) if p.varlen else (lse.stride(0), lse.stride(1)))
+    return p
+
+
+def _prefill_impl(q, k, v, cu_q, cu_k, out, lse, causal, max_q, max_k, scale, backend):
+    key = P.signature("prefill_attention:op", backend, (q, k, v, cu_q, cu_k, out, lse), (causal, max_q, max_k, scale))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, _prefill_plan(q, k, v, cu_q, out, lse, causal, max_q, max_k, scale,
+                                                               backend))
+    plan(q, k, v, cu_q, cu_k, out, lse)
+
+
+@torch.library.custom_op("fray::prefill_attention", mutates_args=("out", "lse"))
+def _prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+                cu_seqlens_k: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor, causal: bool,
+                max_seqlen_q: int, max_seqlen_k: int, scale: float, backend: str) -> None:
+    _prefill_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, causal, max_seqlen_q, max_seqlen_k, scale, backend)
+
+
+_prefill_op.register_fake(lambda *args, **kwargs: None)
+
+
+def _prefill_launch(plan, q, k, v, cu_q, cu_k, out, return_lse):
+    """A cached prefill plan's call: allocate what the caller did not pass, launch."""
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
+    plan(q, k, v, cu_q, cu_k, out, lse)
+    return (out, lse) if return_lse else out
+
+
+def prefill_attention(q, k, v, *, causal=True, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                      max_seqlen_k=None, scale=None, return_lse=False, out=None, backend="auto"):
+    """Multi-token (prefill) attention: FlashAttention-2-style on the GPU (Triton).
+
+    Two forms:
+      varlen   q [total_q, Hq, D], k, v [total_k, Hkv, D]: every sequence's tokens packed one after
+               the other; cu_seqlens_q, cu_seqlens_k int32 [B + 1] on q's device (sequence b's
+               queries are rows cu_seqlens_q[b]:cu_seqlens_q[b + 1], its keys likewise);
+               max_seqlen_q / max_seqlen_k: Python ints bounding the lengths (needed on CUDA
+               tensors, where cu_seqlens is never read on the host; optional on the CPU).
+      batched  q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D] (cu_seqlens and max_seqlen None).
+    q, k, v: one dtype (bf16, fp16, fp32; FP8 refused), last dim contiguous, other strides free.
+    Hq a multiple of Hkv (GQA / MQA: query head h reads kv head h // (Hq / Hkv)); D in 64, 128, 256.
+    causal: query i of a sequence with n_q queries and n_k keys sees keys j <= i + n_k - n_q
+    (aligned bottom-right: the queries are the sequence's last n_q positions, as in chunked
+    prefill against a longer KV); False: every key. A query that sees no key (n_k = 0, or
+    n_q > n_k under causal for the first n_q - n_k queries) gets a zero row and lse = -inf.
+    scale: default 1/sqrt(D). Softmax in fp32, one rounding to q's dtype.
+    Returns out (q's shape and dtype; `out` if given) or (out, lse) with return_lse: lse fp32, the
+    natural log of sum_j exp(scale q.k_j), shape [Hq, total_q] (varlen) or [B, Hq, Sq] (batched).
+    Trust boundary (varlen on CUDA tensors): cu_seqlens is not read on the host, so one launch is
+    CUDA-graph capturable and replays with new lengths as long as max_seqlen_q still bounds them.
+    The kernel clamps offsets into the packed rows; query rows past cu_seqlens_q[B] (padding of a
+    fixed-size buffer) are not written on the GPU (zeros on the CPU), and queries beyond
+    max_seqlen_q in a longer sequence are not computed. FRAY_CHECK_INDICES=1 checks cu_seqlens
+    (0 first, non-decreasing, within the rows, lengths <= max_seqlen) with a host sync; CPU calls
+    always check them. Sliding windows, soft-capping, sinks and paged K/V are not in this op yet.
+    Backends: Triton only; backend="cuda" raises RuntimeError (no CUDA prefill kernel is built yet).
+    """
+    if not _compiling():
+        key = P.signature("prefill_attention", backend, (q, k, v, cu_seqlens_q, cu_seqlens_k, out),
+                          (causal, max_seqlen_q, max_seqlen_k, scale, return_lse))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            return _prefill_launch(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, out, return_lse)
+    V.require_backend(backend, B.BACKENDS)
+    _refuse_missing("prefill_attention", backend)
+    for name, flag in (("causal", causal), ("return_lse", return_lse)):
+        if not isinstance(flag, bool):
+            raise TypeError("%s: expected a bool, got %s" % (name, type(flag).__name__))
+    floats = [("q", q), ("k", k), ("v", v)]
+    ints = [(n, t) for n, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)) if t is not None]
+    if V.is_array(q):
+        _check_arrays(floats, ints, out)
+    else:
+        _check_tensors(floats, ints, out)
+        _check_out(out, q)
+    varlen, _ = _prefill_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    if V.is_array(out):
+        V.require_shape("out", out, q.shape)
+    on_cpu = V.is_array(q) or q.device.type == "cpu"
+    max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q, varlen, not on_cpu)
+    max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k, varlen, not on_cpu)
+    scale = _check_scale(scale, q.shape[-1])
+    if on_cpu:
+        if not V.is_array(q):
+            _cpu_backend(backend, q.device)
+        if varlen:
+            _cu_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_q, max_k)
+        y, lse, _ = ref.prefill_attention(C.to_f64(q), C.to_f64(k), C.to_f64(v),
+                                          None if not varlen else C.to_f64(cu_seqlens_q).astype(np.int64),
+                                          None if not varlen else C.to_f64(cu_seqlens_k).astype(np.int64),
+                                          causal, scale)
+        return _cpu_result(q, out, return_lse, y, lse)
+    if not varlen:
+        max_q, max_k = q.shape[1], k.shape[1]
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(_prefill_lse_shape(q, varlen), dtype=torch.float32, device=q.device)
+    if _compiling():
+        torch.ops.fray.prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, causal, max_q, max_k, scale,
+                                         backend)
+        return (out, lse) if return_lse else out
+    plan = P.PLANS.put(key, _prefill_plan(q, k, v, cu_seqlens_q, out, lse, causal, max_q, max_k, scale, backend))
+    plan(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse)
+    return (out, lse) if return_lse else out
+
+
+def _cpu_result(q, out, return_lse, y, lse):
+    """Round the float64 reference result to q's dtype and type; fill `out` when given."""
+    y = C.like(y, q)
+    if V.is_array(q):
+        lse = np.asarray(lse).astype(np.float64 if q.dtype == np.float64 else np.float32)
+        if out is not None:
+            out[...] = y
+            y = out
+    else:
+        lse = torch.from_numpy(np.asarray(lse)).to(torch.float32)
+        if out is not None:
+            out.copy_(y)
+            y = out
+    return (y, lse) if return_lse else y
+
+
+# ---------------------------------------------------------------------------------------------
 # `fray check` cases: (op, backend, dtype, shape, callable raising on a mismatch)
 
 def _random_case(dtype, dev, batch=2, hq=4, hkv=2, capacity=37, d=64, page=16, lens=(37, 16), seed=0):
@@ -730,8 +997,9 @@ def _random_case(dtype, dev, batch=2, hq=4, hkv=2, capacity=37, d=64, page=16, l
 
 def check_cases(device):
     """On a GPU: CUDA and Triton x dtype x layout (contiguous HND/NHD, paged) against the
-    reference, and kv_append(_paged) of both backends. On the CPU: the reference against
-    hand-computed values and the Triton kernels under the interpreter."""
+    reference, kv_append(_paged) of both backends, and prefill_attention (varlen, chunked, empty
+    sequences) of each backend it has. On the CPU: the references against hand-computed values
+    and the Triton kernels under the interpreter."""
     from fray.testing import assert_close
 
     def run(dtype, paged, nhd, dev, interpreter, backend="triton"):
@@ -773,9 +1041,52 @@ def check_cases(device):
         y, lse = decode_attention(q, k, v, np.array([0]), return_lse=True)
         assert (y == 0).all() and lse[0, 0] == -np.inf
 
+    def prefill_run(dtype, dev, interpreter, backend="triton"):
+        lens_q, lens_k = (1, 17, 0, 40, 6), (1, 30, 5, 40, 0)  # chunked, empty q, empty k
+        g = torch.Generator(device=dev).manual_seed(2)
+        q = torch.randn(sum(lens_q), 4, 64, device=dev, generator=g).to(dtype)
+        k = torch.randn(sum(lens_k), 2, 64, device=dev, generator=g).to(dtype)
+        v = torch.randn(sum(lens_k), 2, 64, device=dev, generator=g).to(dtype)
+        cu_q = torch.tensor(np.cumsum((0,) + lens_q), dtype=torch.int32, device=dev)
+        cu_k = torch.tensor(np.cumsum((0,) + lens_k), dtype=torch.int32, device=dev)
+        e, el, mag = ref.prefill_attention(C.to_f64(q), C.to_f64(k), C.to_f64(v), cu_q.tolist(), cu_k.tolist())
+        if interpreter:
+            from fray_triton import prefill_attention as tprefill
+            out = torch.full_like(q, float("nan"))
+            lse = torch.full((4, q.shape[0]), float("nan"))
+            tprefill.prefill(q, k, v, out, lse, cu_q, cu_k, 0.125, causal=True, batch=5, max_seqlen_q=40, seqlen_k=0,
+                             q_strides=(0,) + q.stride()[:2], k_strides=(0,) + k.stride()[:2],
+                             v_strides=(0,) + v.stride()[:2], out_strides=(0,) + out.stride()[:2],
+                             lse_strides=(0, lse.stride(0)), block_m=16, block_n=16)
+        else:
+            out, lse = prefill_attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=40,
+                                         max_seqlen_k=40, return_lse=True, backend=backend)
+        assert_close(out, e, dtype, "prefill", scale=mag)
+        lse, empty = lse.cpu(), torch.from_numpy(np.isinf(el))
+        if not torch.equal(torch.isinf(lse) & (lse < 0), empty):
+            raise AssertionError("prefill: the lse -inf rows differ from the reference")
+        assert_close(lse[~empty], torch.from_numpy(el)[~empty], torch.float32, "prefill lse")
+
+    def prefill_hand():
+        q, k, v = np.ones((2, 1, 64)), np.zeros((3, 1, 64)), np.zeros((3, 1, 64))
+        v[:, 0, :] = np.array([2.0, 4.0, 8.0])[:, None]
+        # equal keys, causal bottom-right: query 0 sees keys 0, 1 (mean 3), query 1 all three
+        y, lse = prefill_attention(q, k, v, cu_seqlens_q=np.array([0, 2]), cu_seqlens_k=np.array([0, 3]),
+                                   return_lse=True)
+        np.testing.assert_allclose(y[:, 0, 0], [3.0, 14.0 / 3.0], rtol=1e-15)
+        np.testing.assert_allclose(lse[0], [math.log(2.0), math.log(3.0)], rtol=1e-15)
+        y, lse = prefill_attention(q, k[:0], v[:0], cu_seqlens_q=np.array([0, 2]), cu_seqlens_k=np.array([0, 0]),
+                                   return_lse=True)
+        assert (y == 0).all() and (lse == -np.inf).all()
+
+    prefill_shape = "varlen q 1,17,0,40,6 k 1,30,5,40,0 Hq4 Hkv2 D64"
     cases = []
     if device.type != "cuda":
         cases.append(("decode_attention", "reference", "fp64", "hand", hand))
+        cases.append(("prefill_attention", "reference", "fp64", "hand", prefill_hand))
+        for dtype in (torch.float32, torch.bfloat16):
+            cases.append(("prefill_attention", "triton-interpreter", V.DTYPE_NAMES[dtype], prefill_shape,
+                          lambda d=dtype: prefill_run(d, "cpu", True)))
         for dtype in (torch.float32, torch.bfloat16):
             for paged in (False, True):
                 cases.append(("paged_decode_attention" if paged else "decode_attention", "triton-interpreter",
@@ -807,6 +1118,10 @@ def check_cases(device):
                 continue
             for dtype in (torch.float32, torch.float16, torch.bfloat16):
                 name = V.DTYPE_NAMES[dtype]
+                if op == "prefill_attention":
+                    cases.append((op, backend, name, prefill_shape,
+                                  lambda d=dtype, b=backend: prefill_run(d, device, False, b)))
+                    continue
                 if op.startswith("kv_append"):
                     cases.append((op, backend, name, "2x2x37x64",
                                   lambda d=dtype, p=op == "kv_append_paged", b=backend: append(d, p, b)))

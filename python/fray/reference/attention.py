@@ -1,4 +1,4 @@
-"""Single-token (decode) attention and KV-cache appends in float64.
+"""Single-token (decode) attention, KV-cache appends and multi-token (prefill) attention in float64.
 
 decode_attention: for each sequence b and query head h (kv head h // (Hq / Hkv), GQA),
     s_t = scale * <q[b, h], k[b, kvh, t]>   for t < lens[b]
@@ -11,6 +11,7 @@ rounding errors are relative to (an output that cancels to ~0 still carries erro
 
 Inputs are float64 numpy arrays, or float64 torch tensors on any device (the GPU tests compute the
 reference next to the data); lens and block_table are read on the host, which is fine here.
+prefill_attention takes anything np.asarray converts (numpy arrays, CPU tensors) and returns numpy.
 """
 import math
 
@@ -121,3 +122,56 @@ def kv_append_paged(k_pages, v_pages, block_table, k_new, v_new, lens):
         blk = int(block_table[b][pos // bs])
         k_pages[blk, pos % bs] = k_new[b]
         v_pages[blk, pos % bs] = v_new[b]
+
+
+def prefill_attention(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, scale=None):
+    """Multi-token (prefill) attention, one sequence at a time.
+
+    Varlen (cu_seqlens given): q [total_q, Hq, D], k, v [total_k, Hkv, D]; sequence b holds q rows
+    cu_seqlens_q[b]:cu_seqlens_q[b + 1] and k/v rows cu_seqlens_k[b]:cu_seqlens_k[b + 1].
+    Batched (cu_seqlens None): q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D].
+    For sequence b with n_q queries and n_k keys, query i of head h (kv head h // (Hq / Hkv)) sees
+    key j when causal is False, or when j <= i + n_k - n_q (causal, aligned bottom-right: the
+    queries are the last n_q positions of the sequence). Over the visible keys,
+        s_j = scale * <q_i, k_j>,  out_i = sum_j softmax(s)_j v_j,  lse_i = log(sum_j exp(s_j));
+    a query with no visible key gets out_i = 0 and lse_i = -inf.
+    Returns (out like q, lse, magnitude like q): lse [Hq, total_q] (varlen) or [B, Hq, Sq].
+    """
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    batched = cu_seqlens_q is None
+    if batched:
+        nb, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+        cq, ck = [b * sq for b in range(nb + 1)], [b * sk for b in range(nb + 1)]
+        q, k, v = q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
+    else:
+        cq, ck = _host_ints(cu_seqlens_q), _host_ints(cu_seqlens_k)
+    total_q, hq = q.shape[0], q.shape[1]
+    group = hq // k.shape[1]
+    out = np.zeros_like(q)
+    mag = np.zeros_like(q)
+    lse = np.full((hq, total_q), -math.inf)
+    for b in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        n_q, n_k = q1 - q0, k1 - k0
+        i, j = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
+        visible = (j <= i + (n_k - n_q)) if causal else np.ones((n_q, n_k), dtype=bool)
+        rows = visible.any(axis=1)                  # queries with at least one visible key
+        if not rows.any():
+            continue
+        for h in range(hq):
+            kvh = h // group
+            kk, vv = k[k0:k1, kvh], v[k0:k1, kvh]   # [n_k, D]
+            s = np.where(visible, (q[q0:q1, h] @ kk.T) * scale, -np.inf)[rows]   # [rows, n_k]
+            m = s.max(axis=1, keepdims=True)
+            p = np.exp(s - m)                       # exp(-inf) = 0 for the hidden keys
+            total = p.sum(axis=1, keepdims=True)
+            idx = q0 + np.nonzero(rows)[0]
+            out[idx, h] = (p @ vv) / total
+            mag[idx, h] = (p @ np.abs(vv)) / total
+            lse[h, idx] = (m + np.log(total))[:, 0]
+    if batched:
+        out, mag = out.reshape(nb, sq, hq, d), mag.reshape(nb, sq, hq, d)
+        lse = lse.reshape(hq, nb, sq).transpose(1, 0, 2).copy()
+    return out, lse, mag

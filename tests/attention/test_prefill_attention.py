@@ -1,0 +1,553 @@
+"""fray.prefill_attention: reference (hand values, a direct softmax formula), the Triton kernel under
+the interpreter, the ops layer's wiring, the error contract; GPU: every dtype x head dim x group
+against the float64 reference and SDPA, torch.compile, CUDA-graph replay with new cu_seqlens."""
+import contextlib
+import inspect
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import fray
+from fray import _plan as P
+from fray import backend as B
+from fray.ops import attention as A
+from fray.reference import attention as ref
+from fray.testing import assert_close
+
+INTERPRET = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                               reason="needs TRITON_INTERPRET=1 (the Bazel CPU target sets it)")
+
+
+def _cu(lens, device="cpu"):
+    return torch.tensor([0] + np.cumsum(lens).tolist(), dtype=torch.int32, device=device)
+
+
+def _varlen_case(dtype, lens_q, lens_k, hq, hkv, d, seed=0, device="cpu"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    tq, tk = sum(lens_q), sum(lens_k)
+    q = torch.randn(tq, hq, d, device=device, generator=g).to(dtype)
+    k = torch.randn(tk, hkv, d, device=device, generator=g).to(dtype)
+    v = torch.randn(tk, hkv, d, device=device, generator=g).to(dtype)
+    return q, k, v, _cu(lens_q, device), _cu(lens_k, device)
+
+
+def _expected(q, k, v, cu_q=None, cu_k=None, causal=True, scale=None):
+    f64 = [t.detach().to("cpu", torch.float64).numpy() for t in (q, k, v)]
+    cu = [None if c is None else c.cpu().tolist() for c in (cu_q, cu_k)]
+    return ref.prefill_attention(*f64, cu[0], cu[1], causal, scale)
+
+
+def _check(out, lse, expected, dtype, what, rows=None):
+    """out / lse against the reference; rows: only the first `rows` packed query rows (the rest is
+    padding that the GPU does not write)."""
+    e, el, mag = expected
+    out, lse, el = out.cpu(), lse.cpu(), torch.from_numpy(np.asarray(el))
+    e, mag = torch.from_numpy(e), torch.from_numpy(mag)
+    if rows is not None:
+        out, e, mag, lse, el = out[:rows], e[:rows], mag[:rows], lse[:, :rows], el[:, :rows]
+    assert_close(out, e, dtype, what, scale=mag)
+    empty = torch.isinf(el)
+    assert torch.equal(torch.isinf(lse) & (lse < 0), empty), "%s: lse -inf rows differ" % what
+    assert_close(lse[~empty], el[~empty], torch.float32, what + " lse")
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the reference against hand-computed values and a direct softmax formula
+
+def _one_head(n_q, keys, values, d=64):
+    """n_q queries of ones against keys / values whose rows are constant (one head, D = 64)."""
+    q = np.ones((n_q, 1, d))
+    k = np.repeat(np.asarray(keys, dtype=np.float64)[:, None, None], d, axis=2)
+    v = np.repeat(np.asarray(values, dtype=np.float64)[:, None, None], d, axis=2)
+    return q, k, v
+
+
+def test_reference_hand_computed():
+    # equal keys: each query averages the values it sees. 2 queries, 3 keys, causal bottom-right:
+    # query 0 sees keys 0, 1 (mean 3), query 1 sees all three (mean 14/3).
+    q, k, v = _one_head(2, [0.0, 0.0, 0.0], [2.0, 4.0, 8.0])
+    out, lse, _ = ref.prefill_attention(q, k, v, [0, 2], [0, 3], causal=True)
+    np.testing.assert_allclose(out[:, 0, 0], [3.0, 14.0 / 3.0], rtol=1e-15)
+    np.testing.assert_allclose(lse[0], [math.log(2.0), math.log(3.0)], rtol=1e-15)
+    out, lse, _ = ref.prefill_attention(q, k, v, [0, 2], [0, 3], causal=False)
+    np.testing.assert_allclose(out[:, 0, 0], [14.0 / 3.0] * 2, rtol=1e-15)
+    # one key with score 4 (q.k = 64 * 0.5 = 32, scale 1/8): the output is its value, lse = 4
+    q, k, v = _one_head(1, [0.5], [7.0])
+    out, lse, _ = ref.prefill_attention(q, k, v, [0, 1], [0, 1])
+    np.testing.assert_allclose(out[0, 0], np.full(64, 7.0), rtol=1e-15)
+    np.testing.assert_allclose(lse, [[4.0]], rtol=1e-15)
+    # 3 queries, 1 key (more queries than keys, causal): queries 0 and 1 see nothing
+    q, k, v = _one_head(3, [0.0], [5.0])
+    out, lse, _ = ref.prefill_attention(q, k, v, [0, 3], [0, 1])
+    assert (out[:2] == 0).all() and (lse[0, :2] == -np.inf).all()
+    np.testing.assert_allclose(out[2, 0], np.full(64, 5.0), rtol=1e-15)
+    assert lse[0, 2] == 0.0
+    # scale: keys 0 and 1/64 per element give scores 0 and scale; weights 1 : e^scale = 1 : 3
+    q, k, v = _one_head(1, [0.0, 1.0 / 64], [0.0, 1.0])
+    out, lse, _ = ref.prefill_attention(q, k, v, [0, 1], [0, 2], scale=math.log(3.0))
+    np.testing.assert_allclose(out[0, 0], np.full(64, 0.75), rtol=1e-14)
+    np.testing.assert_allclose(lse, [[math.log(4.0)]], rtol=1e-14)
+
+
+def test_reference_gqa_head_mapping():
+    # Hq = 4, Hkv = 2: query heads 0, 1 read kv head 0, heads 2, 3 kv head 1
+    q = np.ones((1, 4, 64))
+    k = np.zeros((1, 2, 64))
+    v = np.stack([np.full(64, 1.0), np.full(64, 2.0)])[None]
+    out, _, _ = ref.prefill_attention(q, k, v, [0, 1], [0, 1])
+    np.testing.assert_allclose(out[0, :, 0], [1.0, 1.0, 2.0, 2.0])
+
+
+def _direct(q, k, v, lens_q, lens_k, causal, scale):
+    """softmax(scale q k^T + mask) v per sequence with torch's softmax, GQA by repeating kv heads."""
+    out = torch.zeros_like(q)
+    lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=q.dtype)
+    group = q.shape[1] // k.shape[1]
+    q0 = k0 = 0
+    for n_q, n_k in zip(lens_q, lens_k):
+        qs = q[q0:q0 + n_q].transpose(0, 1)                                  # [Hq, n_q, D]
+        ks = k[k0:k0 + n_k].repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, n_k, D]
+        vs = v[k0:k0 + n_k].repeat_interleave(group, dim=1).transpose(0, 1)
+        s = scale * qs @ ks.transpose(1, 2)
+        if causal:
+            i = torch.arange(n_q)[:, None]
+            j = torch.arange(n_k)[None, :]
+            s = s.masked_fill(j > i + n_k - n_q, -math.inf)
+        seen = torch.isfinite(s).any(-1)                                     # [Hq, n_q]
+        p = torch.where(seen[..., None], torch.softmax(s, -1), torch.zeros_like(s))
+        out[q0:q0 + n_q] = (p @ vs).transpose(0, 1)
+        lse[:, q0:q0 + n_q] = torch.where(seen, torch.logsumexp(s, -1), torch.full_like(seen, -math.inf, dtype=q.dtype))
+        q0, k0 = q0 + n_q, k0 + n_k
+    return out, lse
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (3, 1)])
+def test_reference_matches_direct_softmax(causal, hq, hkv):
+    lens_q, lens_k = [3, 0, 7, 9, 1, 5], [3, 4, 7, 20, 0, 2]   # q shorter, longer, equal, empty
+    q, k, v, cu_q, cu_k = _varlen_case(torch.float64, lens_q, lens_k, hq, hkv, 64, seed=hq)
+    out, lse, mag = ref.prefill_attention(q.numpy(), k.numpy(), v.numpy(), cu_q, cu_k, causal, 0.2)
+    want, want_lse = _direct(q, k, v, lens_q, lens_k, causal, 0.2)
+    torch.testing.assert_close(torch.from_numpy(out), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.from_numpy(lse), want_lse, rtol=1e-12, atol=1e-12)
+    assert (mag >= np.abs(out) - 1e-12).all()
+
+
+def test_reference_batched_form_is_the_varlen_form():
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(3, 5, 4, 64, generator=g, dtype=torch.float64)
+    k = torch.randn(3, 9, 2, 64, generator=g, dtype=torch.float64)
+    v = torch.randn(3, 9, 2, 64, generator=g, dtype=torch.float64)
+    out, lse, _ = ref.prefill_attention(q.numpy(), k.numpy(), v.numpy())
+    vo, vl, _ = ref.prefill_attention(q.reshape(15, 4, 64).numpy(), k.reshape(27, 2, 64).numpy(),
+                                      v.reshape(27, 2, 64).numpy(), [0, 5, 10, 15], [0, 9, 18, 27])
+    assert out.shape == (3, 5, 4, 64) and lse.shape == (3, 4, 5)
+    np.testing.assert_array_equal(out.reshape(15, 4, 64), vo)
+    np.testing.assert_array_equal(lse, vl.reshape(4, 3, 5).transpose(1, 0, 2))
+
+
+def test_public_api_numpy_and_cpu_tensors():
+    q, k, v = _one_head(2, [0.0, 0.0, 0.0], [2.0, 4.0, 8.0])
+    y, lse = fray.prefill_attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32),
+                                    cu_seqlens_q=np.array([0, 2]), cu_seqlens_k=np.array([0, 3]), return_lse=True)
+    assert isinstance(y, np.ndarray) and y.dtype == np.float32 and lse.dtype == np.float32 and lse.shape == (1, 2)
+    np.testing.assert_allclose(y[:, 0, 0], [3.0, 14.0 / 3.0], rtol=1e-6)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        q, k, v, cu_q, cu_k = _varlen_case(dtype, [5, 0, 3], [5, 2, 6], 4, 2, 64)
+        out = torch.full_like(q, float("nan"))
+        y, lse = fray.prefill_attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out, return_lse=True)
+        assert y is out and y.dtype == dtype and lse.dtype == torch.float32 and lse.shape == (4, 8)
+        _check(y, lse, _expected(q, k, v, cu_q, cu_k), dtype, "cpu %s" % dtype)
+        # the batched form of one sequence, and max_seqlen bounds accepted on the CPU
+        yb, lb = fray.prefill_attention(q[None, :5], k[None, :5], v[None, :5], causal=False, return_lse=True)
+        yv = fray.prefill_attention(q[:5], k[:5], v[:5], causal=False, cu_seqlens_q=cu_q[:2], cu_seqlens_k=cu_k[:2],
+                                    max_seqlen_q=5, max_seqlen_k=5)
+        assert yb.shape == (1, 5, 4, 64) and lb.shape == (1, 4, 5) and torch.equal(yb[0], yv)
+
+
+def test_registration():
+    assert fray.OPS["prefill_attention"] == "attention" and hasattr(torch.ops.fray, "prefill_attention")
+    assert B._PREFERENCE["prefill_attention"] == ("triton",)
+    avail = B.available("prefill_attention", "attention", torch.device("cpu"))
+    assert avail["cuda"] == "the CUDA prefill kernel is not built yet"
+    assert list(inspect.signature(fray.triton.attention_prefill).parameters) == ["q_all", "k_all", "v_all", "causal"]
+    with pytest.raises(ValueError, match="backend: 'triton' needs CUDA tensors"):
+        fray.triton.attention_prefill(*(t[None] for t in _varlen_case(torch.float16, [4], [4], 2, 2, 64)[:3]))
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the error contract (validation runs before the CPU / GPU split, so CPU tensors show it)
+
+def _args(**change):
+    q, k, v, cu_q, cu_k = _varlen_case(torch.bfloat16, [5, 3], [5, 6], 4, 2, 64)
+    kw = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    kw.update(change)
+    return kw
+
+
+def _call(kw):
+    kw = dict(kw)
+    return fray.prefill_attention(kw.pop("q"), kw.pop("k"), kw.pop("v"), **kw)
+
+
+_BF = torch.bfloat16
+ERRORS = [
+    # dtypes
+    (dict(k=torch.zeros(11, 2, 64, dtype=torch.float16)), TypeError, "k: expected dtype bfloat16"),
+    (dict(v=torch.zeros(11, 2, 64)), TypeError, "v: expected dtype bfloat16"),
+    (dict(q=torch.zeros(8, 4, 64, dtype=torch.int32)), TypeError, r"q: expected dtype in"),
+    (dict(q=torch.zeros(8, 4, 64, dtype=torch.float64)), TypeError, r"q: expected dtype in"),
+    (dict(cu_seqlens_q=torch.tensor([0, 5, 8])), TypeError, "cu_seqlens_q: expected dtype int32, got int64"),
+    (dict(cu_seqlens_k=torch.tensor([0.0, 5, 11])), TypeError, "cu_seqlens_k: expected dtype int32"),
+    (dict(k=[0.0]), TypeError, "k: expected a torch.Tensor"),
+    # heads and head dims
+    (dict(v=torch.zeros(11, 4, 64, dtype=_BF)), ValueError, r"v: expected shape \(11, 2, 64\)"),
+    (dict(k=torch.zeros(11, 3, 64, dtype=_BF), v=torch.zeros(11, 3, 64, dtype=_BF)), ValueError,
+     "q: the query head count Hq=4 must be a multiple of k's kv head count Hkv=3"),
+    (dict(k=torch.zeros(11, 2, 128, dtype=_BF), v=torch.zeros(11, 2, 128, dtype=_BF)), ValueError,
+     "k: head dim 128 differs from q's 64"),
+    (dict(q=torch.zeros(8, 4, 96, dtype=_BF), k=torch.zeros(11, 2, 96, dtype=_BF), v=torch.zeros(11, 2, 96, dtype=_BF)),
+     ValueError, r"q: head dim must be one of \(64, 128, 256\), got 96"),
+    (dict(q=torch.zeros(8, 64, dtype=_BF)), ValueError, r"q: the varlen form .* takes q \[total_q, Hq, D\]"),
+    (dict(k=torch.zeros(1, 11, 2, 64, dtype=_BF)), ValueError, r"k: the varlen form"),
+    # cu_seqlens shapes and values
+    (dict(cu_seqlens_q=torch.zeros(1, 3, dtype=torch.int32)), ValueError, r"cu_seqlens_q: expected shape \[B \+ 1\]"),
+    (dict(cu_seqlens_q=torch.zeros(0, dtype=torch.int32)), ValueError, r"cu_seqlens_q: expected shape \[B \+ 1\]"),
+    (dict(cu_seqlens_k=torch.tensor([0, 11], dtype=torch.int32)), ValueError,
+     r"cu_seqlens_k: expected shape \(3,\), got \(2,\)"),
+    (dict(cu_seqlens_k=None), ValueError, "cu_seqlens_k: expected a tensor with cu_seqlens_q"),
+    (dict(cu_seqlens_q=None), ValueError, "cu_seqlens_q: expected a tensor with cu_seqlens_k"),
+    (dict(cu_seqlens_q=torch.tensor([1, 5, 8], dtype=torch.int32)), ValueError,
+     "cu_seqlens_q: expected entry 0 to be 0, got 1"),
+    (dict(cu_seqlens_k=torch.tensor([0, 6, 5], dtype=torch.int32)), ValueError,
+     "cu_seqlens_k: expected non-decreasing offsets; entry 2 = 5 < entry 1 = 6"),
+    (dict(cu_seqlens_q=torch.tensor([0, 5, 9], dtype=torch.int32)), ValueError,
+     "cu_seqlens_q: the last offset 9 lies past q's 8 rows"),
+    (dict(max_seqlen_k=5), ValueError, "cu_seqlens_k: sequence 1 has 6 tokens, more than max_seqlen_k=5"),
+    (dict(max_seqlen_q=5.0), TypeError, "max_seqlen_q: expected a Python int, got float"),
+    (dict(max_seqlen_q=True), TypeError, "max_seqlen_q: expected a Python int, got bool"),
+    (dict(max_seqlen_k=-1), ValueError, "max_seqlen_k: expected a value >= 0"),
+    # devices (meta tensors stand in for a second device: validation never touches their data)
+    (dict(k=torch.zeros(11, 2, 64, dtype=_BF, device="meta")), TypeError, "k: expected a tensor on cpu"),
+    (dict(cu_seqlens_q=torch.zeros(3, dtype=torch.int32, device="meta")), TypeError,
+     "cu_seqlens_q: expected a tensor on cpu"),
+    (dict(out=torch.zeros(8, 4, 64, dtype=_BF, device="meta")), TypeError, "out: expected a tensor on cpu"),
+    # layout, out, scalars, backend
+    (dict(k=torch.zeros(11, 2, 128, dtype=_BF)[:, :, ::2]), ValueError, "k: the last dimension must be contiguous"),
+    (dict(out=torch.zeros(8, 4, 64)), TypeError, "out: expected dtype bfloat16"),
+    (dict(out=torch.zeros(8, 2, 64, dtype=_BF)), ValueError, r"out: expected shape \(8, 4, 64\)"),
+    (dict(causal=1), TypeError, "causal: expected a bool, got int"),
+    (dict(return_lse="yes"), TypeError, "return_lse: expected a bool, got str"),
+    (dict(scale=-1.0), ValueError, "scale: expected a finite value > 0"),
+    (dict(scale="0.1"), TypeError, "scale: expected a float or None"),
+    (dict(backend="cuda"), RuntimeError, "backend='cuda' cannot run prefill_attention: the CUDA prefill kernel is not "
+                                         "built yet"),
+    (dict(backend="triton"), ValueError, "backend: 'triton' needs CUDA tensors"),
+    (dict(backend="fast"), ValueError, "backend: expected one of"),
+]
+
+
+@pytest.mark.parametrize("change,exc,message", ERRORS, ids=[m[:40] for _, _, m in ERRORS])
+def test_error_contract(change, exc, message):
+    with pytest.raises(exc, match=message):
+        _call(_args(**change))
+
+
+def test_error_contract_batched_form():
+    q = torch.zeros(2, 5, 4, 64, dtype=_BF)
+    k = torch.zeros(2, 7, 2, 64, dtype=_BF)
+    with pytest.raises(ValueError, match=r"k: expected \[B=2, Sk, Hkv, D\]"):
+        fray.prefill_attention(q, k[:1], k[:1])
+    with pytest.raises(ValueError, match="max_seqlen_q: only the varlen form"):
+        fray.prefill_attention(q, k, k, max_seqlen_q=5)
+    with pytest.raises(ValueError, match=r"q: expected \[B, Sq, Hq, D\]"):
+        fray.prefill_attention(q[0, 0], k, k)
+    with pytest.raises(TypeError, match="q: expected a numpy.ndarray like q|k: expected a numpy.ndarray"):
+        fray.prefill_attention(np.zeros((2, 5, 4, 64), np.float32), k, k)
+    # on CUDA tensors the varlen form needs max_seqlen (the check, without a GPU)
+    with pytest.raises(ValueError, match="max_seqlen_q: the varlen form on CUDA tensors needs"):
+        A._check_max_seqlen("max_seqlen_q", None, True, True)
+
+
+def test_check_indices_refused_during_capture(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    cu = torch.tensor([0, 1], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="FRAY_CHECK_INDICES=1 checks cu_seqlens .* CUDA-graph capture"):
+        A._device_check_cu(cu, cu, 1, 1, 1, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the Triton kernel under TRITON_INTERPRET=1 (small shapes: the interpreter is slow)
+
+def _triton_varlen(q, k, v, cu_q, cu_k, causal, scale=None, block=16):
+    from fray_triton import prefill_attention as tp
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((q.shape[1], q.shape[0]), float("nan"))
+    lens = (cu_q[1:] - cu_q[:-1]).tolist()
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    tp.prefill(q, k, v, out, lse, cu_q, cu_k, scale, causal=causal, batch=cu_q.shape[0] - 1,
+               max_seqlen_q=max(lens + [0]), seqlen_k=0, q_strides=(0, q.stride(0), q.stride(1)),
+               k_strides=(0, k.stride(0), k.stride(1)), v_strides=(0, v.stride(0), v.stride(1)),
+               out_strides=(0, out.stride(0), out.stride(1)), lse_strides=(0, lse.stride(0)),
+               block_m=block, block_n=block)
+    return out, lse
+
+
+@INTERPRET
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("hq,hkv,d", [(2, 2, 64), (4, 1, 128)])
+def test_triton_interpreter_vs_reference(causal, dtype, hq, hkv, d):
+    # lengths 1, 17, 64 (whole 16-tiles), 65 (one past) and an empty sequence, q and k alike
+    lens = [1, 17, 0, 64, 65]
+    q, k, v, cu_q, cu_k = _varlen_case(dtype, lens, lens, hq, hkv, d, seed=d + hq)
+    out, lse = _triton_varlen(q, k, v, cu_q, cu_k, causal)
+    _check(out, lse, _expected(q, k, v, cu_q, cu_k, causal), dtype,
+           "triton causal=%s group=%d D=%d" % (causal, hq // hkv, d))
+
+
+@INTERPRET
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_triton_interpreter_chunked_prefill(dtype):
+    # q shorter than k (queries are the last positions: chunked prefill against a cached prefix),
+    # q longer than k (the first n_q - n_k queries see nothing), and an empty k
+    lens_q, lens_k = [5, 16, 20, 3], [40, 17, 7, 0]
+    q, k, v, cu_q, cu_k = _varlen_case(dtype, lens_q, lens_k, 4, 2, 64, seed=7)
+    out, lse = _triton_varlen(q, k, v, cu_q, cu_k, True, scale=0.3)
+    e = _expected(q, k, v, cu_q, cu_k, True, 0.3)
+    assert np.isinf(e[1][:, 41:54]).all() and np.isinf(e[1][:, 61:]).all()  # the rows that see no key
+    _check(out, lse, e, dtype, "chunked prefill %s" % dtype)
+
+
+@INTERPRET
+def test_triton_interpreter_batched_strided_and_default_blocks():
+    from fray_triton import prefill_attention as tp
+    g = torch.Generator().manual_seed(5)
+    # q, k, v as slices of one packed qkv projection [B, S, Hq + 2 Hkv, D] (strided heads)
+    qkv = torch.randn(2, 33, 4 + 2 + 2, 64, generator=g).to(torch.float16)
+    q, k, v = qkv[:, :17, :4], qkv[:, :, 4:6], qkv[:, :, 6:]
+    for causal, block in ((True, None), (False, 16)):
+        out = torch.full(q.shape, float("nan"), dtype=q.dtype)
+        lse = torch.full((2, 4, 17), float("nan"))
+        tp.prefill(q, k, v, out, lse, None, None, 0.125, causal=causal, batch=2, max_seqlen_q=17, seqlen_k=33,
+                   q_strides=q.stride()[:3], k_strides=k.stride()[:3], v_strides=v.stride()[:3],
+                   out_strides=out.stride()[:3], lse_strides=lse.stride()[:2], block_m=block, block_n=block)
+        _check(out.reshape(34, 4, 64), lse.transpose(0, 1).reshape(4, 34),
+               tuple(x.reshape(34, 4, 64) if x.ndim == 4 else x.transpose(1, 0, 2).reshape(4, 34)
+                     for x in _expected(q, k, v, causal=causal, scale=0.125)),
+               torch.float16, "batched causal=%s block=%s" % (causal, block))
+
+
+@INTERPRET
+def test_triton_interpreter_clamps_bad_cu_seqlens():
+    # Outside the trust boundary: offsets past the packed rows are clamped to them.
+    q, k, v, cu_q, cu_k = _varlen_case(torch.float32, [9, 7], [9, 7], 2, 2, 64, seed=3)
+    out, lse = _triton_varlen(q, k, v, torch.tensor([0, 9, 40], dtype=torch.int32),
+                              torch.tensor([0, 9, 90], dtype=torch.int32), True)
+    _check(out, lse, _expected(q, k, v, cu_q, cu_k, True), torch.float32, "clamped")
+
+
+@INTERPRET
+def test_ops_layer_wiring_under_interpreter(monkeypatch):
+    """The ops layer's GPU implementation (plans, strides of both forms, lse layouts, the empty
+    cases) driven on CPU tensors through the interpreter, with the CUDA-only calls stubbed out."""
+    monkeypatch.setattr(P, "PLANS", P.PlanCache())
+    monkeypatch.setattr(A.B, "resolve", lambda *a: "triton")
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    q, k, v, cu_q, cu_k = _varlen_case(torch.bfloat16, [3, 20], [30, 20], 4, 2, 64, seed=11)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((4, 23), float("nan"))
+    A._prefill_impl(q, k, v, cu_q, cu_k, out, lse, True, 20, 30, 0.125, "auto")
+    _check(out, lse, _expected(q, k, v, cu_q, cu_k, True, 0.125), torch.bfloat16, "ops varlen")
+    assert len(P.PLANS) == 1
+    A._prefill_impl(q, k, v, cu_q, cu_k, out, lse, True, 20, 30, 0.125, "auto")  # the cached plan
+    assert len(P.PLANS) == 1
+    # batched: lse [B, Hq, Sq]
+    qb, kb, vb = q[3:].reshape(1, 20, 4, 64), k[30:].reshape(1, 20, 2, 64), v[30:].reshape(1, 20, 2, 64)
+    ob = torch.full_like(qb, float("nan"))
+    lb = torch.full((1, 4, 20), float("nan"))
+    A._prefill_impl(qb, kb, vb, None, None, ob, lb, False, 20, 20, 0.125, "auto")
+    e, el, mag = _expected(qb, kb, vb, causal=False, scale=0.125)
+    _check(ob[0], lb[0], (e[0], el[0], mag[0]), torch.bfloat16, "ops batched")
+    # no keys at all: zero rows, lse -inf, no launch
+    ob.fill_(float("nan"))
+    A._prefill_impl(qb, kb[:, :0], vb[:, :0], None, None, ob, lb, True, 20, 0, 0.125, "auto")
+    assert (ob == 0).all() and (lb == -math.inf).all()
+    # FRAY_BACKEND=cuda reaches the plan: refused with the reason
+    monkeypatch.setattr(A.B, "resolve", lambda *a: "cuda")
+    with pytest.raises(RuntimeError, match="the CUDA prefill kernel is not built yet"):
+        A._prefill_impl(q, k, v, cu_q, cu_k, out, lse, False, 20, 30, 0.125, "auto")
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+LENS_Q = [1, 0, 17, 64, 65, 333, 1025]
+LENS_K = [1, 0, 17, 64, 65, 333, 1025]
+
+
+def _gpu_varlen(cuda, dtype, lens_q, lens_k, hq, hkv, d, seed, causal=True, **kw):
+    q, k, v, cu_q, cu_k = _varlen_case(dtype, lens_q, lens_k, hq, hkv, d, seed, cuda)
+    y, lse = fray.prefill_attention(q, k, v, causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                    max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), return_lse=True, **kw)
+    return (q, k, v, cu_q, cu_k), y, lse
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (32, 8), (12, 1)])
+def test_gpu_vs_reference(cuda, causal, dtype, d, hq, hkv):
+    (q, k, v, cu_q, cu_k), y, lse = _gpu_varlen(cuda, dtype, LENS_Q, LENS_K, hq, hkv, d, d + hq, causal)
+    torch.cuda.synchronize()
+    _check(y, lse, _expected(q, k, v, cu_q, cu_k, causal), dtype,
+           "gpu causal=%s %s D=%d Hq=%d Hkv=%d" % (causal, dtype, d, hq, hkv))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("lens_q,lens_k", [
+    ([16, 1, 300, 128], [4096, 100, 300, 129]),   # chunked prefill: the queries are the last positions
+    ([300, 64, 2], [100, 0, 1]),                  # more queries than keys: leading rows see nothing
+])
+def test_gpu_chunked_prefill(cuda, dtype, lens_q, lens_k):
+    (q, k, v, cu_q, cu_k), y, lse = _gpu_varlen(cuda, dtype, lens_q, lens_k, 16, 4, 128, 3, scale=0.07)
+    _check(y, lse, _expected(q, k, v, cu_q, cu_k, True, 0.07), dtype, "chunked %s" % lens_q)
+
+
+def _sdpa_f64(q, k, v, causal):
+    """SDPA in float64 (its math backend) on [B, S, H, D] inputs: an independent reference."""
+    import torch.nn.functional as F
+    args = [t.double().transpose(1, 2) for t in (q, k, v)]
+    o = F.scaled_dot_product_attention(*args, is_causal=causal, enable_gqa=True)
+    mag = F.scaled_dot_product_attention(args[0], args[1], args[2].abs(), is_causal=causal, enable_gqa=True)
+    return o.transpose(1, 2), mag.transpose(1, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_batched_vs_sdpa(cuda, causal, dtype):
+    """The benchmark's shape family at S = 2048: against SDPA in float64 (Sq = Sk, so SDPA's
+    top-left causal mask is the bottom-right one), and the SDPA a user would call (flash) within
+    the dtype's tolerance of the same reference."""
+    import torch.nn.functional as F
+    g = torch.Generator(device=cuda).manual_seed(4)
+    q = torch.randn(2, 2048, 32, 128, device=cuda, generator=g).to(dtype)
+    k = torch.randn(2, 2048, 8, 128, device=cuda, generator=g).to(dtype)
+    v = torch.randn(2, 2048, 8, 128, device=cuda, generator=g).to(dtype)
+    y = fray.prefill_attention(q, k, v, causal=causal)
+    e, mag = _sdpa_f64(q, k, v, causal)
+    assert_close(y, e, dtype, "batched causal=%s" % causal, scale=mag)
+    peer = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
+                                          enable_gqa=True).transpose(1, 2)
+    # both within the bound of the reference: within twice that bound of each other
+    assert_close(y.double(), peer.double(), dtype, "fray vs SDPA", scale=2 * torch.maximum(mag, e.abs()))
+    # the seed's name: batched, causal
+    if causal:
+        assert torch.equal(fray.triton.attention_prefill(q, k, v), y)
+
+
+@pytest.mark.gpu
+def test_gpu_strided_qkv_and_out(cuda):
+    g = torch.Generator(device=cuda).manual_seed(8)
+    lens = [100, 1, 517]
+    qkv = torch.randn(618, 16 + 4 + 4, 128, device=cuda, generator=g).to(torch.bfloat16)
+    q, k, v = qkv[:, :16], qkv[:, 16:20], qkv[:, 20:]
+    cu = _cu(lens, cuda)
+    out = torch.full((618, 20, 128), float("nan"), device=cuda, dtype=torch.bfloat16)[:, 2:18]
+    y, lse = fray.prefill_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=517, max_seqlen_k=517,
+                                    out=out, return_lse=True)
+    assert y is out
+    _check(y, lse, _expected(q, k, v, cu, cu), torch.bfloat16, "strided")
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_fullgraph(cuda):
+    q, k, v, cu_q, cu_k = _varlen_case(torch.float16, [70, 0, 130], [200, 5, 130], 8, 2, 64, 11, cuda)
+
+    def f(q, k, v, cu_q, cu_k):
+        y, lse = fray.prefill_attention(q * 2.0, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=130,
+                                        max_seqlen_k=200, return_lse=True)
+        return y + 1.0, lse
+
+    y, lse = torch.compile(f, fullgraph=True)(q, k, v, cu_q, cu_k)
+    e = _expected(q * 2.0, k, v, cu_q, cu_k)
+    _check(y - 1.0, lse, (e[0], e[1], e[2] + 1.0), torch.float16, "compiled")
+    ey, lse_eager = f(q, k, v, cu_q, cu_k)
+    assert torch.equal(y, ey) and torch.equal(lse, lse_eager)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture_with_new_cu_seqlens(cuda):
+    """One capture, replays with new lengths in the same buffers: max_seqlen bounds them all."""
+    total = 600
+    q, k, v, _, _ = _varlen_case(torch.bfloat16, [total], [total], 16, 4, 128, 9, cuda)
+    out = torch.empty_like(q)
+    cu_q = _cu([200, 200, 200], cuda)
+    cu_k = cu_q.clone()
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=total, max_seqlen_k=total, out=out)
+    fray.prefill_attention(q, k, v, return_lse=True, **kw)  # warm-up (Triton compiles, the plan is built)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = fray.prefill_attention(q, k, v, return_lse=True, **kw)
+    for new_q, new_k in (([0, 600, 600, 600], [0, 600, 600, 600]), ([0, 1, 65, 300], [0, 50, 65, 600]),
+                         ([0, 0, 0, 129], [0, 0, 17, 17])):
+        cu_q.copy_(torch.tensor(new_q))
+        cu_k.copy_(torch.tensor(new_k))
+        q.copy_(torch.randn_like(q))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(out, lse, _expected(q, k, v, cu_q, cu_k), torch.bfloat16, "graph replay %s / %s" % (new_q, new_k),
+               rows=new_q[-1])
+
+
+@pytest.mark.gpu
+def test_gpu_non_default_stream(cuda):
+    q, k, v, cu_q, cu_k = _varlen_case(torch.bfloat16, [300, 900], [300, 1000], 8, 2, 128, 12, cuda)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y, lse = fray.prefill_attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=900,
+                                        max_seqlen_k=1000, return_lse=True)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    _check(y, lse, _expected(q, k, v, cu_q, cu_k), torch.bfloat16, "side stream")
+
+
+@pytest.mark.gpu
+def test_gpu_check_indices_and_contract(cuda, monkeypatch):
+    q, k, v, cu_q, cu_k = _varlen_case(torch.float16, [10, 20], [10, 20], 4, 2, 64, 1, cuda)
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=20, max_seqlen_k=20)
+    with pytest.raises(ValueError, match="max_seqlen_q: the varlen form on CUDA tensors needs"):
+        fray.prefill_attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    with pytest.raises(RuntimeError, match="the CUDA prefill kernel is not built yet"):
+        fray.prefill_attention(q, k, v, backend="cuda", **kw)
+    monkeypatch.setenv("FRAY_CHECK_INDICES", "1")
+    with pytest.raises(ValueError, match="cu_seqlens_q: sequence 1 has 20 tokens, more than max_seqlen_q=19"):
+        fray.prefill_attention(q, k, v, **dict(kw, max_seqlen_q=19))
+    fray.prefill_attention(q, k, v, **kw)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="FRAY_CHECK_INDICES=1"):
+        with torch.cuda.graph(graph):
+            fray.prefill_attention(q, k, v, **kw)
+
+
+@pytest.mark.gpu
+def test_gpu_plan_cache_and_empty(cuda):
+    q, k, v, cu_q, cu_k = _varlen_case(torch.bfloat16, [5, 7], [5, 7], 4, 4, 64, 2, cuda)
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=7, max_seqlen_k=7)
+    y = fray.prefill_attention(q, k, v, **kw)
+    n = len(P.PLANS)
+    assert torch.equal(fray.prefill_attention(q, k, v, **kw), y) and len(P.PLANS) == n
+    empty = fray.prefill_attention(q[:0], k[:0], v[:0], cu_seqlens_q=cu_q[:1], cu_seqlens_k=cu_k[:1], max_seqlen_q=0,
+                                   max_seqlen_k=0)
+    assert empty.shape == (0, 4, 64)
