@@ -630,3 +630,37 @@ def test_gpu_seed_layout_and_empty(cuda, backend):
     e = _expected(q, k, v, lens)
     assert_close(y[:, :, 0], e[0], torch.bfloat16, "%s 4-d q" % backend, scale=e[2])
     assert fray.decode_attention(q[:0], k[:0], v[:0], lens[:0], backend=backend).shape == (0, 4, 128)
+
+
+def test_cuda_plan_scratch_without_a_gpu(monkeypatch):
+    """The CUDA decode plan's one scratch allocation: po, pl and (when not returned) lse are
+    addresses into it, in that order; a returned lse is the caller's tensor. The extension is a
+    recorder, so this runs on CPU tensors."""
+    calls = []
+
+    class _Ext:
+        @staticmethod
+        def decode_split_size(code, d, group, batch, hkv, capacity, num_splits, num_sms, paged):
+            return 16  # capacity 37 -> 3 splits
+
+        @staticmethod
+        def decode(ptrs, ints, floats, device, stream):
+            calls.append(ptrs)
+
+    monkeypatch.setattr(P, "PLANS", P.PlanCache())
+    monkeypatch.setattr(A.B, "resolve", lambda *a: "cuda")
+    monkeypatch.setattr(A.B, "load_extension", lambda family: _Ext)
+    monkeypatch.setattr(A.B, "current_stream", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(B, "num_sms", lambda i: 4)
+    q, k, v, _, _, _, lens = A._random_case(torch.bfloat16, "cpu", lens=(37, 16))
+    k, v = k[:, :, :37].contiguous(), v[:, :, :37].contiguous()  # capacity 37: 3 splits of 16
+    out, lse = torch.empty(2, 4, 1, 64, dtype=q.dtype), torch.empty(2, 4)
+    plan = A._decode_plan("decode_attention", q[:, :, None], k, v, None, out, lse, 0.125, False, 0, "auto")
+    assert plan.splits == 3 and plan.q_shape == (2, 4, 64)
+    plan(q[:, :, None], k, v, lens, None, out, lse)
+    ptrs = calls[-1]
+    assert ptrs[6] is lse and isinstance(ptrs[7], int) and ptrs[8] == ptrs[7] + 4 * 2 * 4 * 3 * 64
+    plan(q[:, :, None], k, v, lens, None, out, None)  # lse not returned: it follows pl in the scratch
+    ptrs = calls[-1]
+    assert isinstance(ptrs[6], int) and ptrs[6] == ptrs[8] + 4 * 2 * 4 * 3

@@ -311,11 +311,14 @@ class _DecodePlan:
                  "scale", "ks", "vs", "strides16", "cuda_args", "split", "splits", "q_shape", "num_sms")
 
     def __call__(self, q, k, v, lens, block_table, out, lse):
+        """lse: the caller's [B, Hq] fp32 tensor, or None when the caller does not return it (the
+        CUDA path then keeps it in its one scratch allocation)."""
         if env.check_indices():  # here rather than in the wrapper: compiled graphs check too
             _device_check_indices(lens, self.capacity, block_table, self.page, k.shape[0])
         if self.capacity == 0:
             _three(out).zero_()
-            lse.fill_(float("-inf"))
+            if lse is not None:
+                lse.fill_(float("-inf"))
             return
         if self.be == "cuda":
             if self.strides16 and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0:
@@ -330,16 +333,31 @@ class _DecodePlan:
         self._triton(q, k, v, lens, block_table, out, lse)
 
     def _cuda(self, q, k, v, lens, block_table, out, lse):
+        # One fp32 scratch allocation per call (from the caching allocator; a graph's pool while
+        # capturing) holds what the caller does not keep: the combine's inputs po [B, Hq, splits, D]
+        # and pl [B, Hq, splits] when splits > 1, and lse [B, Hq] when it is not returned. Passed
+        # as addresses into it (the binder takes ints), so no view is built per call.
+        batch, hq, d = self.q_shape
+        n_po = batch * hq * self.splits * d if self.splits > 1 else 0
+        n_pl = batch * hq * self.splits if self.splits > 1 else 0
+        n_lse = batch * hq if lse is None else 0
         po = pl = None
-        if self.splits > 1:  # the combine's inputs; from the caching allocator (a graph's pool while capturing)
-            batch, hq, d = self.q_shape
-            po = torch.empty((batch, hq, self.splits, d), dtype=torch.float32, device=q.device)
-            pl = torch.empty((batch, hq, self.splits), dtype=torch.float32, device=q.device)
+        ws = None
+        if n_po + n_lse:
+            ws = torch.empty(n_po + n_pl + n_lse, dtype=torch.float32, device=q.device)
+            base = ws.data_ptr()
+            if n_po:
+                po, pl = base, base + 4 * n_po
+            if n_lse:
+                lse = base + 4 * (n_po + n_pl)
         B.load_extension(FAMILY).decode((q, k, v, lens, block_table, out, lse, po, pl), self.cuda_args,
                                         (self.scale,), self.dev, B.current_stream(q.device))
+        del ws  # freed to the caching allocator after the launch is enqueued (stream-ordered reuse)
 
     def _triton(self, q, k, v, lens, block_table, out, lse):
         from fray_triton import attention as tattn
+        if lse is None:
+            lse = torch.empty(self.q_shape[:2], dtype=torch.float32, device=q.device)
         q3, o3 = _three(q), _three(out)
         ks, vs = tuple(k.stride(i) for i in self.dims), tuple(v.stride(i) for i in self.dims)
         with torch.cuda.device(q.device):
@@ -369,6 +387,8 @@ def _decode_plan(op, q, k, v, block_table, out, lse, scale, nhd, num_splits, bac
         p.page, p.hkv, p.capacity = 1, k.shape[1], k.shape[2]
     p.dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
     p.num_sms = B.num_sms(p.dev)
+    p.q_shape = tuple(q3.shape)  # (batch, hq, d)
+    p.splits = 1
     p.strides16 = False
     if p.be == "cuda" and p.capacity > 0:
         p.ks, p.vs = _strides(k, p.dims), _strides(v, p.dims)
@@ -378,7 +398,6 @@ def _decode_plan(op, q, k, v, block_table, out, lse, scale, nhd, num_splits, bac
         code = V.DTYPE_CODES[q3.dtype]
         p.split = _cuda_split_size(code, d, hq // p.hkv, batch, p.hkv, p.capacity, num_splits, p.num_sms, p.paged)
         p.splits = -(-p.capacity // p.split)
-        p.q_shape = (batch, hq, d)
         # the launcher's int slots (cuda/attention/attention.h)
         p.cuda_args = (q3.stride(0), q3.stride(1)) + p.ks + p.vs + (
             block_table.stride(0) if p.paged else 0, p.page, o3.stride(0), o3.stride(1), lse.stride(0), batch, hq,
@@ -569,10 +588,11 @@ def decode_attention(q, k_cache, v_cache, lens, *, kv_layout="HND", scale=None, 
 
 
 def _decode_launch(plan, q, k, v, lens, block_table, out, return_lse):
-    """A cached decode plan's call: allocate what the caller did not pass, launch."""
+    """A cached decode plan's call: allocate what the caller did not pass, launch (an lse that is
+    not returned lives in the plan's scratch allocation)."""
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
     plan(q, k, v, lens, block_table, out, lse)
     return (out, lse) if return_lse else out
 
