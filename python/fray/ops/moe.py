@@ -351,7 +351,9 @@ def moe_route(router_logits, top_k, *, scoring="softmax", renormalize=True, num_
     logit makes the token's whole row NaN (as torch.softmax): every selection score then counts as
     -inf, the row picks experts 0..k-1 (of its kept groups) and its weights are NaN; under sigmoid
     only that expert's score is NaN and it ranks last. A zero sum of chosen scores (sigmoid of
-    -inf logits) renormalises to NaN. Recipes: Mixtral moe_route(x, 2) over 8 experts; Qwen3-MoE
+    -inf logits) renormalises to NaN. The kernel chooses on fp32 scores: experts whose fp32 scores
+    round equal (sigmoids of logits beyond ~17 all round to 1) tie and go to the lower id, where
+    the float64 reference may still tell them apart. Recipes: Mixtral moe_route(x, 2) over 8 experts; Qwen3-MoE
     moe_route(x, 8) over 128; DeepSeek-V3 moe_route(x, 8, scoring="sigmoid", correction_bias=b,
     num_expert_group=8, topk_group=4, routed_scaling_factor=2.5) over 256. top_k <= 64.
 
