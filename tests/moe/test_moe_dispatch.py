@@ -311,3 +311,13 @@ def test_gpu_check_indices(cuda, monkeypatch):
         fray.moe_dispatch(torch.tensor([[0, 9]], dtype=torch.int32, device=cuda), 8, 16)
     with pytest.raises(RuntimeError, match="backend='cuda' cannot run moe_dispatch"):
         fray.moe_dispatch(torch.zeros(1, 1, dtype=torch.int32, device=cuda), 8, 16, backend="cuda")
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the benchmark's torch composite computes the same metadata (bench/moe's peers)
+
+@pytest.mark.parametrize("t,k,e,bm,skew", TRITON_CASES)
+def test_bench_composite_matches_the_reference(t, k, e, bm, skew):
+    from fray.bench import moe as bench
+    ids = _random_ids(t, k, e, t + e, skew)
+    _assert_equal(bench.eager_dispatch(ids, e, bm), ref.moe_dispatch(ids.numpy(), e, bm), "torch composite")

@@ -429,3 +429,17 @@ def test_gpu_errors(cuda):
         fray.moe_route(x, 2, backend="reference")
     with pytest.raises(TypeError, match="correction_bias: expected a tensor on cuda"):
         fray.moe_route(x, 2, correction_bias=torch.zeros(16))
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the benchmark's torch composite computes the same routing (bench/moe's peers)
+
+@pytest.mark.parametrize("recipe", sorted(moe.RECIPES))
+def test_bench_composite_matches_the_reference(recipe):
+    from fray.bench import moe as bm
+    x, k, kw = moe._recipe_args(recipe, 9, torch.float32, "cpu")
+    w, ids = bm.eager_route(x, k, **kw)
+    _assert_route(x, k, w, ids, None, "torch composite " + recipe, **kw)
+    assert bm.parse_shapes("moe_route", "mixtral:T1,deepseek_v3:T4096") == [("mixtral", 1), ("deepseek_v3", 4096)]
+    with pytest.raises(ValueError, match="shapes: expected"):
+        bm.parse_shapes("moe_route", "128x8")

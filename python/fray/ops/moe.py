@@ -16,7 +16,7 @@ them. CPU tensors and numpy arrays run the reference (float64 scores, exact inte
 There is no CUDA C++ backend yet: "auto" runs Triton on CUDA tensors.
 """
 import math
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -46,12 +46,12 @@ _ID_DTYPES = (torch.int32, torch.int64)
 
 class MoeDispatch(NamedTuple):
     """What moe_dispatch returns (a tuple: unpack it or use the names). Route r = token * k + rank."""
-    sorted_route_ids: object  # int32 [rows]: routes by expert, segments padded with the sentinel T*k
-    expert_offsets: object    # int32 [E + 1]: padded segment starts; [E] is the padded total
-    tile_expert: object       # int32 [rows / block_m]: the expert of each tile, -1 past num_tiles
-    num_tiles: object         # int32 [1]: tiles in use (expert_offsets[E] / block_m), on the device
-    inverse: object           # int32 [T * k]: route -> its row in sorted_route_ids, -1 if dropped
-    counts: object            # int32 [E]: routes per (local) expert
+    sorted_route_ids: Any     # int32 [rows]: routes by expert, segments padded with the sentinel T*k
+    expert_offsets: Any       # int32 [E + 1]: padded segment starts; [E] is the padded total
+    tile_expert: Any          # int32 [rows / block_m]: the expert of each tile, -1 past num_tiles
+    num_tiles: Any            # int32 [1]: tiles in use (expert_offsets[E] / block_m), on the device
+    inverse: Any              # int32 [T * k]: route -> its row in sorted_route_ids, -1 if dropped
+    counts: Any               # int32 [E]: routes per (local) expert
 
 
 def dispatch_rows(num_tokens, top_k, num_experts, block_m):
