@@ -218,7 +218,8 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"topk_ids: expected ids in \[0, 8\), got values in \[0, 8\]"):
         fray.moe_dispatch(torch.tensor([[0, 8]], dtype=torch.int32), 8, 16)
     with pytest.raises(ValueError, match=r"topk_ids: expected ids in \[0, 4\) \(the length of expert_map\)"):
-        fray.moe_dispatch(torch.tensor([[0, 5]], dtype=torch.int32), 8, 16, expert_map=torch.zeros(4, dtype=torch.int32))
+        fray.moe_dispatch(torch.tensor([[0, 5]], dtype=torch.int32), 8, 16,
+                          expert_map=torch.zeros(4, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"expert_map: expected local ids in \[-1, 8\)"):
         fray.moe_dispatch(ids, 8, 16, expert_map=torch.full((4,), 8, dtype=torch.int32))
     with pytest.raises(ValueError, match="backend: expected one of"):
