@@ -322,3 +322,9 @@ def test_bench_composite_matches_the_reference(t, k, e, bm, skew):
     from fray.bench import moe as bench
     ids = _random_ids(t, k, e, t + e, skew)
     _assert_equal(bench.eager_dispatch(ids, e, bm), ref.moe_dispatch(ids.numpy(), e, bm), "torch composite")
+
+
+def test_cuda_backend_says_why_it_cannot_run():
+    from fray import backend as B
+    assert "no CUDA C++ kernels" in B.cuda_unavailable_reason("moe", torch.device("cpu"))
+    assert fray.CUDA_FAMILY["moe_route"] == fray.CUDA_FAMILY["moe_dispatch"] == "moe"

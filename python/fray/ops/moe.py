@@ -32,6 +32,8 @@ OPS = ("moe_route", "moe_dispatch")
 __all__ = ["moe_route", "moe_dispatch"]
 B.register_preference("moe_route", ("triton",))
 B.register_preference("moe_dispatch", ("triton",))
+# No fray._C._moe extension yet: the family says itself why backend="cuda" cannot run.
+B.register_cuda_check(FAMILY, lambda device: "the moe family has no CUDA C++ kernels yet (use 'triton')")
 
 MAX_EXPERTS = 4096     # one routing program holds a token's whole row; the scan holds E counts
 MAX_TOP_K = 64         # the kernel unrolls its k argmax rounds
