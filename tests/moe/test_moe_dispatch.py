@@ -328,3 +328,28 @@ def test_cuda_backend_says_why_it_cannot_run():
     from fray import backend as B
     assert "no CUDA C++ kernels" in B.cuda_unavailable_reason("moe", torch.device("cpu"))
     assert fray.CUDA_FAMILY["moe_route"] == fray.CUDA_FAMILY["moe_dispatch"] == "moe"
+
+
+@INTERPRETER
+def test_custom_op_and_plan_under_the_interpreter(monkeypatch):
+    import contextlib
+
+    from fray import _plan as P
+    from fray import backend as B
+    monkeypatch.setattr(B, "resolve", lambda *a: "triton")
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    P.PLANS.clear()
+    try:
+        ids = _random_ids(50, 4, 32, 9)
+        emap = torch.arange(31, -1, -1, dtype=torch.int32)
+        emap[::3] = -1
+        for _ in range(2):  # the second call launches from the cached plan
+            outs = moe._dispatch_outputs(ids, 32, 16)
+            torch.ops.fray.moe_dispatch(ids, emap, *outs, 32, 16, "auto")
+            _assert_equal(outs[:6], _brute(ids, 32, 16, emap.numpy()), "custom op")
+        assert len(P.PLANS) == 1
+        outs = moe._dispatch_outputs(ids, 32, 16)
+        torch.library.opcheck(torch.ops.fray.moe_dispatch.default, (ids, None, *outs, 32, 16, "auto"),
+                              test_utils=("test_schema", "test_faketensor"))
+    finally:
+        P.PLANS.clear()

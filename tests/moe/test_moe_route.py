@@ -443,3 +443,34 @@ def test_bench_composite_matches_the_reference(recipe):
     assert bm.parse_shapes("moe_route", "mixtral:T1,deepseek_v3:T4096") == [("mixtral", 1), ("deepseek_v3", 4096)]
     with pytest.raises(ValueError, match="shapes: expected"):
         bm.parse_shapes("moe_route", "128x8")
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the custom op and its launch plan, run through the interpreter as if on a GPU
+
+@INTERPRETER
+def test_custom_op_and_plan_under_the_interpreter(monkeypatch):
+    import contextlib
+
+    from fray import _plan as P
+    from fray import backend as B
+    monkeypatch.setattr(B, "resolve", lambda *a: "triton")
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    P.PLANS.clear()
+    try:
+        x, k, kw = moe._recipe_args("deepseek_v3", 4, torch.bfloat16, "cpu")
+        bias = kw["correction_bias"]
+        for _ in range(2):  # the second call launches from the cached plan
+            w, ids, counts = moe._route_outputs(x, k)
+            torch.ops.fray.moe_route(x, bias, w, ids, counts, k, "sigmoid", True, 8, 4, 2.5, "auto")
+            _assert_route(x, k, w, ids, counts, "custom op", **kw)
+        assert len(P.PLANS) == 1
+        w, ids, _ = moe._route_outputs(x, 2, False)
+        torch.ops.fray.moe_route(x, None, w, ids, None, 2, "softmax", False, 0, 0, 1.0, "auto")
+        _assert_route(x, 2, w, ids, None, "custom op, no counts", renormalize=False)
+        w, ids, counts = moe._route_outputs(x, k)
+        torch.library.opcheck(torch.ops.fray.moe_route.default,
+                              (x, bias, w, ids, counts, k, "sigmoid", True, 8, 4, 2.5, "auto"),
+                              test_utils=("test_schema", "test_faketensor"))
+    finally:
+        P.PLANS.clear()

@@ -243,16 +243,17 @@ class _RoutePlan:
         self.launch, self.top_k, self.counts = launch, top_k, counts
 
     def __call__(self, x, bias):
-        w, ids, counts = _route_outputs(x, self.top_k)
-        self.launch((x, bias, w, ids, counts if self.counts else None))
+        w, ids, counts = _route_outputs(x, self.top_k, self.counts)
+        self.launch((x, bias, w, ids, counts))
         return (w, ids, counts) if self.counts else (w, ids)
 
 
-def _route_outputs(x, top_k):
+def _route_outputs(x, top_k, counts=True):
+    """(weights, ids, zeroed counts or None) on x's device."""
     t, e = x.shape
     return (torch.empty((t, top_k), dtype=torch.float32, device=x.device),
             torch.empty((t, top_k), dtype=torch.int32, device=x.device),
-            torch.zeros((e,), dtype=torch.int32, device=x.device))
+            torch.zeros((e,), dtype=torch.int32, device=x.device) if counts else None)
 
 
 class _DispatchPlan:
@@ -390,9 +391,9 @@ def moe_route(router_logits, top_k, *, scoring="softmax", renormalize=True, num_
             res = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in res)
         return res if return_counts else res[:2]
     if _compiling():
-        w, ids, counts = _route_outputs(router_logits, top_k)
-        torch.ops.fray.moe_route(router_logits, correction_bias, w, ids, counts if return_counts else None, top_k,
-                                 scoring, renormalize, groups, topk_group, scale, backend)
+        w, ids, counts = _route_outputs(router_logits, top_k, return_counts)
+        torch.ops.fray.moe_route(router_logits, correction_bias, w, ids, counts, top_k, scoring, renormalize, groups,
+                                 topk_group, scale, backend)
         return (w, ids, counts) if return_counts else (w, ids)
     launch = _route_launch(router_logits, correction_bias, top_k, scoring, renormalize, groups, topk_group, scale,
                            backend)
