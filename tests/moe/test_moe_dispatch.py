@@ -208,8 +208,10 @@ def test_errors_name_the_argument():
         fray.moe_dispatch(ids, 8, 16, expert_map=torch.zeros(2, 8, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"expert_map: expected shape \(E_global,\)"):
         fray.moe_dispatch(ids, 8, 16, expert_map=torch.zeros(0, dtype=torch.int32))
-    with pytest.raises(TypeError, match="expert_map: expected a torch.Tensor"):
+    with pytest.raises(TypeError, match="expert_map: expected a torch.Tensor like topk_ids, got list"):
         fray.moe_dispatch(ids, 8, 16, expert_map=[0, 1])
+    with pytest.raises(TypeError, match="expert_map: expected a torch.Tensor like topk_ids, got ndarray"):
+        fray.moe_dispatch(ids, 8, 16, expert_map=np.zeros(8, np.int32))
     with pytest.raises(TypeError, match="expert_map: expected a numpy.ndarray like topk_ids"):
         fray.moe_dispatch(ids.numpy(), 8, 16, expert_map=torch.zeros(8, dtype=torch.int32))
     with pytest.raises(TypeError, match="expert_map: expected a tensor on cpu"):

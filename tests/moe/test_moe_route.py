@@ -247,9 +247,16 @@ def test_triton_interpreter_ties_and_nan():
     assert ids.tolist() == [[0, 1], [1, 3]] and torch.isnan(w[0]).all() and torch.isfinite(w[1]).all()
     w, ids, _ = _triton_route(x, 3, scoring="sigmoid")
     assert ids[0].tolist() == [3, 2, 0] and torch.isfinite(w).all()
-    # all -inf under softmax: NaN weights (0 / 0), experts 0..k-1
-    w, ids, _ = _triton_route(torch.full((1, 6), float("-inf")), 2)
-    assert ids.tolist() == [[0, 1]] and torch.isnan(w).all()
+    # all -inf under softmax: NaN weights (0 / 0), experts 0..k-1; +inf: NaN (as fray.softmax)
+    for x in (torch.full((1, 6), float("-inf")), torch.tensor([[0.0, 1.0, float("inf"), 2.0, 0.0, 0.0]])):
+        w, ids, _ = _triton_route(x, 2)
+        assert ids.tolist() == [[0, 1]] and torch.isnan(w).all()
+        e_w, e_i, _ = ref.moe_route(x.double().numpy(), 2)
+        assert e_i.tolist() == [[0, 1]] and np.isnan(e_w).all()
+    # one expert
+    w, ids, c = _triton_route(torch.tensor([[0.3], [-2.0]]), 1, scoring="sigmoid", renormalize=False)
+    assert ids.tolist() == [[0], [0]] and c.tolist() == [2]
+    assert_close(w, torch.sigmoid(torch.tensor([[0.3], [-2.0]]).double()), torch.float32, "E=1")
 
 
 @INTERPRETER
@@ -310,6 +317,8 @@ def test_errors_name_the_argument():
         fray.moe_route(x, 2, correction_bias=torch.zeros(16, dtype=torch.int32))
     with pytest.raises(TypeError, match="correction_bias: expected a tensor on cpu"):
         fray.moe_route(x, 2, correction_bias=torch.zeros(16, device="meta"))
+    with pytest.raises(TypeError, match="correction_bias: expected a torch.Tensor like router_logits, got ndarray"):
+        fray.moe_route(x, 2, correction_bias=np.zeros(16))
     with pytest.raises(TypeError, match="correction_bias: expected a numpy.ndarray"):
         fray.moe_route(x.numpy(), 2, correction_bias=torch.zeros(16))
     with pytest.raises(ValueError, match="routed_scaling_factor: expected a finite value"):

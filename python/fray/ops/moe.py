@@ -142,7 +142,8 @@ def _check_bias(bias, x, e):
         if bias.dtype not in (np.float16, np.float32, np.float64):
             raise TypeError("correction_bias: expected a float16/float32/float64 array, got %s" % bias.dtype)
     else:
-        V.require_tensor("correction_bias", bias)
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError("correction_bias: expected a torch.Tensor like router_logits, got %s" % type(bias).__name__)
         V.require_same_device([("router_logits", x), ("correction_bias", bias)])
         V.require_float_dtype("correction_bias", bias)
         if e > 1 and bias.dim() == 1 and bias.stride(0) != 1:
@@ -176,7 +177,8 @@ def _check_expert_map(m, ids, num_experts):
         if m.dtype != np.int32:
             raise TypeError("expert_map: expected dtype int32, got %s" % m.dtype)
     else:
-        V.require_tensor("expert_map", m)
+        if not isinstance(m, torch.Tensor):
+            raise TypeError("expert_map: expected a torch.Tensor like topk_ids, got %s" % type(m).__name__)
         V.require_same_device([("topk_ids", ids), ("expert_map", m)])
         if m.dtype != torch.int32:
             raise TypeError("expert_map: expected dtype int32, got %s" % _name(m.dtype))
@@ -354,7 +356,7 @@ def moe_route(router_logits, top_k, *, scoring="softmax", renormalize=True, num_
 
     Order and ties: each row's experts come in decreasing selection score; equal scores go to the
     lower expert id (for groups too), so the result is deterministic. NaN: under softmax a NaN
-    logit makes the token's whole row NaN (as torch.softmax): every selection score then counts as
+    (or +inf) logit makes the token's whole row NaN (as fray.softmax): every selection score then counts as
     -inf, the row picks experts 0..k-1 (of its kept groups) and its weights are NaN; under sigmoid
     only that expert's score is NaN and it ranks last. A zero sum of chosen scores (sigmoid of
     -inf logits) renormalises to NaN. The kernel chooses on fp32 scores: experts whose fp32 scores

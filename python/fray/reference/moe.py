@@ -23,8 +23,8 @@ def scores(logits, scoring):
         if scoring == "sigmoid":
             return 1.0 / (1.0 + np.exp(-x))
         m = x.max(axis=-1, keepdims=True)
-        m = np.where(np.isfinite(m), m, np.where(np.isnan(m), np.nan, 0.0))
-        e = np.exp(x - m)
+        # an all -inf row shifts by 0 (0 / 0: NaN); NaN or +inf anywhere makes the row NaN
+        e = np.exp(x - np.where(m == -np.inf, 0.0, m))
         return e / e.sum(axis=-1, keepdims=True)
 
 
