@@ -45,7 +45,8 @@ def _route_kernel(
     X, BIAS, W, IDS, COUNTS,
     stride_x, n_experts, group_size, scale,
     TOP_K: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr,
-    N_GROUPS: tl.constexpr, TOPK_GROUP: tl.constexpr, GROUPED: tl.constexpr, COUNT: tl.constexpr,
+    N_GROUPS: tl.constexpr, TOPK_GROUP: tl.constexpr, GROUPED: tl.constexpr, TOP2: tl.constexpr,
+    COUNT: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
@@ -70,11 +71,10 @@ def _route_kernel(
     if GROUPED:
         # group score: the sum of the group's two best selection scores
         gv = tl.where(valid, sel, float("-inf"))
-        m1 = tl.max(gv, axis=1)
-        first = tl.min(tl.where(gv == m1[:, None], j[None, :], BLOCK_S), axis=1)
-        rest = tl.where(j[None, :] == first[:, None], float("-inf"), gv)
-        m2 = tl.max(rest, axis=1)
-        gscore = tl.where(group_size > 1, m1 + m2, m1)
+        gscore = tl.max(gv, axis=1)
+        if TOP2:  # groups of one expert score that expert alone
+            first = tl.min(tl.where(gv == gscore[:, None], j[None, :], BLOCK_S), axis=1)
+            gscore += tl.max(tl.where(j[None, :] == first[:, None], float("-inf"), gv), axis=1)
         gscore = tl.where(gscore != gscore, float("-inf"), gscore)
         gvalid = g < N_GROUPS
         kept = g < 0
@@ -119,7 +119,8 @@ def route(logits, bias, weights, ids, counts, top_k, sigmoid, renormalize, num_g
         logits, bias if bias is not None else logits, weights, ids, counts if counts is not None else ids,
         logits.stride(0), e, group_size, scale,
         TOP_K=top_k, SIGMOID=sigmoid, HAS_BIAS=bias is not None, RENORM=renormalize,
-        N_GROUPS=n_groups, TOPK_GROUP=topk_group if grouped else 1, GROUPED=grouped, COUNT=counts is not None,
+        N_GROUPS=n_groups, TOPK_GROUP=topk_group if grouped else 1, GROUPED=grouped, TOP2=group_size > 1,
+        COUNT=counts is not None,
         BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_K=next_power_of_2(top_k), num_warps=warps,
     )
 
