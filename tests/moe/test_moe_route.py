@@ -335,6 +335,26 @@ def test_custom_op_is_registered():
     assert hasattr(torch.ops.fray, "moe_route")
 
 
+def test_the_near_tie_comparison_can_fail():
+    # experts 1 and 2 differ by 1e-8 in float64: either order passes; a real difference does not
+    x = torch.tensor([[0.0, 2.0, 2.0 - 1e-8, -1.0], [0.0, 1.0, 3.0, 2.0]], dtype=torch.float64)
+    w, ids = fray.moe_route(x.numpy(), 2)
+    ids = torch.from_numpy(ids)
+    moe._assert_route_matches(x, 2, torch.from_numpy(w), ids)
+    swapped = ids.clone()
+    swapped[0] = torch.tensor([2, 1])
+    moe._assert_route_matches(x, 2, torch.from_numpy(w)[:, [1, 0]] * torch.tensor([[1.0], [0.0]]) +
+                              torch.from_numpy(w) * torch.tensor([[0.0], [1.0]]), swapped)
+    wrong = ids.clone()
+    wrong[1] = torch.tensor([3, 2])
+    with pytest.raises(AssertionError, match="row 1 ids"):
+        moe._assert_route_matches(x, 2, torch.from_numpy(w), wrong)
+    with pytest.raises(AssertionError, match="weights"):
+        moe._assert_route_matches(x, 2, torch.from_numpy(w) * 1.01, ids)
+    with pytest.raises(AssertionError, match="counts differ"):
+        moe._assert_route_matches(x, 2, torch.from_numpy(w), ids, torch.zeros(4, dtype=torch.int32))
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU
 
@@ -348,8 +368,12 @@ RECIPE_TOKENS = [1, 7, 128, 333, 4096]
 def test_gpu_recipes_vs_reference(cuda, recipe, t, dtype):
     x, k, kw = moe._recipe_args(recipe, t, dtype, cuda)
     w, ids, counts = fray.moe_route(x, k, return_counts=True, **kw)
-    cpu_kw = {n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in kw.items()}
-    _assert_route(x.cpu(), k, w.cpu(), ids.cpu(), counts.cpu(), "%s T=%d %s" % (recipe, t, dtype), **cpu_kw)
+    moe._assert_route_matches(x, k, w, ids, counts, "%s T=%d %s" % (recipe, t, dtype), **kw)
+    # random normal logits (near-ties included)
+    g = torch.Generator(device=cuda).manual_seed(t)
+    xr = torch.randn(x.shape, device=cuda, generator=g).to(dtype)
+    w, ids, counts = fray.moe_route(xr, k, return_counts=True, **kw)
+    moe._assert_route_matches(xr, k, w, ids, counts, "%s T=%d %s randn" % (recipe, t, dtype), **kw)
     # counts are this call's alone
     counts2 = fray.moe_route(x, k, return_counts=True, **kw)[2]
     assert torch.equal(counts, counts2)
@@ -359,14 +383,14 @@ def test_gpu_recipes_vs_reference(cuda, recipe, t, dtype):
 @pytest.mark.parametrize("e", [3, 64, 160, 257, 1000, 4096])
 @pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
 def test_gpu_expert_counts(cuda, e, scoring):
-    x = _grid_logits(65, e, seed=e).float()
+    x = moe._random_logits(65, e, torch.float32, cuda, seed=e, span=8.0 if scoring == "sigmoid" else None)
     k = min(8, e)
-    w, ids = fray.moe_route(x.to(cuda), k, scoring=scoring)
-    _assert_route(x, k, w.cpu(), ids.cpu(), None, "E=%d" % e, scoring=scoring)
+    w, ids = fray.moe_route(x, k, scoring=scoring)
+    moe._assert_route_matches(x, k, w, ids, None, "E=%d" % e, scoring=scoring)
     if e % 8 == 0:
         kw = dict(scoring=scoring, num_expert_group=8, topk_group=3)
-        w, ids = fray.moe_route(x.to(cuda), k, **kw)
-        _assert_route(x, k, w.cpu(), ids.cpu(), None, "E=%d grouped" % e, **kw)
+        w, ids = fray.moe_route(x, k, **kw)
+        moe._assert_route_matches(x, k, w, ids, None, "E=%d grouped" % e, **kw)
 
 
 @pytest.mark.gpu

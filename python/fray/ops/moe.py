@@ -461,12 +461,14 @@ def moe_dispatch(topk_ids, num_experts, block_m, *, expert_map=None, backend="au
 # ---------------------------------------------------------------------------------------------
 # `fray check` cases: (op, backend, dtype, shape, callable raising on a mismatch)
 
-def _random_logits(t, e, dtype, device, seed=0):
-    """Logits on a grid of 1/8 drawn without repeats per row, so that scores are well apart and the
-    fp32 kernel and the float64 reference choose the same experts."""
+def _random_logits(t, e, dtype, device, seed=0, span=None):
+    """Logits on a grid drawn without repeats per row (step 1/8, or 2 * span / e to fit [-span,
+    span): sigmoids saturate to 1 in fp32 beyond ~17), so that scores are well apart and the fp32
+    kernel and the float64 reference choose the same experts."""
     g = torch.Generator().manual_seed(seed)
     perm = torch.stack([torch.randperm(e, generator=g) for _ in range(t)]) if t else torch.zeros(0, e)
-    return ((perm.float() - e / 2) / 8).to(dtype).to(device)
+    step = 1 / 8 if span is None else 2 * span / e
+    return ((perm.float() - e / 2) * step).to(dtype).to(device)
 
 
 RECIPES = {
@@ -477,9 +479,10 @@ RECIPES = {
 }
 
 
-def _recipe_args(name, t, dtype, device):
+def _recipe_args(name, t, dtype, device, seed=0):
     r = RECIPES[name]
-    x = _random_logits(t, r["experts"], dtype, device)
+    sigmoid = r["kwargs"].get("scoring") == "sigmoid"
+    x = _random_logits(t, r["experts"], dtype, device, seed, span=8.0 if sigmoid else None)
     kw = dict(r["kwargs"])
     if name == "deepseek_v3":
         g = torch.Generator().manual_seed(1)
@@ -487,19 +490,64 @@ def _recipe_args(name, t, dtype, device):
     return x, r["top_k"], kw
 
 
+NEAR_TIE = 1e-6  # float64 selection scores closer than this may order either way in fp32
+
+
+def _assert_route_matches(x, top_k, w, ids, counts=None, what="moe_route", **kw):
+    """The kernel's (w, ids[, counts]) against the float64 reference of x under moe_route's kwargs.
+
+    Ids must match exactly, except in rows where the float64 reference itself holds a near-tie
+    (two candidate experts, or two candidate groups, whose scores differ by less than NEAR_TIE but
+    are not equal): fp32 may order those either way, so there the ids need only be distinct and
+    the weights are checked against the float64 weights of the ids the kernel chose. At most 1% of
+    the rows (and 2) may be such rows, so that the check can still fail. Counts must be the
+    bincount of the kernel's own ids."""
+    from fray.testing import assert_close
+    x64 = x.detach().double().cpu().numpy()
+    bias = kw.get("correction_bias")
+    bias = None if bias is None else bias.detach().double().cpu().numpy()
+    scoring, renorm = kw.get("scoring", "softmax"), kw.get("renormalize", True)
+    groups, topk_group = kw.get("num_expert_group"), kw.get("topk_group")
+    scale = kw.get("routed_scaling_factor", 1.0)
+    ew, ei, _ = ref.moe_route(x64, top_k, scoring, renorm, groups, topk_group, bias, scale)
+    got_i = ids.detach().cpu().numpy().astype(np.int64)
+    got_w = w.detach().double().cpu().numpy()
+    s = ref.scores(x64, scoring)
+    sel = np.where(np.isnan(s if bias is None else s + bias), -np.inf, s if bias is None else s + bias)
+    tied = []
+    for row in np.nonzero((got_i != ei).any(axis=1))[0]:
+        eligible = sel[row]
+        cand = []
+        if groups:
+            gs = sel[row].reshape(groups, -1)
+            gscore = np.sort(gs, axis=1)[:, ::-1][:, :2].sum(axis=1)
+            cand.append(np.sort(gscore)[::-1][:topk_group + 1])
+            eligible = gs[np.argsort(-gscore, kind="stable")[:topk_group]].reshape(-1)
+        cand.append(np.sort(eligible)[::-1][:top_k + 1])
+        gaps = np.concatenate([-np.diff(c) for c in cand])
+        near = ((gaps > 0) & (gaps < NEAR_TIE)).any()
+        assert near and len(set(got_i[row].tolist())) == top_k, "%s: row %d ids %s != reference %s" % (
+            what, row, got_i[row].tolist(), ei[row].tolist())
+        tied.append(row)
+        sw = s[row, got_i[row]]
+        ew[row] = (sw / sw.sum() if renorm else sw) * scale
+    assert len(tied) <= max(2, len(x64) // 100), "%s: %d rows differ from the reference at near-ties" % (
+        what, len(tied))
+    nan = np.isnan(ew)
+    assert np.array_equal(np.isnan(got_w), nan), "%s: NaN weights differ from the reference" % what
+    assert_close(torch.from_numpy(got_w[~nan]), torch.from_numpy(ew[~nan]), torch.float32, what + " weights")
+    if counts is not None:
+        expected = np.bincount(got_i.reshape(-1), minlength=x64.shape[1])
+        assert np.array_equal(counts.detach().cpu().numpy(), expected), "%s: counts differ" % what
+
+
 def check_cases(device):
     """On a GPU: the Triton backend for the three recipes (every dtype) and dispatch at a few
     shapes. On the CPU: the reference on hand-computed values and the kernels under Triton's
     interpreter."""
-    from fray.testing import assert_close
-
     def route(recipe, backend, dtype, t, dev):
         x, k, kw = _recipe_args(recipe, t, dtype, dev)
         bias = kw.get("correction_bias")
-        ew, ei, ec = ref.moe_route(x.double().cpu().numpy(), k, kw.get("scoring", "softmax"), True,
-                                   kw.get("num_expert_group"), kw.get("topk_group"),
-                                   None if bias is None else bias.double().cpu().numpy(),
-                                   kw.get("routed_scaling_factor", 1.0))
         if backend == "triton-interpreter":
             from fray_triton import moe as tmoe
             w, ids, c = _route_outputs(x, k)
@@ -507,9 +555,7 @@ def check_cases(device):
                        kw.get("topk_group", 0), kw.get("routed_scaling_factor", 1.0))
         else:
             w, ids, c = moe_route(x, k, return_counts=True, backend=backend, **kw)
-        assert np.array_equal(ids.cpu().numpy(), ei), "moe_route %s: ids differ from the reference" % recipe
-        assert np.array_equal(c.cpu().numpy(), ec), "moe_route %s: counts differ from the reference" % recipe
-        assert_close(w, ew, torch.float32, "moe_route %s weights" % recipe)
+        _assert_route_matches(x, k, w, ids, c, "moe_route " + recipe, **kw)
 
     def dispatch(backend, t, k, e, block_m, dev):
         g = torch.Generator().manual_seed(t * 31 + e)
