@@ -12,6 +12,7 @@ import torch
 
 from fray import jit as jit
 from fray import tune as tune
+from fray.ops.moe import MoeDispatch as _MoeDispatch
 
 __version__: str
 
@@ -136,6 +137,21 @@ def prefill_attention(q: _A, k: _A, v: _A, *, causal: bool = True, cu_seqlens_q:
 # gemm: C = a @ b.T (b_layout "nk": b is [N, K]) or a @ b ("kn": b is [K, N]), + bias[N]
 def gemm(a: _A, b: _A, *, b_layout: Literal["nk", "kn"] = "nk", bias: Optional[_A] = None,
          out: Optional[_A] = None, out_dtype: Optional[torch.dtype] = None, backend: Backend = "auto") -> _A: ...
+
+# moe: routing (weights fp32, ids int32 [T, k]; counts int32 [E]) and dispatch metadata (all int32)
+MoeScoring = Literal["softmax", "sigmoid"]
+@overload
+def moe_route(router_logits: _A, top_k: int, *, scoring: MoeScoring = "softmax", renormalize: bool = True,
+              num_expert_group: Optional[int] = None, topk_group: Optional[int] = None,
+              correction_bias: Optional[_A] = None, routed_scaling_factor: float = 1.0,
+              return_counts: Literal[False] = False, backend: Backend = "auto") -> Tuple[_A, _A]: ...
+@overload
+def moe_route(router_logits: _A, top_k: int, *, scoring: MoeScoring = "softmax", renormalize: bool = True,
+              num_expert_group: Optional[int] = None, topk_group: Optional[int] = None,
+              correction_bias: Optional[_A] = None, routed_scaling_factor: float = 1.0,
+              return_counts: Literal[True], backend: Backend = "auto") -> Tuple[_A, _A, _A]: ...
+def moe_dispatch(topk_ids: _A, num_experts: int, block_m: int, *, expert_map: Optional[_A] = None,
+                 backend: Backend = "auto") -> _MoeDispatch: ...
 
 # the seed's kernel timer: seconds per call (one float, or one per name)
 @overload

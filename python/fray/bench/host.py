@@ -221,6 +221,20 @@ def cases(device):
     impls["torch.builtin"] = lambda: torch.mm(xg, wg.t())
     out.append(("gemm", "1x%dx%d" % (HIDDEN, HIDDEN), "bf16", impls))
 
+    # moe at a decode batch: DeepSeek-V3 routing over 256 experts, then its dispatch metadata
+    from fray.bench import moe as bm
+    xr, kr, kwr = bm.M._recipe_args("deepseek_v3", BATCH, torch.bfloat16, device)
+    impls = {}
+    impls["fray.triton"] = lambda: fray.moe_route(xr, kr, backend="triton", **kwr)  # Triton only, no CUDA kernel
+    impls["torch.eager"] = lambda: bm.eager_route(xr, kr, **kwr)
+    out.append(("moe_route", "deepseek_v3:T%d" % BATCH, "bf16", impls))
+
+    ids_r = bm.eager_route(xr, kr, **kwr)[1]
+    impls = {}
+    impls["fray.triton"] = lambda: fray.moe_dispatch(ids_r, 256, bm.BLOCK_M, backend="triton")
+    impls["torch.eager"] = lambda: bm.eager_dispatch(ids_r, 256, bm.BLOCK_M)
+    out.append(("moe_dispatch", "deepseek_v3:T%d" % BATCH, "int32", impls))
+
     for name, peer in (("silu", F.silu), ("gelu", F.gelu), ("relu", torch.relu), ("tanh", torch.tanh),
                        ("sigmoid", torch.sigmoid)):
         impls = {}

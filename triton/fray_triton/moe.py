@@ -1,0 +1,223 @@
+"""Mixture-of-experts routing (top-k over expert scores) and dispatch metadata in Triton.
+
+Semantics are fray.reference.moe's; fray.ops.moe validates, these launchers trust their inputs.
+
+route: one program per token holds the token's whole row of E router logits (E <= 4096) in
+registers as a [groups, experts per group] tile, so the grouped (DeepSeek-V3) selection needs no
+second pass: scores in fp32, each group's top-2 sum, topk_group rounds of argmax over the groups,
+then top_k rounds of argmax over the kept experts. An argmax is a max and then the lowest id
+holding it, which is what makes ties go to the lower id and the order deterministic. k rounds of
+a full-row reduction cost k * E per token; at the recipes' k <= 8 that is well under the cost of
+reading the row from memory once the row is a few KB, and routing is a sliver of an MoE layer.
+
+dispatch: four launches, no host synchronisation, every size a function of (T, k, E, block_m):
+  1. histogram: a program per BLOCK_R routes adds 1 per route into counts[e] and into its own
+     row of a [blocks, E] table (integer atomics: the result does not depend on their order);
+  2. scan (one program): padded segment starts, tile_expert, num_tiles, and per (block, expert)
+     the first row that block's routes of that expert take (an exclusive prefix over blocks);
+  3. scatter: a program per block ranks each route among the block's earlier routes of the same
+     expert ([BLOCK_R, BLOCK_R] comparison) and writes it at its row: stable, so the output is
+     the same bits run to run.
+Cost: the scatter compares BLOCK_R routes per route (T*k*BLOCK_R), the scan walks blocks x E
+serially in one program (cdiv(T*k, BLOCK_R) * E / its width steps), and the tile map compares
+tiles x E; correctness and determinism were chosen over speed here.
+"""
+import triton
+import triton.language as tl
+
+from fray_triton._host import cdiv, next_power_of_2
+
+BLOCK_R = 128   # routes per histogram / scatter program (the scatter's tile is BLOCK_R^2)
+SCAN_TILES = 16  # tiles per step of the scan's tile -> expert map ([SCAN_TILES, BLOCK_E] compares)
+
+
+@triton.jit
+def _argmax_lowest(v, ids, eligible):
+    """The lowest id holding the max of v over `eligible` (v: fp32 with NaN already -inf)."""
+    vv = tl.where(eligible, v, float("-inf"))
+    m = tl.max(tl.max(vv, axis=1), axis=0)
+    hit = eligible & (vv == m)
+    return tl.min(tl.min(tl.where(hit, ids, 1 << 30), axis=1), axis=0)
+
+
+@triton.jit
+def _route_kernel(
+    X, BIAS, W, IDS, COUNTS,
+    stride_x, n_experts, group_size, scale,
+    TOP_K: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr,
+    N_GROUPS: tl.constexpr, TOPK_GROUP: tl.constexpr, GROUPED: tl.constexpr, TOP2: tl.constexpr,
+    COUNT: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    g = tl.arange(0, BLOCK_G)
+    j = tl.arange(0, BLOCK_S)
+    ids = g[:, None] * group_size + j[None, :]
+    valid = (g[:, None] < N_GROUPS) & (j[None, :] < group_size)
+    x = tl.load(X + tok * stride_x + ids, mask=valid, other=float("-inf")).to(tl.float32)
+    if SIGMOID:
+        s = 1.0 / (1.0 + tl.exp(-x))
+    else:
+        m = tl.max(tl.max(x, axis=1), axis=0)
+        # an all -inf row shifts by 0 (0 / 0: NaN, as softmax); a NaN anywhere makes m NaN
+        shift = tl.where(m == float("-inf"), 0.0, m)
+        e = tl.where(valid, tl.exp(x - shift), 0.0)
+        s = e / tl.sum(tl.sum(e, axis=1), axis=0)
+    sel = s
+    if HAS_BIAS:
+        sel = s + tl.load(BIAS + ids, mask=valid, other=0.0).to(tl.float32)
+    sel = tl.where(sel != sel, float("-inf"), sel)  # NaN counts as -inf
+    eligible = valid
+    if GROUPED:
+        # group score: the sum of the group's two best selection scores
+        gv = tl.where(valid, sel, float("-inf"))
+        gscore = tl.max(gv, axis=1)
+        if TOP2:  # groups of one expert score that expert alone
+            first = tl.min(tl.where(gv == gscore[:, None], j[None, :], BLOCK_S), axis=1)
+            gscore += tl.max(tl.where(j[None, :] == first[:, None], float("-inf"), gv), axis=1)
+        gscore = tl.where(gscore != gscore, float("-inf"), gscore)
+        gvalid = g < N_GROUPS
+        kept = g < 0
+        for _ in tl.static_range(TOPK_GROUP):
+            cand = gvalid & ~kept
+            gs = tl.where(cand, gscore, float("-inf"))
+            gm = tl.max(gs, axis=0)
+            pick = tl.min(tl.where(cand & (gs == gm), g, BLOCK_G), axis=0)
+            kept = kept | (g == pick)
+        eligible = valid & kept[:, None]
+    kk = tl.arange(0, BLOCK_K)
+    w_vec = tl.zeros([BLOCK_K], dtype=tl.float32)
+    id_vec = tl.zeros([BLOCK_K], dtype=tl.int32)
+    for r in tl.static_range(TOP_K):
+        pick = _argmax_lowest(sel, ids, eligible)
+        at = ids == pick
+        w = tl.sum(tl.sum(tl.where(at, s, 0.0), axis=1), axis=0)
+        w_vec = tl.where(kk == r, w, w_vec)
+        id_vec = tl.where(kk == r, pick, id_vec)
+        eligible = eligible & ~at
+    if RENORM:
+        w_vec = w_vec / tl.sum(tl.where(kk < TOP_K, w_vec, 0.0), axis=0)
+    w_vec = w_vec * scale
+    kmask = kk < TOP_K
+    tl.store(W + tok * TOP_K + kk, w_vec, mask=kmask)
+    tl.store(IDS + tok * TOP_K + kk, id_vec, mask=kmask)
+    if COUNT:
+        tl.atomic_add(COUNTS + id_vec, 1, mask=kmask)
+
+
+def route(logits, bias, weights, ids, counts, top_k, sigmoid, renormalize, num_groups, topk_group, scale):
+    """logits [T, E] (row stride logits.stride(0), unit column stride); weights fp32 / ids int32
+    [T, top_k] contiguous; counts int32 [E] zeroed (or None); num_groups 0: ungrouped."""
+    t, e = logits.shape
+    grouped = num_groups > 0
+    n_groups = num_groups if grouped else 1
+    group_size = e // n_groups
+    block_g = next_power_of_2(n_groups)
+    block_s = next_power_of_2(group_size)
+    warps = 1 if block_g * block_s <= 256 else (4 if block_g * block_s <= 2048 else 8)
+    _route_kernel[(t,)](
+        logits, bias if bias is not None else logits, weights, ids, counts if counts is not None else ids,
+        logits.stride(0), e, group_size, scale,
+        TOP_K=top_k, SIGMOID=sigmoid, HAS_BIAS=bias is not None, RENORM=renormalize,
+        N_GROUPS=n_groups, TOPK_GROUP=topk_group if grouped else 1, GROUPED=grouped, TOP2=group_size > 1,
+        COUNT=counts is not None,
+        BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_K=next_power_of_2(top_k), num_warps=warps,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# dispatch
+
+@triton.jit
+def _local_expert(IDS, MAP, r, ok, HAS_MAP: tl.constexpr):
+    e = tl.load(IDS + r, mask=ok, other=0).to(tl.int32)
+    if HAS_MAP:
+        e = tl.load(MAP + e, mask=ok, other=-1).to(tl.int32)
+    return tl.where(ok, e, -1)
+
+
+@triton.jit
+def _histogram_kernel(IDS, MAP, COUNTS, BLOCK_COUNTS, n_routes, n_experts,
+                      HAS_MAP: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    r = b * BLOCK + tl.arange(0, BLOCK)
+    e = _local_expert(IDS, MAP, r, r < n_routes, HAS_MAP)
+    ok = e >= 0
+    tl.atomic_add(COUNTS + e, 1, mask=ok)
+    tl.atomic_add(BLOCK_COUNTS + b.to(tl.int64) * n_experts + e, 1, mask=ok)
+
+
+@triton.jit
+def _scan_kernel(COUNTS, BLOCK_COUNTS, OFFSETS, TILE_EXPERT, NUM_TILES, n_experts, n_blocks, max_tiles,
+                 BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, TILES: tl.constexpr):
+    x = tl.arange(0, BLOCK_E)
+    xm = x < n_experts
+    c = tl.load(COUNTS + x, mask=xm, other=0)
+    padded = (c + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    end = tl.cumsum(padded, axis=0)
+    start = end - padded
+    total = tl.sum(padded, axis=0)
+    tl.store(OFFSETS + x, start, mask=xm)
+    tl.store(OFFSETS + n_experts, total)
+    n_tiles = total // BLOCK_M
+    tl.store(NUM_TILES, n_tiles)
+    # tile i starts at row i * BLOCK_M; its expert is the number of experts ending at or before it
+    # (empty experts end where they start, so they are stepped over)
+    tt = tl.arange(0, TILES)
+    for t0 in range(0, max_tiles, TILES):
+        tile = t0 + tt
+        row = tile * BLOCK_M
+        before = tl.where(xm[None, :] & (end[None, :] <= row[:, None]), 1, 0)
+        owner = tl.sum(before, axis=1)
+        owner = tl.where(tile < n_tiles, owner, -1)
+        tl.store(TILE_EXPERT + tile, owner, mask=tile < max_tiles)
+    # per block, the first row its routes of each expert take: in place over the block counts
+    run = start
+    for b in range(0, n_blocks):
+        p = BLOCK_COUNTS + b * n_experts + x  # blocks * E < 2^31 (checked by fray.ops.moe)
+        cnt = tl.load(p, mask=xm, other=0)
+        tl.store(p, run, mask=xm)
+        run = run + cnt
+
+
+@triton.jit
+def _scatter_kernel(IDS, MAP, BLOCK_BASE, SORTED, INVERSE, n_routes, n_experts,
+                    HAS_MAP: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    i = tl.arange(0, BLOCK)
+    r = b * BLOCK + i
+    ok = r < n_routes
+    e = _local_expert(IDS, MAP, r, ok, HAS_MAP)
+    kept = e >= 0
+    # rank among the block's earlier routes of the same expert (dropped routes have e = -1 and
+    # are never counted for a kept one)
+    same = (e[:, None] == e[None, :]) & (i[None, :] < i[:, None])
+    rank = tl.sum(tl.where(same, 1, 0), axis=1)
+    base = tl.load(BLOCK_BASE + b.to(tl.int64) * n_experts + e, mask=kept, other=0)
+    row = base + rank
+    tl.store(SORTED + row, r, mask=kept)
+    tl.store(INVERSE + r, tl.where(kept, row, -1), mask=ok)
+
+
+def dispatch(topk_ids, expert_map, num_experts, block_m, sorted_ids, offsets, tile_expert, num_tiles, inverse,
+             counts, block_counts):
+    """topk_ids contiguous [T, k]; sorted_ids pre-filled with T*k; counts and block_counts
+    ([cdiv(T*k, BLOCK_R), E] int32) zeroed; the other outputs are written whole."""
+    n = topk_ids.numel()
+    blocks = cdiv(n, BLOCK_R)
+    has_map = expert_map is not None
+    emap = expert_map if has_map else topk_ids
+    if blocks:
+        _histogram_kernel[(blocks,)](topk_ids, emap, counts, block_counts, n, num_experts,
+                                     HAS_MAP=has_map, BLOCK=BLOCK_R, num_warps=4)
+    block_e = max(next_power_of_2(num_experts), 16)
+    _scan_kernel[(1,)](counts, block_counts, offsets, tile_expert, num_tiles, num_experts, blocks,
+                       tile_expert.numel(), BLOCK_M=block_m, BLOCK_E=block_e, TILES=SCAN_TILES,
+                       num_warps=4 if block_e <= 1024 else 8)
+    if blocks:
+        _scatter_kernel[(blocks,)](topk_ids, emap, block_counts, sorted_ids, inverse, n, num_experts,
+                                   HAS_MAP=has_map, BLOCK=BLOCK_R, num_warps=4)
+
+
+def block_counts_shape(num_routes, num_experts):
+    return (cdiv(num_routes, BLOCK_R), num_experts)
