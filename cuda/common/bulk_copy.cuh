@@ -24,30 +24,26 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
 
+// One try_wait on the phase of the given parity; SEM: "" (the default .acquire.cta) or
+// ".acquire.cluster", for a barrier that other blocks of the cluster complete (st.async's
+// complete_tx releases at cluster scope), so that the writes those blocks made before their
+// release are visible here too, not only the pushed bytes.
+#define FRAY_MBAR_TRY_WAIT(SEM, bar, parity, done)                                               \
+  asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity" SEM ".shared::cta.b64 p, [%1], %2;\n\t" \
+               "selp.u32 %0, 1, 0, p;\n\t}"                                                        \
+               : "=r"(done)                                                                      \
+               : "r"(smem_u32(bar)), "r"(parity)                                                 \
+               : "memory")
+
 __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done;
-  asm volatile(
-      "{\n\t.reg .pred p;\n\t"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-      "selp.u32 %0, 1, 0, p;\n\t}"
-      : "=r"(done)
-      : "r"(smem_u32(bar)), "r"(parity)
-      : "memory");
+  FRAY_MBAR_TRY_WAIT("", bar, parity, done);
   return done != 0;
 }
 
-// The same at cluster scope (.acquire.cluster): for a barrier that other blocks of the cluster
-// complete (st.async's complete_tx releases at cluster scope), so that the writes those blocks
-// made before their release are visible here too, not only the pushed bytes.
 __device__ __forceinline__ bool mbar_try_wait_cluster(uint64_t* bar, uint32_t parity) {
   uint32_t done;
-  asm volatile(
-      "{\n\t.reg .pred p;\n\t"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-      "selp.u32 %0, 1, 0, p;\n\t}"
-      : "=r"(done)
-      : "r"(smem_u32(bar)), "r"(parity)
-      : "memory");
+  FRAY_MBAR_TRY_WAIT(".acquire.cluster", bar, parity, done);
   return done != 0;
 }
 
