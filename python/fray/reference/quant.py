@@ -1,0 +1,106 @@
+"""Quantize / dequantize references (numpy, exact).
+
+The groups of x [M, K] share one scale: "tensor" (all of x), "token" (a row), "channel" (a
+column), "block" (a (bm, bk) tile, the last ones clipped at M and K). Dynamic scales:
+
+  amax  = max |x| over the group's finite values (NaN and +-inf are left out; 0 if none)
+  scale = fp32(fp32(amax) / qmax)      qmax = 127 (int8) or 448 (float8_e4m3fn)
+          a scale of 0 (amax 0, or an amax so small that the division underflows) becomes 1
+  y     = fp32(fp32(x) / scale)        one IEEE fp32 division, correctly rounded
+  q     = y rounded to the nearest (ties to even) int8 or e4m3 value, saturated to [-qmax, qmax]
+          (int8 never takes -128); +-inf saturate to +-qmax; NaN becomes 0 in int8, NaN in e4m3
+
+The fp32 division is done by numpy's float32 arithmetic (IEEE, correctly rounded, as the
+kernels' div_rn); everything after it is exact in float64, so int8 results are exact.
+dequantize: x = fp32(fp32(q) * scale) (the caller rounds it once more to the output dtype).
+"""
+import numpy as np
+
+QMAX = {"int8": 127.0, "float8_e4m3fn": 448.0}
+GRANULARITIES = ("tensor", "token", "channel", "block")
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def scale_shape(granularity, m, k, block=None):
+    """The scale tensor's shape for x [m, k]."""
+    if granularity == "tensor":
+        return ()
+    if granularity == "token":
+        return (m, 1)
+    if granularity == "channel":
+        return (1, k)
+    return (cdiv(m, block[0]), cdiv(k, block[1]))
+
+
+def expand(s, granularity, m, k, block=None):
+    """A scale of scale_shape(...) broadcast to [m, k]."""
+    s = np.asarray(s)
+    if granularity == "tensor":
+        return np.broadcast_to(s.reshape(1, 1), (m, k))
+    if granularity in ("token", "channel"):
+        return np.broadcast_to(s.reshape(scale_shape(granularity, m, k)), (m, k))
+    bm, bk = block
+    return np.repeat(np.repeat(s, bm, axis=0), bk, axis=1)[:m, :k]
+
+
+def amax(x, granularity, block=None):
+    """float64 amax per group of x (float64 [m, k]) over the finite values."""
+    a = np.where(np.isfinite(x), np.abs(x), 0.0)
+    m, k = x.shape
+    if granularity == "tensor":
+        return np.array(a.max() if a.size else 0.0)
+    if granularity == "token":
+        return a.max(axis=1, keepdims=True) if k else np.zeros((m, 1))
+    if granularity == "channel":
+        return a.max(axis=0, keepdims=True) if m else np.zeros((1, k))
+    bm, bk = block
+    gm, gk = cdiv(m, bm), cdiv(k, bk)
+    pad = np.zeros((gm * bm, gk * bk))
+    pad[:m, :k] = a
+    return pad.reshape(gm, bm, gk, bk).max(axis=(1, 3))
+
+
+def dynamic_scale(x, granularity, qmax, block=None):
+    """fp32 scales of x (float64 [m, k]); see the module docstring."""
+    s = (amax(x, granularity, block).astype(np.float32) / np.float32(qmax)).astype(np.float32)
+    return np.where(s == 0, np.float32(1.0), s).astype(np.float32)
+
+
+def round_e4m3(y):
+    """y (float64, |y| <= 448 or NaN) rounded to the nearest e4m3 value, ties to even."""
+    a = np.abs(y)
+    _, e = np.frexp(np.where(a > 0, a, 1.0))  # a = f * 2**e with f in [0.5, 1)
+    # 3 mantissa bits below the leading one: the step is 2**(e - 4); below 2**-6 the subnormal step 2**-9
+    step = np.ldexp(1.0, np.maximum(e - 4, -9))
+    with np.errstate(invalid="ignore"):
+        return np.rint(y / step) * step
+
+
+def quantize(x, dtype, granularity, block=None, scale=None):
+    """(q as float64 values, scale fp32): x float64 [m, k] holding fp32-representable values,
+    dtype "int8" or "float8_e4m3fn", scale an fp32 array of scale_shape or None (dynamic)."""
+    qmax = QMAX[dtype]
+    m, k = x.shape
+    if scale is None:
+        scale = dynamic_scale(x, granularity, qmax, block)
+    scale = np.asarray(scale, np.float32).reshape(scale_shape(granularity, m, k, block))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        y = (x.astype(np.float32) / expand(scale, granularity, m, k, block)).astype(np.float64)
+    y = np.clip(y, -qmax, qmax)  # NaN stays NaN
+    if dtype == "int8":
+        q = np.where(np.isnan(y), 0.0, np.rint(y))
+    else:
+        q = round_e4m3(y)
+    return q, scale
+
+
+def dequantize(q, scale, granularity, block=None):
+    """fp32 x = q * scale (q any real array [m, k], scale fp32 of scale_shape)."""
+    m, k = q.shape
+    s = expand(np.asarray(scale, np.float32).reshape(scale_shape(granularity, m, k, block)), granularity, m, k,
+               block)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (np.asarray(q, np.float32) * s).astype(np.float32)
