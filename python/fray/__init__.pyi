@@ -153,6 +153,14 @@ def moe_route(router_logits: _A, top_k: int, *, scoring: MoeScoring = "softmax",
 def moe_dispatch(topk_ids: _A, num_experts: int, block_m: int, *, expert_map: Optional[_A] = None,
                  backend: Backend = "auto") -> _MoeDispatch: ...
 
+# quant: (q [M, K] int8 / float8_e4m3fn, fp32 scale of the group shape) and back
+QuantGranularity = Literal["tensor", "token", "channel", "block"]
+def quantize(x: _A, dtype: torch.dtype = torch.int8, *, granularity: QuantGranularity = "tensor",
+             block: Tuple[int, int] = (1, 128), scale: Optional[_A] = None, out: Optional[_A] = None,
+             backend: Backend = "auto") -> Tuple[_A, _A]: ...
+def dequantize(q: _A, scale: _A, *, granularity: QuantGranularity, block: Optional[Tuple[int, int]] = None,
+               dtype: torch.dtype = torch.bfloat16, out: Optional[_A] = None, backend: Backend = "auto") -> _A: ...
+
 # the seed's kernel timer: seconds per call (one float, or one per name)
 @overload
 def bench_kineto(fn: Callable[[], Any], kernel_names: str, num_tests: int = 30, flush_l2: bool = True,

@@ -5,6 +5,7 @@ import ast
 import inspect
 
 import fray
+import torch
 
 _KINDS = {"posonly": inspect.Parameter.POSITIONAL_ONLY, "args": inspect.Parameter.POSITIONAL_OR_KEYWORD,
           "kwonly": inspect.Parameter.KEYWORD_ONLY}
@@ -19,6 +20,13 @@ def _stub_functions():
     return out
 
 
+def _default(node):
+    """A stub default: a literal, or a torch attribute (torch.int8 and the other dtypes)."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch":
+        return getattr(torch, node.attr)
+    return ast.literal_eval(node)
+
+
 def _stub_params(fn):
     a = fn.args
     params = []
@@ -26,9 +34,9 @@ def _stub_params(fn):
     defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
     for i, (arg, d) in enumerate(zip(positional, defaults)):
         kind = "posonly" if i < len(a.posonlyargs) else "args"
-        params.append((arg.arg, _KINDS[kind], inspect.Parameter.empty if d is None else ast.literal_eval(d)))
+        params.append((arg.arg, _KINDS[kind], inspect.Parameter.empty if d is None else _default(d)))
     for arg, d in zip(a.kwonlyargs, a.kw_defaults):
-        params.append((arg.arg, _KINDS["kwonly"], inspect.Parameter.empty if d is None else ast.literal_eval(d)))
+        params.append((arg.arg, _KINDS["kwonly"], inspect.Parameter.empty if d is None else _default(d)))
     return params
 
 

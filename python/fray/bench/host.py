@@ -235,6 +235,20 @@ def cases(device):
     impls["torch.eager"] = lambda: bm.eager_dispatch(ids_r, 256, bm.BLOCK_M)
     out.append(("moe_dispatch", "deepseek_v3:T%d" % BATCH, "int32", impls))
 
+    # quant at a decode batch: bf16 activations to int8 with per-token scales, and back
+    from fray.bench import quant as bq
+    xq = randn(BATCH, HIDDEN)
+    impls = {}
+    impls["fray.triton"] = lambda: fray.quantize(xq, granularity="token", backend="triton")  # Triton only
+    impls["torch.eager"] = lambda: bq.eager_quantize(xq, torch.int8, "token")
+    out.append(("quantize", "%dx%d" % (BATCH, HIDDEN), "bf16->int8", impls))
+
+    qq, sq = bq.eager_quantize(xq, torch.int8, "token")
+    impls = {}
+    impls["fray.triton"] = lambda: fray.dequantize(qq, sq, granularity="token", backend="triton")
+    impls["torch.eager"] = lambda: (qq.float() * sq).to(torch.bfloat16)
+    out.append(("dequantize", "%dx%d" % (BATCH, HIDDEN), "int8->bf16", impls))
+
     for name, peer in (("silu", F.silu), ("gelu", F.gelu), ("relu", torch.relu), ("tanh", torch.tanh),
                        ("sigmoid", torch.sigmoid)):
         impls = {}

@@ -297,7 +297,7 @@ def quantize(x, dtype=torch.int8, *, granularity="tensor", block=(1, 128), scale
         if out is not None:
             out.copy_(q)
             q = out
-        return q, (torch.from_numpy(np.ascontiguousarray(s)) if scale is None else scale)
+        return q, (torch.from_numpy(np.array(s, np.float32)) if scale is None else scale)
     static = scale is not None
     if _compiling():
         q, s, amax = _quantize_outputs(x, dtype, granularity, blk, scale, out)
