@@ -307,7 +307,6 @@ def test_paged_numpy():
 
 
 @pytest.mark.parametrize("name,issue", [
-    ("quantize_int8", "quantized-inference"), ("dequantize_int8", "quantized-inference"),
     ("qadd_int8", "quantized-inference"), ("qgemm", "quantized-inference"),
     ("qgemm_perchannel", "quantized-inference"), ("attention_prefill", "prefill-attention")])
 def test_missing_operators_name_their_issue(name, issue):
@@ -317,6 +316,18 @@ def test_missing_operators_name_their_issue(name, issue):
     with pytest.raises(NotImplementedError, match=issue):
         fn(*([np.zeros(4, np.int8)] * nargs))
     assert issue in fn.__doc__ and issue in ft.__doc__
+
+
+def test_quantize_int8_round_trip():
+    x = np.array([[1.0, 3.0, -254.0], [0.0, 5.0, 127.0]], np.float32)  # scale 2: 0.5 -> 0, 1.5 -> 2, 2.5 -> 2
+    q, s = ft.quantize_int8(x)
+    assert isinstance(s, float) and s == 2.0
+    assert q.dtype == np.int8 and q.tolist() == [[0, 2, -127], [0, 2, 64]]
+    np.testing.assert_array_equal(ft.dequantize_int8(q, s), q.astype(np.float32) * 2)
+    q3, s3 = ft.quantize_int8(_f32(2, 3, 5))
+    assert q3.shape == (2, 3, 5) and ft.dequantize_int8(q3, s3).shape == (2, 3, 5)
+    with pytest.raises(ValueError, match="x:"):
+        ft.quantize_int8(np.float32(1.0))
 
 
 def test_docstring_names_the_semantic_differences():

@@ -59,9 +59,13 @@ Where Fray's semantics differ from fusedtok's, they are Fray's, and they are:
   copy would drop the write), as in fusedtok; returns None. On the staged path the caches are
   copied to the GPU and back in full.
 
+* quantize_int8 / dequantize_int8: per-tensor symmetric int8 through fray.quantize /
+  fray.dequantize (granularity="tensor"): ties round to even, NaN / inf are left out of the
+  scale, an all-zero x gets scale 1; the scale comes back as a float (a sync on the GPU).
+
 Not available yet (raise NotImplementedError naming the Fray issue that brings the operator):
-quantize_int8, dequantize_int8, qadd_int8, qgemm, qgemm_perchannel (the quantized-inference
-issue) and attention_prefill (the prefill-attention issue).
+qadd_int8, qgemm, qgemm_perchannel (the quantized-inference issue) and attention_prefill (the
+prefill-attention issue).
 
 Errors follow fusedtok's (and Fray's) contract: ValueError for shapes and values, TypeError for
 dtypes and device families (a host operand next to a CUDA primary input, or the reverse),
@@ -679,6 +683,38 @@ def kv_append_paged(k_pool: Array, v_pool: Array, block_table: Array, k_new: Arr
 
 
 # ---------------------------------------------------------------------------------------------
+# quantization
+
+def _as_rows(x, name):
+    """x (any shape of at least 1 dimension) as the [rows, last] view fray.quant takes."""
+    if not isinstance(x, torch.Tensor):
+        x = np.asarray(x)
+    if x.ndim == 0:
+        raise ValueError("%s: expected at least 1 dimension, got a 0-d array" % name)
+    return x, x.reshape(-1, x.shape[-1])
+
+
+def quantize_int8(x: Array) -> Tuple[Array, float]:
+    """Symmetric per-tensor int8 (fray.quantize, granularity="tensor"): scale = max |x| / 127 over
+    the finite values in float32 (1 for an all-zero x), q = round-half-even(x / scale) saturated to
+    [-127, 127], q of x's shape. Any shape of float32 / float16 (and bf16 tensors); a CUDA tensor
+    is quantized on the GPU, and reading the float scale back synchronises."""
+    x, rows = _as_rows(x, "x")
+    q, s = fray.quantize(rows, granularity="tensor")
+    return q.reshape(x.shape), float(s)
+
+
+def dequantize_int8(q: Array, scale: float) -> Array:
+    """float32 q * scale (fray.dequantize, granularity="tensor"), q int8 of any shape."""
+    q, rows = _as_rows(q, "q")
+    if isinstance(q, torch.Tensor):
+        s = torch.tensor(float(scale), dtype=torch.float32, device=q.device)
+    else:
+        s = np.array(float(scale), np.float32)
+    return fray.dequantize(rows, s, granularity="tensor", dtype=torch.float32).reshape(q.shape)
+
+
+# ---------------------------------------------------------------------------------------------
 # not in Fray yet
 
 def _missing(name, issue):
@@ -686,14 +722,6 @@ def _missing(name, issue):
         name, issue))
 
 
-def quantize_int8(x: Array) -> Tuple[Array, float]:
-    """Not available yet: comes with Fray's quantized-inference issue."""
-    _missing("quantize_int8", QUANTIZED_ISSUE)
-
-
-def dequantize_int8(q: Array, scale: float) -> Array:
-    """Not available yet: comes with Fray's quantized-inference issue."""
-    _missing("dequantize_int8", QUANTIZED_ISSUE)
 
 
 def qadd_int8(qa: Array, sa: float, qb: Array, sb: float) -> Tuple[Array, float]:
