@@ -80,3 +80,68 @@ def assert_gemm_close(actual, expected_f64, terms, out_dtype, k, what=""):
     bad = err > bound
     assert not bad.any(), "%s (%s, K=%d): %d of %d elements off; worst error %.3g where the bound is %.3g" % (
         what, out_dtype, k, int(bad.sum()), err.numel(), float(err[bad].max()), float(bound[bad][err[bad].argmax()]))
+
+
+_SM90_COMPILE = r"""
+import json, pathlib, re, shutil, subprocess, sys, tempfile, traceback
+import importlib
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+tool = str(tool) if tool.is_file() else shutil.which("cuobjdump")
+out = []
+for req in json.loads(sys.argv[1]):
+    try:
+        kernel = getattr(importlib.import_module(req["module"]), req["kernel"])
+        sig = {p.name: "constexpr" if p.is_constexpr else req["types"].get(p.name, "i32") for p in kernel.params}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kernel.params) if p.name in req["divisible"]}
+        c = triton.compile(ASTSource(kernel, sig, req["constexprs"], attrs), target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": req["num_warps"], "num_stages": req["num_stages"]})
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(c.asm["cubin"])
+            f.flush()
+            sass = subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True, check=True).stdout
+        out.append({"shared": c.metadata.shared, "spills": len(re.findall(r"\b(?:STL|LDL)\b", sass)),
+                    "wgmma": "wgmma" in c.asm["ptx"]})
+    except Exception:
+        out.append({"error": traceback.format_exc()[-3000:]})
+print(json.dumps(out))
+"""
+
+
+def sm90_spec(module, kernel, types, constexprs, *, num_warps=4, num_stages=3, divisible=()):
+    """One kernel specialisation for compile_triton_sm90 (see there)."""
+    return {"module": module, "kernel": kernel, "types": dict(types), "constexprs": dict(constexprs),
+            "num_warps": num_warps, "num_stages": num_stages, "divisible": list(divisible)}
+
+
+def compile_triton_sm90(specs):
+    """Compiles Triton kernel specialisations (sm90_spec) for sm_90a without a GPU (Triton's own
+    ptxas), all in one child process without TRITON_INTERPRET (under the interpreter @triton.jit
+    builds no compilable function); returns per spec {"shared": bytes, "spills": STL/LDL count in
+    the SASS, "wgmma": bool}. Catches what the CPU interpreter never sees: type errors of the
+    compiled path (fp8 casts, inconsistent returns), layouts, shared memory, register spills.
+    Raises AssertionError with Triton's message for a kernel that does not compile.
+
+    sm90_spec's types: parameter name -> Triton type ("*bf16", "*fp8e4nv", "fp32"; unnamed
+    non-constexpr parameters are "i32"); constexprs: name -> value; divisible: the parameters
+    specialised as multiples of 16 (pointers 16-byte aligned, strides multiples of 16), as a launch
+    on aligned tensors would be."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    with tempfile.TemporaryDirectory(prefix="fray-sm90-") as cache:  # Triton's cache: writable, private
+        env["TRITON_CACHE_DIR"] = cache
+        p = subprocess.run([sys.executable, "-c", _SM90_COMPILE, json.dumps(list(specs))], capture_output=True,
+                           text=True, env=env, timeout=900)
+    assert p.returncode == 0, "the sm_90a compile process failed:\n" + p.stderr[-3000:]
+    results = json.loads(p.stdout.strip().splitlines()[-1])
+    for spec, r in zip(specs, results):
+        assert "error" not in r, "%s.%s %s does not compile for sm_90a:\n%s" % (
+            spec["module"], spec["kernel"], spec["constexprs"], r["error"])
+    return results

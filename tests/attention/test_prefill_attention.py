@@ -551,3 +551,28 @@ def test_gpu_plan_cache_and_empty(cuda):
     empty = fray.prefill_attention(q[:0], k[:0], v[:0], cu_seqlens_q=cu_q[:1], cu_seqlens_k=cu_k[:1], max_seqlen_q=0,
                                    max_seqlen_k=0)
     assert empty.shape == (0, 4, 64)
+
+
+def test_kernel_compiles_for_sm90a_without_spills():
+    """The prefill kernel through Triton's compiled path for sm_90a at the GPU's block sizes
+    (blocks_for), 16-bit inputs on wgmma, aligned tensors as a launch specialises them: no
+    register spills (STL / LDL) at D 64, 128 and 256."""
+    import torch
+    from fray.testing import compile_triton_sm90, sm90_spec
+    from fray_triton import prefill_attention as PA
+    specs = []
+    for d in (64, 128, 256):
+        bm, bn, warps, stages = PA.blocks_for(d, torch.bfloat16)
+        for varlen in (True, False):
+            specs.append(sm90_spec(
+                "fray_triton.prefill_attention", "_prefill_kernel",
+                {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "OUT": "*bf16", "LSE": "*fp32", "CU_Q": "*i32",
+                 "CU_K": "*i32", "sm_scale_log2": "fp32"},
+                dict(GROUP=4, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=varlen, VARLEN=varlen, IEEE=False,
+                     ROUND_P=False),
+                num_warps=warps, num_stages=stages,
+                divisible=("Q", "K", "V", "OUT", "LSE", "CU_Q", "CU_K", "stride_qb", "stride_qt", "stride_qh",
+                           "stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt", "stride_vh",
+                           "stride_ob", "stride_ot", "stride_oh", "stride_lb", "stride_lh")))
+    for spec, r in zip(specs, compile_triton_sm90(specs)):
+        assert r["wgmma"] and r["spills"] == 0, (spec["constexprs"], r)

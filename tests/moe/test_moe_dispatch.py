@@ -355,3 +355,16 @@ def test_custom_op_and_plan_under_the_interpreter(monkeypatch):
                               test_utils=("test_schema", "test_faketensor"))
     finally:
         P.PLANS.clear()
+
+
+def test_dispatch_kernels_compile_for_sm90a():
+    """The dispatch kernels through Triton's compiled path for sm_90a."""
+    from fray.testing import compile_triton_sm90, sm90_spec
+    from fray_triton import moe as M
+    ptrs = {n: "*i32" for n in ("IDS", "MAP", "COUNTS", "BLOCK_COUNTS", "OFFSETS", "TILE_EXPERT", "NUM_TILES",
+                                "BLOCK_BASE", "SORTED", "INVERSE")}
+    specs = [sm90_spec("fray_triton.moe", "_scan_kernel", ptrs, dict(BLOCK_M=64, BLOCK_E=256, TILES=M.SCAN_TILES))]
+    for has_map in (False, True):
+        specs += [sm90_spec("fray_triton.moe", "_histogram_kernel", ptrs, dict(HAS_MAP=has_map, BLOCK=M.BLOCK_R)),
+                  sm90_spec("fray_triton.moe", "_scatter_kernel", ptrs, dict(HAS_MAP=has_map, BLOCK=M.BLOCK_R))]
+    assert len(compile_triton_sm90(specs)) == 5

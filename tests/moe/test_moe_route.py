@@ -507,3 +507,24 @@ def test_custom_op_and_plan_under_the_interpreter(monkeypatch):
                               test_utils=("test_schema", "test_faketensor"))
     finally:
         P.PLANS.clear()
+
+
+def test_route_kernel_compiles_for_sm90a():
+    """The routing kernel through Triton's compiled path for sm_90a (what the interpreter does not
+    check), at each recipe's tile shape as fray_triton.moe.route picks it."""
+    from fray.testing import compile_triton_sm90, sm90_spec
+    from fray_triton._host import next_power_of_2
+    specs = []
+    for e, k, groups, topk_group, sigmoid in ((8, 2, 0, 0, False), (128, 8, 0, 0, False), (256, 8, 8, 4, True),
+                                              (4096, 8, 0, 0, False)):
+        n_groups = groups or 1
+        size = e // n_groups
+        bg, bs = next_power_of_2(n_groups), next_power_of_2(size)
+        specs.append(sm90_spec(
+            "fray_triton.moe", "_route_kernel",
+            {"X": "*bf16", "BIAS": "*fp32", "W": "*fp32", "IDS": "*i32", "COUNTS": "*i32", "scale": "fp32"},
+            dict(TOP_K=k, SIGMOID=sigmoid, HAS_BIAS=sigmoid, RENORM=True, N_GROUPS=n_groups,
+                 TOPK_GROUP=topk_group or 1, GROUPED=groups > 0, TOP2=size > 1, COUNT=True,
+                 BLOCK_G=bg, BLOCK_S=bs, BLOCK_K=next_power_of_2(k)),
+            num_warps=1 if bg * bs <= 256 else (4 if bg * bs <= 2048 else 8)))
+    assert len(compile_triton_sm90(specs)) == 4

@@ -295,3 +295,25 @@ def test_gpu_fp8_round_trip(cuda, granularity, block):
     se = torch.from_numpy(ref.expand(s.cpu().numpy(), granularity, *BIG, block)).to(cuda)
     err = (back - x.float()).abs()
     assert (err <= x.float().abs() / 16 + se * 2.0 ** -10).all()
+
+
+def test_kernels_compile_for_sm90a():
+    """Every quantize / dequantize kernel through Triton's compiled path for sm_90a, int8 and fp8
+    from each input dtype (the interpreter runs neither the fp8 casts nor the type checks of
+    compiled code: a kernel that returned int8 on one constexpr branch and fp8 on the other passed
+    every interpreter test)."""
+    from fray.testing import compile_triton_sm90, sm90_spec
+    from fray_triton import quant as Q
+    m, specs = "fray_triton.quant", []
+    for qtype in ("*i8", "*fp8e4nv"):
+        for xtype in ("*bf16", "*fp16", "*fp32"):
+            fp8 = qtype != "*i8"
+            io = {"X": xtype, "Q": qtype, "S": "*fp32", "qmax": "fp32"}
+            specs += [sm90_spec(m, "_quant_groups_kernel", io, dict(FP8=fp8, SHARED=False, BM=16, CK=1024)),
+                      sm90_spec(m, "_quant_groups_kernel", io, dict(FP8=fp8, SHARED=True, BM=128, CK=64), num_warps=8),
+                      sm90_spec(m, "_dequant_kernel", {"Q": qtype, "S": "*fp32", "X": xtype}, dict(BM=Q.TM, BK=Q.TK))]
+            specs += [sm90_spec(m, "_quant_scaled_kernel", dict(io, A="*i32" if a else "*fp32"),
+                                dict(FP8=fp8, FROM_AMAX=a, BM=Q.TM, BK=Q.TK)) for a in (True, False)]
+        specs.append(sm90_spec(m, "_amax_kernel", {"X": "*bf16", "A": "*i32"}, dict(CHANNEL=qtype == "*i8", BM=Q.TM,
+                                                                                        BK=Q.TK)))
+    assert len(compile_triton_sm90(specs)) == len(specs)

@@ -32,10 +32,14 @@ ROUND_MAGIC = 12582912.0  # 1.5 * 2**23
 def _to_q(y, qmax, FP8: tl.constexpr):
     nan = y != y
     y = tl.minimum(tl.maximum(y, -qmax), qmax)
+    # One return after a compile-time branch: Triton refuses a function whose returns differ in
+    # type (int8 / fp8), even when a constexpr decides between them.
     if FP8:
-        return tl.where(nan, float("nan"), y).to(tl.float8e4nv)
-    r = (y + 12582912.0) - 12582912.0
-    return tl.where(nan, 0.0, r).to(tl.int8)
+        q = tl.where(nan, float("nan"), y).to(tl.float8e4nv)
+    else:
+        r = (y + 12582912.0) - 12582912.0
+        q = tl.where(nan, 0.0, r).to(tl.int8)
+    return q
 
 
 @triton.jit
@@ -123,7 +127,7 @@ def _dequant_kernel(Q, S, X, M, K, stride_q, stride_x, gm, gk, ss0, ss1, BM: tl.
     msk = (rows[:, None] < M) & (cols[None, :] < K)
     sidx = (rows[:, None] // gm) * ss0 + (cols[None, :] // gk) * ss1
     s = tl.load(S + sidx, mask=msk, other=1.0)
-    q = tl.load(Q + rows[:, None] * stride_q + cols[None, :], mask=msk, other=0).to(tl.float32)
+    q = tl.load(Q + rows[:, None] * stride_q + cols[None, :], mask=msk, other=0.0).to(tl.float32)
     tl.store(X + rows[:, None] * stride_x + cols[None, :], (q * s).to(X.dtype.element_ty), mask=msk)
 
 
