@@ -253,3 +253,21 @@ def test_gpu_auto_and_empty(cuda):
     assert fray.vector_add(e, e).shape == (0, 256)
     s = torch.tensor(1.25, device=cuda)
     assert fray.vector_add(s, s).item() == 2.5
+
+
+def test_flat_kernels_compile_for_sm90a():
+    """The flat streaming kernels (fray_triton._flat's shape: vector_add / mul, axpy, the unary
+    activations) through Triton's compiled path for sm_90a, both offset widths, 16-byte vectors
+    when aligned, no spills."""
+    from fray.testing import compile_triton_sm90, sm90_spec
+    specs = []
+    for t in ("*bf16", "*fp16", "*fp32"):
+        for wide in (False, True):
+            specs += [sm90_spec("fray_triton.elementwise", "_binary_kernel", {"A": t, "B": t, "OUT": t},
+                                dict(OP=op, BLOCK=4096, WIDE=wide), divisible=("A", "B", "OUT", "n")) for op in (0, 1)]
+            specs.append(sm90_spec("fray_triton.elementwise", "_axpy_kernel", {"X": t, "OUT": t, "alpha": "fp32",
+                                                                               "beta": "fp32"},
+                                   dict(BLOCK=4096, WIDE=wide), divisible=("X", "OUT", "n")))
+            specs.append(sm90_spec("fray_triton.activation", "_unary_kernel", {"X": t, "OUT": t},
+                                   dict(ACT=0, BLOCK=4096, WIDE=wide), divisible=("X", "OUT", "n")))
+    assert all(r["spills"] == 0 for r in compile_triton_sm90(specs))

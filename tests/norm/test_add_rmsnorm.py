@@ -200,3 +200,19 @@ def test_gpu_seed_fused_rmsnorm_and_stream(cuda):
     ey, es = _ref(x, x, w, 1e-5)
     assert_close(y, ey, torch.float16, "fray.triton.add_rmsnorm normed")
     assert_close(s, es, torch.float16, "fray.triton.add_rmsnorm sum")
+
+
+def test_rmsnorm_kernels_compile_for_sm90a():
+    """Both builds of each RMSNorm kernel (specialised on alignment, and the one that specialises
+    on none, which unaligned calls take so that the row's reduction order never depends on which
+    buffer is the output) through Triton's compiled path for sm_90a."""
+    from fray.testing import compile_triton_sm90, sm90_spec
+    io = {"X": "*bf16", "R": "*bf16", "W": "*fp32", "Y": "*bf16", "S": "*bf16", "eps": "fp32", "w_offset": "fp32"}
+    aligned = ("X", "R", "W", "Y", "S", "stride_x", "stride_r", "stride_y", "stride_s")
+    specs = []
+    for name, extra in (("_rmsnorm_tile_kernel", dict(ROWS=1)), ("_rmsnorm_tile_kernel_any", dict(ROWS=1)),
+                        ("_rmsnorm_loop_kernel", {}), ("_rmsnorm_loop_kernel_any", {})):
+        block = 4096
+        specs.append(sm90_spec("fray_triton.norm", name, io, dict(HAS_RESIDUAL=True, BLOCK_N=block, **extra),
+                               num_warps=8, divisible=() if name.endswith("_any") else aligned))
+    assert all(r["spills"] == 0 for r in compile_triton_sm90(specs))
