@@ -192,25 +192,30 @@ def _fray_version():
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
 
-def _uses_cutlass(source, _seen=None):
+def _uses_cutlass(source):
     """Whether the unit includes CUTLASS/CuTe, directly or through Fray's own headers (a GEMM unit
-    includes only cuda/gemm/gemm_sm90.cuh, which includes cute/): those are followed under
-    include_root(), each once."""
-    seen = set() if _seen is None else _seen
-    for name in _INCLUDE.findall(source):
-        if name.startswith(("cutlass/", "cute/")):
-            return True
-        if not name.startswith("cuda/") or name in seen:
-            continue
-        seen.add(name)
-        path = os.path.join(include_root(), name)
+    includes only cuda/gemm/gemm_sm90.cuh, which includes cute/)."""
+    return any(name.startswith(("cutlass/", "cute/")) or (name.startswith("cuda/") and _header_uses_cutlass(name))
+               for name in _INCLUDE.findall(source))
+
+
+@functools.lru_cache(maxsize=None)
+def _header_uses_cutlass(name):
+    """The same for Fray's header `name` under include_root(), its own cuda/ includes followed
+    (each once); read once per process, so a build's cache lookup does not re-read headers."""
+    pending, seen = [name], {name}
+    while pending:
         try:
-            with open(path) as f:
+            with open(os.path.join(include_root(), pending.pop())) as f:
                 text = f.read()
         except OSError:
             continue
-        if _uses_cutlass(text, seen):
-            return True
+        for inc in _INCLUDE.findall(text):
+            if inc.startswith(("cutlass/", "cute/")):
+                return True
+            if inc.startswith("cuda/") and inc not in seen:
+                seen.add(inc)
+                pending.append(inc)
     return False
 
 
