@@ -2,6 +2,7 @@
 # Run Fray's GPU tests and benchmarks from a staged bundle, without Bazel:
 #   bash run.sh [FAMILIES|all] [DEADLINE_SECONDS] [BENCH_REGEX]
 #   bash run.sh sanitize [FAMILIES|all] [DEADLINE_SECONDS] [TOOLS]
+#   bash run.sh bench [FAMILIES|all] [DEADLINE_SECONDS] [BENCH_REGEX]
 # FAMILIES: comma list (norm,softmax) or all; BENCH_REGEX selects benchmark files by name (default
 # all of the families'). Logs, junit XML and benchmark JSON lines are re-packed into
 # $OUT/results.tgz (or ./gpu_results/) after every step, so a run cut short still returns what it
@@ -11,10 +12,11 @@
 # processes at a time; the estimate per tool is printed first); per-case logs, sanitize.jsonl and
 # SANITIZE.md (the tables, ready for bench/results/h200/, rewritten after every process) go into
 # the archive under sanitize/ and SANITIZE.md next to it.
+# bench: the selected families' benchmarks alone, in the order named (no tests, no fray check).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 MODE=tests
-if [ "${1:-}" = sanitize ]; then MODE=sanitize; shift; fi
+if [ "${1:-}" = sanitize ] || [ "${1:-}" = bench ]; then MODE=$1; shift; fi
 FAMILY=${1:-all}
 DEADLINE=${2:-$([ "$MODE" = sanitize ] && echo 300 || echo 540)}
 TOOLS=${3:-memcheck,racecheck,initcheck,synccheck}
@@ -72,7 +74,9 @@ cd "$HERE"
 XDIST=""
 python3 -c "import xdist" 2>/dev/null && XDIST="-n ${FRAY_TEST_PROCS:-8}"
 TESTS=$(for f in $FAMILIES; do [ -d "tests/$f" ] && printf 'tests/%s ' "$f"; done)
-if [ -z "$TESTS" ]; then
+if [ "$MODE" = bench ]; then
+  echo "tests: skipped (bench mode)" | tee -a "$RES/summary.txt"
+elif [ -z "$TESTS" ]; then
   echo "tests: none selected ($FAMILIES)" | tee -a "$RES/summary.txt"
 elif [ "$(left)" -gt 20 ]; then
   # shellcheck disable=SC2086
@@ -84,9 +88,11 @@ else
   echo "deadline reached before the tests" | tee -a "$RES/summary.txt"
 fi
 pack
-[ "$(left)" -gt 20 ] && timeout "$(left)" fray check > "$RES/check.log" 2>&1
-echo "fray check: rc=$? $(tail -n 1 "$RES/check.log" 2>/dev/null)" | tee -a "$RES/summary.txt"
-pack
+if [ "$MODE" = tests ]; then
+  [ "$(left)" -gt 20 ] && timeout "$(left)" fray check > "$RES/check.log" 2>&1
+  echo "fray check: rc=$? $(tail -n 1 "$RES/check.log" 2>/dev/null)" | tee -a "$RES/summary.txt"
+  pack
+fi
 # bench/host (every op's eager host cost) and bench/e2e (a decoder step) belong to no family: they
 # run with `all`, or when named in FAMILIES (host,e2e runs just them).
 BENCH_DIRS=$FAMILIES
