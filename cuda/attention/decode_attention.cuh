@@ -33,11 +33,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
 #include "cuda/attention/attention.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/dtype.h"
 #include "cuda/common/launch.h"
 #include "cuda/common/reduce.cuh"
@@ -913,25 +913,6 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeAr
 // ---------------------------------------------------------------------------------------------
 // Host side
 
-// Opt-in shared memory (> 48 KB) and the max-shared carveout (two ~100 KB CTAs per SM), set once
-// per kernel and device (function attributes are per device context).
-template <auto Kernel>
-inline cudaError_t prepare_kernel(int smem_bytes) {
-  static std::atomic<uint64_t> done{0};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  const uint64_t bit = dev < 64 ? (uint64_t{1} << dev) : 0;
-  if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
-  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (err == cudaSuccess) {
-    err = cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               cudaSharedmemCarveoutMaxShared);
-  }
-  if (err == cudaSuccess && bit) done.fetch_or(bit, std::memory_order_relaxed);
-  return err;
-}
-
 // Programmatic (PDL) launch of a decode kernel: its CTAs may be scheduled while the previous
 // kernel on the stream finishes (that launch latency hides); each waits (griddepcontrol.wait)
 // before its first dependent global read, so every earlier write on the stream is visible.
@@ -959,7 +940,11 @@ inline cudaError_t launch_pdl(const DecodeArgs& a, unsigned grid, int smem_bytes
 
 template <auto Kernel>
 inline cudaError_t launch_split(const DecodeArgs& a, int64_t grid, int smem_bytes, cudaStream_t stream) {
-  const cudaError_t err = prepare_kernel<Kernel>(smem_bytes);
+  // Opt-in shared memory (> 48 KB) and the max-shared carveout (two ~100 KB CTAs per SM).
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  err = prepare_kernel(reinterpret_cast<const void*>(Kernel), dev, static_cast<size_t>(smem_bytes), 1, true);
   if (err != cudaSuccess) return err;
   return launch_pdl<Kernel>(a, static_cast<unsigned>(grid), smem_bytes, stream);
 }

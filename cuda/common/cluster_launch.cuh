@@ -4,11 +4,15 @@
 //    load-balancing cluster scheduling policy.
 //  * launch_ex        - cudaLaunchKernelEx plus the launch-error check every launcher returns.
 //  * launch_clustered - a plain launch for cluster <= 1, else a cluster launch.
+//  * prepare_kernel   - the function attributes a launch needs, set once per (kernel, device).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "cuda/common/launch.h"
 
@@ -55,6 +59,42 @@ cudaError_t launch_clustered(void (*fn)(Args), const Args& args, dim3 grid, dim3
   }
   cudaLaunchAttribute attr[2];
   return launch_ex(fn, args, cluster_config(attr, grid, block, smem, cluster, balance, stream));
+}
+
+// The function attributes a launch of `fn` on `device` needs: `smem` bytes of dynamic shared
+// memory (the limit is raised, never lowered, so concurrent launchers of other sizes never undo
+// each other), the max-shared carveout when `max_carveout` (all of L1 as shared memory, for
+// several large CTAs per SM) and non-portable cluster sizes above 8. Each is set once per
+// (kernel, device) and raised when a launch needs more: cudaFuncSetAttribute costs ~1.5-2 µs of
+// host time per call on the H200 machine (profiled), and the launches of a captured graph (after
+// a warm-up call) then make no attribute calls. Every launcher that needs an attribute calls this.
+inline cudaError_t prepare_kernel(const void* fn, int device, size_t smem, int cluster, bool max_carveout = false) {
+  struct State {
+    size_t smem = 0;  // dynamic bytes the attribute allows (0: never set)
+    bool carveout = false;
+    bool big_cluster = false;
+  };
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, State> done;
+  const std::lock_guard<std::mutex> lock(mu);
+  State& st = done[{fn, device}];
+  if (smem > st.smem) {
+    const cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+    st.smem = smem;
+  }
+  if (max_carveout && !st.carveout) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    if (err != cudaSuccess) return err;
+    st.carveout = true;
+  }
+  if (cluster > 8 && !st.big_cluster) {
+    const cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return err;
+    st.big_cluster = true;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace fray

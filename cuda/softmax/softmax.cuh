@@ -629,23 +629,18 @@ template <typename TI, typename TO, int VEC>
 cudaError_t launch_kernel(const KernelArgs& a, const LaunchConfig& c, cudaStream_t stream) {
   const KernelFn fn = KernelSet<TI, TO, VEC>::kKernels[kernel_slot(c)];
   if (fn == nullptr) return cudaErrorInvalidDeviceFunction;  // excluded by softmax_config_table_ok
-  if (c.cluster > kPortableCluster) {
-    const cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (err != cudaSuccess) return err;
-  }
-  // Shared-memory kernel: the slice is dynamic shared memory. The limit is set to
-  // the largest slice (not this launch's) so that concurrent launchers never
-  // lower it under each other; the carveout asks for all of L1 as shared memory
-  // so that 3 blocks of 64 KB fit an SM.
+  // Shared-memory kernel: the slice is dynamic shared memory. The limit is set to the largest
+  // slice (not this launch's) and the carveout asks for all of L1 as shared memory, so that 3
+  // blocks of 64 KB fit an SM; clusters above 8 CTAs need the non-portable size (set once per
+  // kernel and device: prepare_kernel).
   const size_t smem = static_cast<size_t>(c.slice) * 16;
-  if (c.slice > 0) {
-    cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(kSmemMaxVecs * 16));
-    if (err == cudaSuccess) {
-      err = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    }
-    if (err != cudaSuccess) return err;
+  int device = 0;
+  cudaError_t perr = cudaGetDevice(&device);
+  if (perr == cudaSuccess) {
+    perr = prepare_kernel(reinterpret_cast<const void*>(fn), device, c.slice > 0 ? kSmemMaxVecs * 16 : 0, c.cluster,
+                          c.slice > 0);
   }
+  if (perr != cudaSuccess) return perr;
   const dim3 block(static_cast<unsigned>(c.tpr), static_cast<unsigned>(c.rpb));
   // Kernels handle one row group (block or cluster) per block index; more rows
   // than one grid holds are split into several launches on the same stream.
