@@ -155,12 +155,12 @@ def _act_impl(op, x, up, out, approximate, backend):
     plan(tensors)
 
 
-@torch.library.custom_op("fray::silu_mul", mutates_args=("out",))
+@P.custom_op("fray::silu_mul", mutates_args=("out",))
 def _silu_mul_op(x: torch.Tensor, up: Optional[torch.Tensor], out: torch.Tensor, backend: str) -> None:
     _act_impl("silu_mul", x, up, out, "none", backend)
 
 
-@torch.library.custom_op("fray::gelu_mul", mutates_args=("out",))
+@P.custom_op("fray::gelu_mul", mutates_args=("out",))
 def _gelu_mul_op(x: torch.Tensor, up: Optional[torch.Tensor], out: torch.Tensor, approximate: str,
                  backend: str) -> None:
     _act_impl("gelu_mul", x, up, out, approximate, backend)
@@ -257,7 +257,7 @@ _UNARY_REFS = {"silu": ref.silu, "gelu": ref.gelu, "gelu_tanh": lambda g: ref.ge
                "tanh": ref.tanh, "sigmoid": ref.sigmoid}
 
 
-@torch.library.custom_op("fray::unary", mutates_args=("out",))
+@P.custom_op("fray::unary", mutates_args=("out",))
 def _unary_op(x: torch.Tensor, out: torch.Tensor, act: str, backend: str) -> None:
     _UNARY[act].launch((x,), out, (), backend)
 

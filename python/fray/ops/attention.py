@@ -467,14 +467,14 @@ def _append_impl(op, k, v, k_new, v_new, lens, block_table, nhd, backend):
     _append_launch(plan, k, v, k_new, v_new, lens, block_table)
 
 
-@torch.library.custom_op("fray::decode_attention", mutates_args=("out", "lse"))
+@P.custom_op("fray::decode_attention", mutates_args=("out", "lse"))
 def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,
                out: torch.Tensor, lse: torch.Tensor, scale: float, nhd: bool, num_splits: int,
                backend: str) -> None:
     _decode_impl("decode_attention", q, k_cache, v_cache, lens, None, out, lse, scale, nhd, num_splits, backend)
 
 
-@torch.library.custom_op("fray::paged_decode_attention", mutates_args=("out", "lse"))
+@P.custom_op("fray::paged_decode_attention", mutates_args=("out", "lse"))
 def _paged_decode_op(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
                      lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale: float, num_splits: int,
                      backend: str) -> None:
@@ -482,13 +482,13 @@ def _paged_decode_op(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tens
                  num_splits, backend)
 
 
-@torch.library.custom_op("fray::kv_append", mutates_args=("k_cache", "v_cache"))
+@P.custom_op("fray::kv_append", mutates_args=("k_cache", "v_cache"))
 def _append_op(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                lens: torch.Tensor, nhd: bool, backend: str) -> None:
     _append_impl("kv_append", k_cache, v_cache, k_new, v_new, lens, None, nhd, backend)
 
 
-@torch.library.custom_op("fray::kv_append_paged", mutates_args=("k_pages", "v_pages"))
+@P.custom_op("fray::kv_append_paged", mutates_args=("k_pages", "v_pages"))
 def _append_paged_op(k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
                      k_new: torch.Tensor, v_new: torch.Tensor, lens: torch.Tensor, backend: str) -> None:
     _append_impl("kv_append_paged", k_pages, v_pages, k_new, v_new, lens, block_table, False, backend)
@@ -879,7 +879,7 @@ def _prefill_impl(q, k, v, cu_q, cu_k, out, lse, causal, max_q, max_k, scale, ba
     plan(q, k, v, cu_q, cu_k, out, lse)
 
 
-@torch.library.custom_op("fray::prefill_attention", mutates_args=("out", "lse"))
+@P.custom_op("fray::prefill_attention", mutates_args=("out", "lse"))
 def _prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
                 cu_seqlens_k: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor, causal: bool,
                 max_seqlen_q: int, max_seqlen_k: int, scale: float, backend: str) -> None:

@@ -120,12 +120,12 @@ def _vector_add_impl(a, b, out, backend):
     plan((a, b, out))
 
 
-@torch.library.custom_op("fray::vector_add", mutates_args=("out",))
+@P.custom_op("fray::vector_add", mutates_args=("out",))
 def _vector_add_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, backend: str) -> None:
     _vector_add_impl(a, b, out, backend)
 
 
-@torch.library.custom_op("fray::vector_add_", mutates_args=("a",))
+@P.custom_op("fray::vector_add_", mutates_args=("a",))
 def _vector_add_inplace_op(a: torch.Tensor, b: torch.Tensor, backend: str) -> None:
     _vector_add_impl(a, b, a, backend)
 
@@ -206,12 +206,12 @@ def _triton_axpy(x, out, n, a, b):
     tew.axpy(x, out, n, a, b)
 
 
-@torch.library.custom_op("fray::mul", mutates_args=("out",))
+@P.custom_op("fray::mul", mutates_args=("out",))
 def _mul_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, backend: str) -> None:
     _MUL.launch((a, b), out, (), backend)
 
 
-@torch.library.custom_op("fray::axpy", mutates_args=("out",))
+@P.custom_op("fray::axpy", mutates_args=("out",))
 def _axpy_op(x: torch.Tensor, out: torch.Tensor, a: float, b: float, backend: str) -> None:
     _AXPY.launch((x,), out, (a, b), backend)
 

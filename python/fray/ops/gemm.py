@@ -35,6 +35,7 @@ import typing
 import numpy as np
 import torch
 
+from fray import _plan as P
 from fray import _validate as V
 from fray import backend as B
 from fray import env
@@ -515,7 +516,7 @@ def _signature(a, b, bias, out, out_dtype, b_layout, backend):
         return None
 
 
-@torch.library.custom_op("fray::gemm", mutates_args=("out",))
+@P.custom_op("fray::gemm", mutates_args=("out",))
 def _gemm_op(a: torch.Tensor, b: torch.Tensor, bias: typing.Optional[torch.Tensor], out: torch.Tensor, b_layout: str,
              backend: str) -> None:
     _gemm_impl(a, b, bias, out, b_layout, backend)

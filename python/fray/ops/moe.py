@@ -312,7 +312,7 @@ def _moe_dispatch_impl(ids, emap, outs, num_experts, block_m, backend):
     plan((ids, emap) + tuple(outs))
 
 
-@torch.library.custom_op("fray::moe_route", mutates_args=("topk_weights", "topk_ids", "counts"))
+@P.custom_op("fray::moe_route", mutates_args=("topk_weights", "topk_ids", "counts"))
 def _moe_route_op(router_logits: torch.Tensor, correction_bias: Optional[torch.Tensor], topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor, counts: Optional[torch.Tensor], top_k: int, scoring: str, renormalize: bool,
                   num_expert_group: int, topk_group: int, routed_scaling_factor: float, backend: str) -> None:
@@ -320,7 +320,7 @@ def _moe_route_op(router_logits: torch.Tensor, correction_bias: Optional[torch.T
                     num_expert_group, topk_group, routed_scaling_factor, backend)
 
 
-@torch.library.custom_op("fray::moe_dispatch", mutates_args=("sorted_route_ids", "expert_offsets", "tile_expert",
+@P.custom_op("fray::moe_dispatch", mutates_args=("sorted_route_ids", "expert_offsets", "tile_expert",
                                                              "num_tiles", "inverse", "counts", "workspace"))
 def _moe_dispatch_op(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], sorted_route_ids: torch.Tensor,
                      expert_offsets: torch.Tensor, tile_expert: torch.Tensor, num_tiles: torch.Tensor,

@@ -190,31 +190,31 @@ def _layernorm_impl(x, weight, bias, out, eps, backend):
     plan(tensors)
 
 
-@torch.library.custom_op("fray::rmsnorm", mutates_args=("out",))
+@P.custom_op("fray::rmsnorm", mutates_args=("out",))
 def _rmsnorm_op(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float,
                 weight_offset: float, backend: str) -> None:
     _rmsnorm_impl(x, weight, out, eps, weight_offset, backend)
 
 
-@torch.library.custom_op("fray::add_rmsnorm", mutates_args=("out", "sum_out"))
+@P.custom_op("fray::add_rmsnorm", mutates_args=("out", "sum_out"))
 def _add_rmsnorm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
                     sum_out: torch.Tensor, eps: float, weight_offset: float, backend: str) -> None:
     _add_rmsnorm_impl(x, residual, weight, out, sum_out, eps, weight_offset, backend)
 
 
-@torch.library.custom_op("fray::add_rmsnorm_", mutates_args=("x", "residual"))
+@P.custom_op("fray::add_rmsnorm_", mutates_args=("x", "residual"))
 def _add_rmsnorm_inplace_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                             weight_offset: float, backend: str) -> None:
     _add_rmsnorm_impl(x, residual, weight, x, residual, eps, weight_offset, backend)
 
 
-@torch.library.custom_op("fray::add_rmsnorm_residual_", mutates_args=("residual", "out"))
+@P.custom_op("fray::add_rmsnorm_residual_", mutates_args=("residual", "out"))
 def _add_rmsnorm_residual_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                              out: torch.Tensor, eps: float, weight_offset: float, backend: str) -> None:
     _add_rmsnorm_impl(x, residual, weight, out, residual, eps, weight_offset, backend)
 
 
-@torch.library.custom_op("fray::layernorm", mutates_args=("out",))
+@P.custom_op("fray::layernorm", mutates_args=("out",))
 def _layernorm_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
                   eps: float, backend: str) -> None:
     _layernorm_impl(x, weight, bias, out, eps, backend)

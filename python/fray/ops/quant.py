@@ -236,13 +236,13 @@ def _block_args(block):
     return (0, 0) if block is None else block
 
 
-@torch.library.custom_op("fray::quantize", mutates_args=("q", "scale", "amax"))
+@P.custom_op("fray::quantize", mutates_args=("q", "scale", "amax"))
 def _quantize_op(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, amax: Optional[torch.Tensor],
                  granularity: str, block_m: int, block_k: int, static: bool, backend: str) -> None:
     _quantize_impl(x, q, scale, amax, granularity, (block_m, block_k) if block_m else None, static, backend)
 
 
-@torch.library.custom_op("fray::dequantize", mutates_args=("out",))
+@P.custom_op("fray::dequantize", mutates_args=("out",))
 def _dequantize_op(q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, granularity: str, block_m: int,
                    block_k: int, backend: str) -> None:
     _dequantize_impl(q, scale, out, granularity, (block_m, block_k) if block_m else None, backend)

@@ -380,14 +380,14 @@ def _public_key(q, k, positions, cos_sin_cache, max_position, theta, rotary_dim,
                        (type(positions), type(cos_sin_cache), max_position, theta, rotary_dim, style, inplace))
 
 
-@torch.library.custom_op("fray::rope", mutates_args=("q_out", "k_out"))
+@P.custom_op("fray::rope", mutates_args=("q_out", "k_out"))
 def _rope_op(q: torch.Tensor, k: Optional[torch.Tensor], q_out: torch.Tensor, k_out: Optional[torch.Tensor],
              positions: Optional[torch.Tensor], offset: int, cos: Optional[torch.Tensor], sin: Optional[torch.Tensor],
              max_position: int, rotary_dim: int, theta: float, neox: bool, backend: str) -> None:
     _rope_impl(q, k, q_out, k_out, positions, offset, cos, sin, max_position, rotary_dim, theta, neox, backend)
 
 
-@torch.library.custom_op("fray::rope_", mutates_args=("q", "k"))
+@P.custom_op("fray::rope_", mutates_args=("q", "k"))
 def _rope_inplace_op(q: torch.Tensor, k: Optional[torch.Tensor], positions: Optional[torch.Tensor], offset: int,
                      cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], max_position: int, rotary_dim: int,
                      theta: float, neox: bool, backend: str) -> None:

@@ -221,7 +221,7 @@ def _topk_impl(x, values, indices, workspace, k, largest, sorted, algorithm, bac
             ts.topk(x, values, indices, k, largest, method, V.row_stride("x", x), rows, width)
 
 
-@torch.library.custom_op("fray::topk", mutates_args=("values", "indices", "workspace"))
+@P.custom_op("fray::topk", mutates_args=("values", "indices", "workspace"))
 def _topk_op(x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, workspace: Optional[torch.Tensor],
              k: int, largest: bool, sorted: bool, algorithm: str, backend: str) -> None:
     _topk_impl(x, values, indices, workspace, k, largest, sorted, algorithm, backend)
@@ -360,7 +360,7 @@ def _argmax_impl(x, out, backend):
     _argmax_launch(plan[0], x, out)
 
 
-@torch.library.custom_op("fray::argmax", mutates_args=("out",))
+@P.custom_op("fray::argmax", mutates_args=("out",))
 def _argmax_op(x: torch.Tensor, out: torch.Tensor, backend: str) -> None:
     _argmax_impl(x, out, backend)
 
@@ -471,12 +471,21 @@ def _scalars_only(params):
     return tuple(None if isinstance(v, torch.Tensor) else v for v in params)
 
 
+_KIND_DTYPES = {"float": torch.float32, "int": torch.int64}
+
+
 def _params_again(values, validated, kinds):
     """A signature's validated parameters for this call's tensors: scalars as validated (their
-    values are in the key), tensors converted as _row_param converts them (a no-op when the
-    dtype, which is in the key, is already the kernels')."""
-    return tuple(v.to(torch.float32 if k == "float" else torch.int64).contiguous() if isinstance(v, torch.Tensor)
-                 else p for v, p, k in zip(values, validated, kinds))
+    values are in the key), tensors converted as _row_param converts them (skipped, and so no
+    .to() / .contiguous() call per tensor, when one is already the kernels' dtype and dense)."""
+    out = []
+    for v, p, k in zip(values, validated, kinds):
+        if isinstance(v, _Tensor):
+            dt = _KIND_DTYPES[k]
+            out.append(v if v.dtype is dt and v.is_contiguous() else v.to(dt).contiguous())
+        else:
+            out.append(p)
+    return tuple(out)
 
 
 def _range_check(name, lo, hi, lo_open=False, finite=True):
@@ -569,11 +578,9 @@ def _sample_launch(logits, backend):
                       logits.device), stride
 
 
-def _sample_impl(logits, params, tokens, logprobs, backend):
-    if logits.shape[0] == 0:
-        return
-    key = P.signature("sample:op", backend, (logits,))
-    plan, stride = P.PLANS.get(key) or P.PLANS.put(key, _sample_launch(logits, backend))
+def _sample_run(launch, logits, params, tokens, logprobs):
+    """One launch from _sample_launch's (plan, stride) of this logits signature."""
+    plan, stride = launch
     if plan is not None:
         # Launcher slots: cuda/sampling/sampling.h (sample).
         t, k, p, m, s, o = params
@@ -588,7 +595,15 @@ def _sample_impl(logits, params, tokens, logprobs, backend):
                   stride, rows, width)
 
 
-@torch.library.custom_op("fray::sample", mutates_args=("tokens", "logprobs"))
+def _sample_impl(logits, params, tokens, logprobs, backend):
+    if logits.shape[0] == 0:
+        return
+    key = P.signature("sample:op", backend, (logits,))
+    _sample_run(P.PLANS.get(key) or P.PLANS.put(key, _sample_launch(logits, backend)), logits, params, tokens,
+                logprobs)
+
+
+@P.custom_op("fray::sample", mutates_args=("tokens", "logprobs"))
 def _sample_op(logits: torch.Tensor, temperature: Optional[torch.Tensor], top_k: Optional[torch.Tensor],
                top_p: Optional[torch.Tensor], min_p: Optional[torch.Tensor], seeds: Optional[torch.Tensor],
                offsets: Optional[torch.Tensor], fvals: List[float], ivals: List[int], tokens: torch.Tensor,
@@ -597,7 +612,8 @@ def _sample_op(logits: torch.Tensor, temperature: Optional[torch.Tensor], top_k:
     _sample_impl(logits, params, tokens, logprobs, backend)
 
 
-def _sample_validated(logits, params, return_logprobs, backend):
+def _sample_validated(logits, params, return_logprobs, backend, launch=None):
+    """launch: the eager plan's (plan, stride) from _sample_launch, when the caller has it."""
     rows = logits.shape[0]
     if logits.device.type == "cpu":
         t, k, p, m, s, o = (v.numpy() for v in _materialize_all(params, _SAMPLE_KINDS, rows, logits.device))
@@ -609,6 +625,8 @@ def _sample_validated(logits, params, return_logprobs, backend):
     if _compiling():
         tensors, fvals, ivals = _split_params(params, _SAMPLE_KINDS)
         torch.ops.fray.sample(logits, *tensors, fvals, ivals, tokens, logprobs, backend)
+    elif launch is not None:
+        _sample_run(launch, logits, params, tokens, logprobs)
     else:
         _sample_impl(logits, params, tokens, logprobs, backend)
     return (tokens, logprobs) if return_logprobs else tokens
@@ -669,12 +687,18 @@ def sample(logits, *, temperature, top_k=None, top_p=None, min_p=None, seeds, of
         key = P.signature("sample", backend, (logits,) + tensors, (return_logprobs,) + scalars)
         validated = P.PLANS.get(key)
         if validated is not None:
-            return _sample_validated(logits, _params_again(raw, validated, _SAMPLE_KINDS), return_logprobs, backend)
+            scalars, launch = validated
+            return _sample_validated(logits, _params_again(raw, scalars, _SAMPLE_KINDS), return_logprobs, backend,
+                                     launch)
     _check_sample_common(logits, return_logprobs, backend)
     params = _sampling_params(logits, temperature, top_k, top_p, min_p, seeds, offsets)
+    launch = None
     if key is not None and logits.device.type == "cuda":
-        P.PLANS.put(key, _scalars_only(params))
-    return _sample_validated(logits, params, return_logprobs, backend)
+        # The signature's launch too (None for zero rows, which launch nothing): a hit makes one
+        # plan lookup, not two.
+        launch = _sample_launch(logits, backend) if logits.shape[0] > 0 else None
+        P.PLANS.put(key, (_scalars_only(params), launch))
+    return _sample_validated(logits, params, return_logprobs, backend, launch)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -701,7 +725,7 @@ def _penalties_impl(logits, token_ids, token_offsets, params, backend):
                            *_materialize_all(params, _PENALTY_KINDS, rows, logits.device), stride, rows, width)
 
 
-@torch.library.custom_op("fray::apply_penalties", mutates_args=("logits",))
+@P.custom_op("fray::apply_penalties", mutates_args=("logits",))
 def _penalties_op(logits: torch.Tensor, token_ids: torch.Tensor, token_offsets: torch.Tensor,
                   repetition: Optional[torch.Tensor], presence: Optional[torch.Tensor],
                   frequency: Optional[torch.Tensor], fvals: List[float], backend: str) -> None:
@@ -732,7 +756,7 @@ def _decode_impl(logits, token_ids, token_offsets, pen, params, tokens, logprobs
     _sample_impl(logits, params, tokens, logprobs, backend)
 
 
-@torch.library.custom_op("fray::decode_step", mutates_args=("logits", "tokens", "logprobs"))
+@P.custom_op("fray::decode_step", mutates_args=("logits", "tokens", "logprobs"))
 def _decode_op(logits: torch.Tensor, token_ids: torch.Tensor, token_offsets: torch.Tensor,
                repetition: Optional[torch.Tensor], presence: Optional[torch.Tensor],
                frequency: Optional[torch.Tensor], pvals: List[float], temperature: Optional[torch.Tensor],

@@ -196,12 +196,12 @@ def _online_softmax_impl(x, out, row_max, row_lse, backend):
     plan(tensors)
 
 
-@torch.library.custom_op("fray::softmax", mutates_args=("out",))
+@P.custom_op("fray::softmax", mutates_args=("out",))
 def _softmax_op(x: torch.Tensor, out: torch.Tensor, dim: int, temperature: float, backend: str) -> None:
     _softmax_impl(x, out, dim, temperature, backend)
 
 
-@torch.library.custom_op("fray::online_softmax", mutates_args=("out", "row_max", "row_lse"))
+@P.custom_op("fray::online_softmax", mutates_args=("out", "row_max", "row_lse"))
 def _online_softmax_op(x: torch.Tensor, out: torch.Tensor, row_max: torch.Tensor, row_lse: torch.Tensor,
                        backend: str) -> None:
     _online_softmax_impl(x, out, row_max, row_lse, backend)
@@ -367,8 +367,9 @@ def online_softmax(x, *, out=None, backend="auto"):
 def _online_launch(plan, x, out):
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    row_max = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    row_lse = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    # Both statistics in one allocation (each a dense [rows] view of it): an allocation costs
+    # ~4 µs of host time on the H200 machine, unbind ~1.
+    row_max, row_lse = torch.empty((2,) + x.shape[:-1], dtype=torch.float32, device=x.device).unbind(0)
     plan((x, out, row_max, row_lse))
     return out, row_max, row_lse
 
