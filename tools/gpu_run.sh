@@ -3,6 +3,7 @@
 #   bash run.sh [FAMILIES|all] [DEADLINE_SECONDS] [BENCH_REGEX]
 #   bash run.sh sanitize [FAMILIES|all] [DEADLINE_SECONDS] [TOOLS]
 #   bash run.sh bench [FAMILIES|all] [DEADLINE_SECONDS] [BENCH_REGEX]
+#   bash run.sh pytest [FAMILIES|all] [DEADLINE_SECONDS]
 # FAMILIES: comma list (norm,softmax) or all; BENCH_REGEX selects benchmark files by name (default
 # all of the families'). Logs, junit XML and benchmark JSON lines are re-packed into
 # $OUT/results.tgz (or ./gpu_results/) after every step, so a run cut short still returns what it
@@ -13,10 +14,11 @@
 # SANITIZE.md (the tables, ready for bench/results/h200/, rewritten after every process) go into
 # the archive under sanitize/ and SANITIZE.md next to it.
 # bench: the selected families' benchmarks alone, in the order named (no tests, no fray check).
+# pytest: the selected families' GPU tests alone (no fray check, no benchmarks).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 MODE=tests
-if [ "${1:-}" = sanitize ] || [ "${1:-}" = bench ]; then MODE=$1; shift; fi
+case "${1:-}" in sanitize | bench | pytest) MODE=$1; shift ;; esac
 FAMILY=${1:-all}
 DEADLINE=${2:-$([ "$MODE" = sanitize ] && echo 300 || echo 540)}
 TOOLS=${3:-memcheck,racecheck,initcheck,synccheck}
