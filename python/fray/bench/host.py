@@ -47,9 +47,13 @@ def _flashinfer():
     return flashinfer
 
 
-def _fray(impls, fn):
+def _fray(impls, fn, op=None):
+    """fray.cuda and fray.triton rows of fn(backend); op: skip a backend with no kernel for it yet
+    (fray.backend.missing_reason), whose row would only record the refusal."""
+    from fray import backend as B
     for backend in ("cuda", "triton"):
-        impls["fray." + backend] = lambda b=backend: fn(b)
+        if op is None or not B.missing_reason(op, backend):
+            impls["fray." + backend] = lambda b=backend: fn(b)
 
 
 def cases(device):
@@ -182,7 +186,7 @@ def cases(device):
     views = [t.view(BATCH, sp, -1, dh).transpose(1, 2) for t in (qp, kpf, vpf)]
     impls = {}
     _fray(impls, lambda b: fray.prefill_attention(qp, kpf, vpf, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=sp,
-                                                  max_seqlen_k=sp, out=op_, backend=b))
+                                                  max_seqlen_k=sp, out=op_, backend=b), "prefill_attention")
     impls["torch.builtin"] = lambda: F.scaled_dot_product_attention(*views, is_causal=True, enable_gqa=True)
     out.append(("prefill_attention", "B%dHq%dHkv%dS%dD%d" % (BATCH, hq, hkv, sp, dh), "bf16", impls))
 
