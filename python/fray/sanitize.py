@@ -351,10 +351,17 @@ _RECORD = re.compile(r"^========= (?:Uninitialized|Invalid|Program hit|Error|Pot
 # Seconds per million elements a case's kernels touch, by tool, and the start-up of one process
 # under the tool (python3 + torch + the extensions), from the sweep of the bundle at da8da65 on the
 # H200 (2026-12-01): memcheck and synccheck ~1.5 s per small case in chunks of 8, ~5 s per
-# process; racecheck about 150 s for 2 x 1.9 M elements of sampling at clusters of 2.
+# process; racecheck about 150 s for 2 x 1.9 M elements of sampling at clusters of 2 (the small
+# racecheck cases run slower than this rate says: the sampling cases of the sweep at 8a2f6aa,
+# 2026-12-02, took 1533 s of process time against 1032 estimated).
 _RATE = {"memcheck": 1.0, "racecheck": 40.0, "initcheck": 2.0, "synccheck": 1.0}
 _START = {"memcheck": 5.0, "racecheck": 5.0, "initcheck": 6.0, "synccheck": 5.0}
 _HEAVY = 20.0  # seconds: a case estimated above this runs in its own process
+# Estimated seconds per process: a chunk closes before it would pass this, however few cases it
+# holds. Chunks of 8 racecheck cases of sampling ran 230-240 s at 48fe6bd (2026-12-02) and were
+# cut by the per-process limit, which left 64 cases unchecked; shorter processes also spread
+# better over the jobs.
+_CHUNK_SECONDS = 30.0
 
 
 def _sanitizer():
@@ -495,8 +502,16 @@ def plan(families, tools, chunk):
             else:
                 light.append(n)
         for fam in families:
-            fn = [n for n in light if n.split("/")[0] == fam]
-            work += [(tool, fn[i:i + chunk]) for i in range(0, len(fn), chunk)]
+            group, cost = [], 0.0
+            for n in (n for n in light if n.split("/")[0] == fam):
+                c = _cost(tool, case(n))
+                if group and (len(group) == chunk or cost + c > _CHUNK_SECONDS):
+                    work.append((tool, group))
+                    group, cost = [], 0.0
+                group.append(n)
+                cost += c
+            if group:
+                work.append((tool, group))
     est = {t: sum(_START[t] + sum(_cost(t, case(n)) for n in g) for tt, g in work if tt == t) for t in tools}
     work.sort(key=lambda w: -(_START[w[0]] + sum(_cost(w[0], case(n)) for n in w[1])))
     return names[0], work, est, {t: sum(len(g) for tt, g in work if tt == t) for t in tools}

@@ -69,6 +69,16 @@ def test_plan_racechecks_shared_memory_kernels_only_and_runs_the_costliest_first
     assert est["racecheck"] > est["memcheck"] > 0
 
 
+def test_plan_closes_a_chunk_before_its_estimate_passes_the_cap():
+    # A chunk of several cases never passes _CHUNK_SECONDS (8 racecheck cases of sampling in one
+    # process ran into the per-process limit at 48fe6bd); one costlier case still runs alone.
+    _, work, _, counts = sanitize.plan(["sampling"], ["racecheck"], 8)
+    costs = [(len(g), sum(sanitize._cost(t, sanitize._lookup(n)) for n in g)) for t, g in work]
+    assert all(c <= sanitize._CHUNK_SECONDS for k, c in costs if k > 1)
+    assert any(k > 1 for k, _ in costs) and max(k for k, _ in costs) <= 8
+    assert sum(k for k, _ in costs) == counts["racecheck"]  # every case planned once
+
+
 def test_classify_reads_the_real_summaries():
     # racecheck prints no ERROR SUMMARY: 0 hazards is clean (the sweep of da8da65 re-ran every
     # racecheck chunk one case per process for want of it)
