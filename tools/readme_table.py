@@ -147,6 +147,9 @@ def table(name, data):
 
 
 HOST_PEERS = {"torch.builtin": None, "torch.eager": "torch composite", "flashinfer": "FlashInfer"}
+# bench/host's built-in peer where it is not the kernel benchmarks' (online_softmax's is torch.softmax
+# alone, without the statistics)
+HOST_BUILTIN = {"online_softmax": "torch.softmax", "prefill_attention": "SDPA (causal)"}
 
 
 def host_table(data):
@@ -162,7 +165,7 @@ def host_table(data):
         peer = min(torch_rows, key=lambda r: r["us"]) if torch_rows else None
         mine = impls.get("fray.cuda")
         ratio = "%.2fx" % (mine["us"] / peer["us"]) if peer and mine and mine.get("us") else "-"
-        label = (HOST_PEERS.get(peer["impl"]) or BUILTIN.get(op, "torch built-in")) if peer else None
+        label = (HOST_PEERS.get(peer["impl"]) or HOST_BUILTIN.get(op) or BUILTIN.get(op, "torch built-in")) if peer else None
         out.append("| %s | %s %s | %s | %s | %s | %s | %s |" % (
             op, shape[:-len(":host")], dtype, cell(mine), cell(impls.get("fray.triton")),
             "%s: %s" % (label, cell(peer)) if peer else "-", ratio, cell(impls.get("flashinfer"))))
