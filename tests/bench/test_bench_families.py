@@ -249,3 +249,9 @@ def test_e2e_decoder_step_in_lockstep_on_the_cpu_references():
     assert torch.equal(a["lens"], torch.full((3,), 23, dtype=torch.int32))
     # the caches took the new tokens identically
     assert torch.allclose(a["layers"][1]["k_pages"].float(), b["layers"][1]["k_pages"].float(), atol=0.1)
+    # the per-op host breakdown times every Fray op of the step and puts fray's own functions back
+    import fray
+    before = {n: getattr(fray, n) for n in e2e.STEP_OPS}
+    per_op = e2e.ops_host_us(lambda: e2e.fray_step(cfg, a), steps=2)
+    assert set(per_op) == set(e2e.STEP_OPS) and all(v > 0 for v in per_op.values())
+    assert all(getattr(fray, n) is f for n, f in before.items())

@@ -16,9 +16,12 @@ back, the graph as the benchmarks' graph rows, by events around each replay): fr
 under CUDA-graph replay, fray under torch.compile(fullgraph=True), torch eager, and the matmuls
 alone eager (what the step costs
 without any Fray op: the eager step should be within 1.2x of graph replay + this).
-Records: op "decoder_step", shape "L2H4096B8T1000P16" (+ ":graph", ":compile", ":matmuls").
+Records: op "decoder_step", shape "L2H4096B8T1000P16" (+ ":graph", ":compile", ":matmuls"), and
+":ops_host": the host time spent inside the Fray calls of an eager step (each public op timed
+around its call; `per_op` holds µs per step by op), which bench/host's hot loop understates.
 """
 import math
+import time
 
 import torch
 import torch.nn.functional as F
@@ -159,6 +162,36 @@ def matmul_step(cfg, m):
     return (x @ m["lm_head"].t()).float()
 
 
+STEP_OPS = ("rmsnorm", "rope", "kv_append_paged", "paged_decode_attention", "add_rmsnorm", "silu_mul", "sample")
+
+
+def ops_host_us(step, steps=STEPS, ops=STEP_OPS):
+    """{op: µs per step spent inside fray.<op> calls} over `steps` eager steps (each call timed on
+    the host around it, no synchronisation; the step reaches the ops as attributes of fray)."""
+    spent = dict.fromkeys(ops, 0.0)
+    orig = {name: getattr(fray, name) for name in ops}
+
+    def timed(name, fn):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - t0
+        return call
+    try:
+        for name in ops:
+            setattr(fray, name, timed(name, orig[name]))
+        step()  # warm (plans built)
+        spent.update(dict.fromkeys(ops, 0.0))
+        for _ in range(steps):
+            step()
+    finally:
+        for name, fn in orig.items():
+            setattr(fray, name, fn)
+    return {name: v * 1e6 / steps for name, v in spent.items()}
+
+
 def lockstep(cfg, fray_model, torch_model, steps=3, atol=None):
     """Run both models `steps` steps (caches and lens advance identically); returns the per-step
     (max |logit difference|, tolerance, compared rows, tie rows). Raises AssertionError on a
@@ -220,3 +253,7 @@ def run(op, recorder, shapes=None, graph=True, cfg=None, rounds=3):
     if graph_times:
         recorder.add("decoder_step", "fray.cuda", shape + ":graph", "bf16", median(graph_times),
                      rounds=[round(u, 1) for u in graph_times], **extra)
+    with torch.no_grad():
+        per_op = ops_host_us(step)
+    recorder.add("decoder_step", "fray.cuda", shape + ":ops_host", "bf16", sum(per_op.values()),
+                 per_op={k: round(v, 1) for k, v in per_op.items()})
