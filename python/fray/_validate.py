@@ -83,6 +83,18 @@ def row_stride(name, t, writable=False):
     return stride
 
 
+def require_distinct_elements(name, t):
+    """An output: no two of its elements share memory (an expand()ed or as_strided view would have
+    several threads write one address: garbage on the GPU). Dims of size > 1 in increasing stride
+    order must each step past everything the smaller ones span."""
+    extent = 1
+    for st, size in sorted((st, size) for size, st in zip(t.shape, t.stride()) if size > 1):
+        if st < extent:
+            raise ValueError("%s: elements overlap in memory (shape %s, strides %s, as expand() or "
+                             "as_strided make); pass a tensor with distinct elements" % (name, tuple(t.shape), t.stride()))
+        extent += (size - 1) * st
+
+
 def require_backend(backend, allowed):
     if not isinstance(backend, str) or backend not in allowed:
         raise ValueError("backend: expected one of %s, got %r" % (", ".join(repr(b) for b in allowed), backend))

@@ -239,6 +239,8 @@ def test_errors_name_the_argument():
         fray.rope(q, k, pos, max_position=16.0)
     with pytest.raises(ValueError, match="max_position: expected an int >= 1"):
         fray.rope(q, k, 0, max_position=0)
+    with pytest.raises(ValueError, match="max_position: expected an int <= 2147483648"):
+        fray.rope(q, k, 0, max_position=2 ** 70)  # (the census found numpy's error, naming nothing)
     with pytest.raises(TypeError, match="k: expected dtype float32"):
         fray.rope(q, k.half(), pos, **kw)
     with pytest.raises(ValueError, match=r"k: expected shape \[4, heads, 8\]"):

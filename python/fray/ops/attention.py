@@ -223,6 +223,7 @@ def _check_out(out, q):
     V.require_shape("out", out, q.shape)
     if out.shape[-1] > 1 and out.stride(-1) != 1:
         raise ValueError("out: the last dimension must be contiguous (stride 1), got stride %d" % out.stride(-1))
+    V.require_distinct_elements("out", out)
 
 
 def _check_arrays(floats, ints, out=None):

@@ -125,6 +125,7 @@ def _check_out(out, like, dtype, m, k):
     V.require_shape("out", out, (m, k))
     if k > 1 and out.stride(1) != 1:
         raise ValueError("out: the last dimension must be contiguous (stride 1), got stride %d" % out.stride(1))
+    V.require_distinct_elements("out", out)
 
 
 def _check_quantize(x, dtype, granularity, block, scale, out):

@@ -78,11 +78,18 @@ def _check_style(style):
     return style == "neox"
 
 
-def _check_int(name, value, minimum):
+# max_position's bound: a table of 2^31 rows would hold >= 512 GB at rotary_dim 64; past it the
+# table could never be built (the reference's numpy refused 2^70 rows with no argument named).
+MAX_POSITION_LIMIT = 2 ** 31
+
+
+def _check_int(name, value, minimum, maximum=None):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError("%s: expected an int, got %s" % (name, type(value).__name__))
     if value < minimum:
         raise ValueError("%s: expected an int >= %d, got %d" % (name, minimum, value))
+    if maximum is not None and value > maximum:
+        raise ValueError("%s: expected an int <= %d, got %d" % (name, maximum, value))
     return int(value)
 
 
@@ -441,7 +448,7 @@ def rope(q, k, positions, *, max_position, cos_sin_cache=None, theta=10000.0, ro
     if not isinstance(inplace, bool):
         raise TypeError("inplace: expected a bool, got %s" % type(inplace).__name__)
     neox = _check_style(style)
-    max_position = _check_int("max_position", max_position, 1)
+    max_position = _check_int("max_position", max_position, 1, MAX_POSITION_LIMIT)
     theta = _check_theta(theta)
     if V.is_array(q):
         rotary_dim = _check_rotary_dim(rotary_dim, q.shape[-1] if q.ndim else 0, _cache_width(cos_sin_cache))

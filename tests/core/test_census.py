@@ -1,0 +1,257 @@
+"""Error census over every public op (fray.OPS): one valid call per op on CPU tensors (the float64
+reference path runs the same validation as the GPU path), then the same call with one argument
+broken at a time. A broken call must either raise TypeError / ValueError whose message names the
+broken argument, or (for layouts an op is free to accept: strided views, zero-size dimensions)
+succeed with the result the dense call gives. Never another exception type, never silence.
+
+A new op without a VALID entry fails test_every_op_has_a_census_entry.
+"""
+import inspect
+
+import pytest
+import torch
+
+import fray
+
+bf16, f32, i32, i64 = torch.bfloat16, torch.float32, torch.int32, torch.int64
+
+
+def _r(*shape, dtype=f32, seed=0):
+    g = torch.Generator().manual_seed(seed + sum(shape))
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def _lens(*v):
+    return torch.tensor(v, dtype=i32)
+
+
+# op -> () -> (args, kwargs): a small valid call on CPU tensors.
+VALID = {
+    "add_rmsnorm": lambda: ((_r(4, 64), _r(4, 64, seed=1), _r(64, seed=2)), {}),
+    "apply_penalties": lambda: ((_r(3, 50), torch.tensor([1, 2, 3, 4, 5, 6], dtype=i32),
+                                 torch.tensor([0, 2, 4, 6], dtype=i32)),
+                                dict(repetition=1.1, presence=0.1, frequency=0.1)),
+    "argmax": lambda: ((_r(3, 50),), {}),
+    "axpy": lambda: ((_r(64), 0.5, 1.0), {}),
+    "decode_attention": lambda: ((_r(2, 4, 64), _r(2, 2, 16, 64, seed=1), _r(2, 2, 16, 64, seed=2), _lens(10, 16)),
+                                 {}),
+    "decode_step": lambda: ((_r(3, 50), torch.tensor([1, 2, 3, 4, 5, 6], dtype=i32),
+                             torch.tensor([0, 2, 4, 6], dtype=i32)),
+                            dict(repetition=1.1, temperature=0.8, top_k=5, top_p=0.9,
+                                 seeds=torch.arange(3, dtype=i64), offsets=torch.zeros(3, dtype=i64))),
+    "dequantize": lambda: ((torch.randint(-127, 128, (4, 64), dtype=torch.int8), _r(4, 1).abs() + 0.1),
+                           dict(granularity="token")),
+    "gelu": lambda: ((_r(64),), {}),
+    "gelu_mul": lambda: ((_r(4, 128),), {}),
+    "gemm": lambda: ((_r(4, 64, dtype=bf16), _r(32, 64, dtype=bf16, seed=1)), {}),
+    "kv_append": lambda: ((_r(2, 2, 16, 64), _r(2, 2, 16, 64, seed=1), _r(2, 2, 64, seed=2), _r(2, 2, 64, seed=3),
+                           _lens(3, 7)), {}),
+    "kv_append_paged": lambda: ((_r(8, 16, 2, 64), _r(8, 16, 2, 64, seed=1),
+                                 torch.arange(8, dtype=i32).view(2, 4), _r(2, 2, 64, seed=2), _r(2, 2, 64, seed=3),
+                                 _lens(3, 40)), {}),
+    "layernorm": lambda: ((_r(4, 64), _r(64, seed=1), _r(64, seed=2)), {}),
+    "moe_dispatch": lambda: ((torch.tensor([[0, 1], [2, 3], [1, 7], [4, 0]], dtype=i32), 8, 16), {}),
+    "moe_route": lambda: ((_r(4, 8), 2), {}),
+    "mul": lambda: ((_r(64), _r(64, seed=1)), {}),
+    "online_softmax": lambda: ((_r(3, 50),), {}),
+    "paged_decode_attention": lambda: ((_r(2, 4, 64), _r(8, 16, 2, 64, seed=1), _r(8, 16, 2, 64, seed=2),
+                                        torch.arange(8, dtype=i32).view(2, 4), _lens(10, 50)), {}),
+    "prefill_attention": lambda: ((_r(16, 4, 64), _r(16, 2, 64, seed=1), _r(16, 2, 64, seed=2)),
+                                  dict(cu_seqlens_q=torch.tensor([0, 8, 16], dtype=i32),
+                                       cu_seqlens_k=torch.tensor([0, 8, 16], dtype=i32),
+                                       max_seqlen_q=8, max_seqlen_k=8)),
+    "quantize": lambda: ((_r(4, 64, dtype=bf16),), dict(granularity="token")),
+    "relu": lambda: ((_r(64),), {}),
+    "rmsnorm": lambda: ((_r(4, 64), _r(64, seed=1)), {}),
+    "rope": lambda: ((_r(4, 4, 64), _r(4, 2, 64, seed=1), torch.arange(4, dtype=i64)), dict(max_position=64)),
+    "sample": lambda: ((_r(3, 50),), dict(temperature=0.8, top_p=0.9, seeds=torch.arange(3, dtype=i64),
+                                          offsets=torch.zeros(3, dtype=i64))),
+    "sigmoid": lambda: ((_r(64),), {}),
+    "silu": lambda: ((_r(64),), {}),
+    "silu_mul": lambda: ((_r(4, 128),), {}),
+    "softmax": lambda: ((_r(3, 50),), {}),
+    "tanh": lambda: ((_r(64),), {}),
+    "topk": lambda: ((_r(3, 50), 5), {}),
+    "vector_add": lambda: ((_r(64), _r(64, seed=1)), {}),
+}
+
+
+def _bound(op):
+    args, kwargs = VALID[op]()
+    sig = inspect.signature(getattr(fray, op))
+    b = sig.bind(*args, **kwargs)
+    return sig, dict(b.arguments)
+
+
+def _call(op, sig, arguments):
+    b = sig.bind_partial()
+    b.arguments.update(arguments)
+    return getattr(fray, op)(*b.args, **b.kwargs)
+
+
+def _tensor_params(op):
+    _, arguments = _bound(op)
+    return [(op, name) for name, v in arguments.items() if isinstance(v, torch.Tensor)]
+
+
+def _scalar_params(op):
+    _, arguments = _bound(op)
+    return [(op, name) for name, v in arguments.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def _outputs(result):
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, (tuple, list)):
+        return [t for r in result for t in _outputs(r)]
+    if hasattr(result, "__dict__") or hasattr(result, "_fields"):  # named results (moe_dispatch)
+        return [t for t in (getattr(result, f) for f in getattr(result, "_fields", vars(result)))
+                if isinstance(t, torch.Tensor)]
+    return []
+
+
+def _refused(op, name, call):
+    """The call raises TypeError / ValueError whose message names `name`."""
+    with pytest.raises((TypeError, ValueError)) as e:
+        call()
+    assert name in str(e.value), "%s: the error for a broken %r does not name it: %s" % (op, name, e.value)
+
+
+ALL_TENSORS = [p for op in sorted(VALID) for p in _tensor_params(op)]
+ALL_SCALARS = [p for op in sorted(VALID) for p in _scalar_params(op)]
+
+
+def test_every_op_has_a_census_entry():
+    assert sorted(VALID) == sorted(fray.OPS), "census entries missing for %s / stale for %s" % (
+        sorted(set(fray.OPS) - set(VALID)), sorted(set(VALID) - set(fray.OPS)))
+
+
+@pytest.mark.parametrize("op", sorted(VALID))
+def test_valid_call_runs(op):
+    sig, arguments = _bound(op)
+    _call(op, sig, arguments)
+
+
+@pytest.mark.parametrize("op,name", ALL_TENSORS)
+def test_wrong_dtype_is_refused_naming_the_argument(op, name):
+    sig, arguments = _bound(op)
+    t = arguments[name]
+    # a float tensor becomes int32, an integer one fp32: no op documents either as accepted
+    arguments[name] = t.to(i32) if t.dtype.is_floating_point else t.to(f32)
+    _refused(op, name, lambda: _call(op, sig, arguments))
+
+
+@pytest.mark.parametrize("op,name", ALL_TENSORS)
+def test_bool_tensor_is_refused_naming_the_argument(op, name):
+    sig, arguments = _bound(op)
+    arguments[name] = arguments[name] != 0
+    _refused(op, name, lambda: _call(op, sig, arguments))
+
+
+@pytest.mark.parametrize("op,name", ALL_TENSORS)
+def test_a_list_where_a_tensor_goes_is_refused_naming_the_argument(op, name):
+    sig, arguments = _bound(op)
+    arguments[name] = arguments[name].tolist()
+    _refused(op, name, lambda: _call(op, sig, arguments))
+
+
+@pytest.mark.parametrize("op,name", ALL_TENSORS)
+def test_mixed_devices_are_refused_naming_an_argument(op, name):
+    # One argument on the meta device, the rest on CPU: refused, naming the argument; when the
+    # first tensor moves, the others are the ones on the "wrong" device, so any tensor argument's
+    # name will do there.
+    sig, arguments = _bound(op)
+    names = [n for n, v in arguments.items() if isinstance(v, torch.Tensor)]
+    arguments[name] = arguments[name].to("meta")
+    with pytest.raises((TypeError, ValueError)) as e:
+        _call(op, sig, arguments)
+    assert any(n in str(e.value) for n in names), "%s: %s" % (op, e.value)
+
+
+@pytest.mark.parametrize("op,name", ALL_TENSORS)
+def test_an_extra_leading_dim_is_refused_or_computed(op, name):
+    """unsqueeze(0) of one argument: ops that take any leading dims may accept it (then the result
+    is checked against the dense call by the strided test); otherwise a clear error."""
+    sig, arguments = _bound(op)
+    arguments[name] = arguments[name].unsqueeze(0)
+    try:
+        _call(op, sig, arguments)
+    except (TypeError, ValueError) as e:
+        names = [n for n, v in arguments.items() if isinstance(v, torch.Tensor)]
+        assert any(n in str(e) for n in names), "%s: %s" % (op, e)
+
+
+@pytest.mark.parametrize("op,name", ALL_TENSORS)
+def test_a_strided_view_is_refused_or_gives_the_dense_result(op, name):
+    sig, arguments = _bound(op)
+    t = arguments[name]
+    if t.dim() == 0 or t.shape[-1] < 2:
+        pytest.skip("no last dim to stride")
+    # the same values as a view with a doubled last-dim stride (the in-place ops write into it)
+    wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+    wide[..., ::2] = t
+    view = wide[..., ::2]
+    dense_args = dict(arguments)
+    dense_args[name] = t.clone()
+    expected = _outputs(_call(op, sig, dense_args))
+    arguments[name] = view
+    try:
+        got = _outputs(_call(op, sig, arguments))
+    except (TypeError, ValueError) as e:
+        assert name in str(e), "%s: the error for a strided %r does not name it: %s" % (op, name, e)
+        return
+    assert len(got) == len(expected)
+    for g, x in zip(got, expected):
+        assert g.shape == x.shape and g.dtype == x.dtype
+        assert torch.equal(g.float().nan_to_num(), x.float().nan_to_num()), "%s: strided %r changed a result" % (
+            op, name)
+
+
+@pytest.mark.parametrize("op,name", ALL_SCALARS)
+def test_a_string_where_a_number_goes_is_refused_naming_the_argument(op, name):
+    sig, arguments = _bound(op)
+    arguments[name] = "1"
+    _refused(op, name, lambda: _call(op, sig, arguments))
+
+
+@pytest.mark.parametrize("op,name", ALL_SCALARS)
+def test_nan_where_a_number_goes_is_refused_or_documented(op, name):
+    """NaN for a numeric argument: a clear error naming it, or accepted (then the result exists)."""
+    sig, arguments = _bound(op)
+    v = arguments[name]
+    arguments[name] = float("nan") if isinstance(v, float) else 2 ** 70
+    try:
+        _call(op, sig, arguments)
+    except (TypeError, ValueError, OverflowError) as e:
+        assert name in str(e), "%s: the error for %s=%r does not name it: %s" % (op, name, arguments[name], e)
+
+
+@pytest.mark.parametrize("op,name", ALL_TENSORS)
+def test_a_zero_size_dim_is_refused_or_computed(op, name):
+    """One argument with its leading dim emptied: a clear error naming an argument, or a result."""
+    sig, arguments = _bound(op)
+    t = arguments[name]
+    if t.dim() == 0:
+        pytest.skip("0-d")
+    arguments[name] = t[:0]
+    try:
+        _call(op, sig, arguments)
+    except (TypeError, ValueError) as e:
+        names = [n for n, v in arguments.items() if isinstance(v, torch.Tensor)]
+        assert any(n in str(e) for n in names), "%s: %s" % (op, e)
+
+
+OUT_OPS = sorted(op for op in VALID if "out" in inspect.signature(getattr(fray, op)).parameters)
+
+
+@pytest.mark.parametrize("op", OUT_OPS)
+def test_an_expanded_out_is_refused(op):
+    """out= of the right shape and dtype whose rows all alias one row (expand()): every element
+    would be written by several threads; refused, naming out."""
+    sig, arguments = _bound(op)
+    y = _outputs(_call(op, sig, dict(arguments)))[0]
+    if y.dim() == 0 or y.shape[0] < 2:
+        pytest.skip("no dim to alias")
+    arguments["out"] = torch.empty(y.shape[1:], dtype=y.dtype).expand(y.shape)
+    _refused(op, "out", lambda: _call(op, sig, arguments))
