@@ -202,23 +202,28 @@ def cpu_check_cases(label, hand, ops, run, rows=3, cols=100):
     return cases
 
 
-def gpu_check_cases(family, ops, device, shapes, run, dtypes=None):
-    """`fray check` rows for a GPU: (op, backend, dtype, shape label, thunk) for every available
-    backend x dtype x shape, the thunk calling run(op, backend, dtype, *shape, device) and raising
-    on a mismatch; an unavailable backend gives one row whose thunk is the reason (an exception).
+def gpu_check_rows(family, ops, device, rows):
+    """`fray check` rows for a GPU, the one loop every family's check_cases shares: for each op and
+    backend, one row whose thunk is the reason (an exception) when the backend is unavailable,
+    else (op, backend, *r) for each r = (dtype label, shape label, thunk) in rows(op, backend).
     family: the CUDA family of every op, or a function op -> family."""
-    import functools
-
-    from fray._validate import DTYPE_NAMES
-    dtypes = dtypes or (torch.float32, torch.float16, torch.bfloat16)
     cases = []
     for op in ops:
         for backend, reason in available(op, family(op) if callable(family) else family, device).items():
             if reason is not None:
                 cases.append((op, backend, "-", "-", RuntimeError("unavailable: " + reason)))
                 continue
-            for dtype in dtypes:
-                for shape in shapes:
-                    cases.append((op, backend, DTYPE_NAMES[dtype], "x".join(str(v) for v in shape),
-                                  functools.partial(run, op, backend, dtype, *shape, device)))
+            cases.extend((op, backend) + tuple(r) for r in rows(op, backend))
     return cases
+
+
+def gpu_check_cases(family, ops, device, shapes, run, dtypes=None):
+    """gpu_check_rows over every dtype x shape, the thunk calling run(op, backend, dtype, *shape,
+    device) and raising on a mismatch."""
+    import functools
+
+    from fray._validate import DTYPE_NAMES
+    dtypes = dtypes or (torch.float32, torch.float16, torch.bfloat16)
+    return gpu_check_rows(family, ops, device, lambda op, backend: [
+        (DTYPE_NAMES[dtype], "x".join(str(v) for v in shape), functools.partial(run, op, backend, dtype, *shape, device))
+        for dtype in dtypes for shape in shapes])

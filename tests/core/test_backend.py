@@ -27,6 +27,28 @@ def test_gpu_check_cases_matrix(monkeypatch):
     assert calls[-1] == ("b", "cuda", torch.bfloat16, 3, 4, device)
 
 
+@pytest.mark.parametrize("available", [True, False])
+def test_every_family_builds_its_gpu_check_rows_here(monkeypatch, available):
+    """Every family's GPU `fray check` list builds without a GPU (the thunks are not run): one
+    unavailable row per op and backend when nothing is available, else runnable rows only, each
+    (op, backend, dtype label, shape label, thunk) with no label repeated."""
+    import fray
+    reason = None if available else "not here"
+    monkeypatch.setattr(B, "available", lambda op, family, device: {"cuda": reason, "triton": reason})
+    for name, module in sorted(fray.FAMILIES.items()):
+        cases = module.check_cases(torch.device("cuda", 0))
+        ops = {c[0] for c in cases}
+        # (quant checks dequantize inside quantize's round trip: it has rows only when unavailable)
+        assert ops <= set(module.OPS) and len(ops) >= len(module.OPS) - (name == "quant"), name
+        if available:
+            assert all(callable(c[4]) for c in cases), name
+            labels = [c[:4] for c in cases]
+            assert len(labels) == len(set(labels)), name
+        else:
+            assert sorted((c[0], c[1]) for c in cases) == sorted((op, b) for op in module.OPS for b in ("cuda", "triton"))
+            assert all(isinstance(c[4], RuntimeError) and "not here" in str(c[4]) for c in cases), name
+
+
 def test_reference_backend_refused_for_gpu_tensors():
     with pytest.raises(ValueError, match="backend: 'reference' runs on CPU tensors"):
         B.resolve("rmsnorm", "norm", "reference", torch.device("cuda", 0))

@@ -1132,23 +1132,18 @@ def check_cases(device):
             raise AssertionError("kv_append%s (%s): the cache differs from the reference"
                                  % ("_paged" if paged else "", backend))
 
-    for op in OPS:
-        for backend, reason in B.available(op, FAMILY, device).items():
-            if reason is not None:
-                cases.append((op, backend, "-", "-", RuntimeError("unavailable: " + reason)))
-                continue
-            for dtype in (torch.float32, torch.float16, torch.bfloat16):
-                name = V.DTYPE_NAMES[dtype]
-                if op == "prefill_attention":
-                    cases.append((op, backend, name, prefill_shape,
-                                  lambda d=dtype, b=backend: prefill_run(d, device, False, b)))
-                    continue
-                if op.startswith("kv_append"):
-                    cases.append((op, backend, name, "2x2x37x64",
-                                  lambda d=dtype, p=op == "kv_append_paged", b=backend: append(d, p, b)))
-                    continue
+    def rows(op, backend):
+        out = []
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            name = V.DTYPE_NAMES[dtype]
+            if op == "prefill_attention":
+                out.append((name, prefill_shape, lambda d=dtype, b=backend: prefill_run(d, device, False, b)))
+            elif op.startswith("kv_append"):
+                out.append((name, "2x2x37x64", lambda d=dtype, p=op == "kv_append_paged", b=backend: append(d, p, b)))
+            else:
                 for nhd in ((False, True) if op == "decode_attention" else (False,)):
-                    cases.append((op, backend, name, "2x4x37x64" + (" NHD" if nhd else ""),
-                                  lambda d=dtype, p=op != "decode_attention", n=nhd, b=backend:
-                                  run(d, p, n, device, False, b)))
-    return cases
+                    out.append((name, "2x4x37x64" + (" NHD" if nhd else ""),
+                                lambda d=dtype, p=op != "decode_attention", n=nhd, b=backend:
+                                run(d, p, n, device, False, b)))
+        return out
+    return cases + B.gpu_check_rows(FAMILY, OPS, device, rows)

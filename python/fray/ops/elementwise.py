@@ -306,21 +306,9 @@ def check_cases(device):
                 cases.append((op, "triton-interpreter", V.DTYPE_NAMES[dtype], "1000",
                               lambda o=op, d=dtype: run_flat(o, "triton-interpreter", d, 1000, "cpu")))
         return cases
-    for op in ("mul", "axpy"):
-        for backend, reason in B.available(op, FAMILY, device).items():
-            if reason is not None:
-                cases.append((op, backend, "-", "-", RuntimeError("unavailable: " + reason)))
-                continue
-            for dtype in (torch.float32, torch.float16, torch.bfloat16):
-                for n in (1, 4097, 1 << 20):
-                    cases.append((op, backend, V.DTYPE_NAMES[dtype], str(n),
-                                  lambda o=op, b=backend, d=dtype, k=n: run_flat(o, b, d, k, device)))
-    for backend, reason in B.available("vector_add", FAMILY, device).items():
-        if reason is not None:
-            cases.append(("vector_add", backend, "-", "-", RuntimeError("unavailable: " + reason)))
-            continue
-        for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            for n in (1, 4097, 1 << 20):
-                cases.append(("vector_add", backend, V.DTYPE_NAMES[dtype], str(n),
-                              lambda b=backend, d=dtype, k=n: run(b, d, k, device)))
-    return cases
+    def rows(op, backend):
+        return [(V.DTYPE_NAMES[dtype], str(n),
+                 (lambda b=backend, d=dtype, k=n: run(b, d, k, device)) if op == "vector_add" else
+                 (lambda o=op, b=backend, d=dtype, k=n: run_flat(o, b, d, k, device)))
+                for dtype in (torch.float32, torch.float16, torch.bfloat16) for n in (1, 4097, 1 << 20)]
+    return B.gpu_check_rows(FAMILY, ("mul", "axpy", "vector_add"), device, rows)

@@ -592,20 +592,12 @@ def check_cases(device):
         cases.append(("moe_dispatch", "triton-interpreter", "int32", "T37k2E8m16",
                       lambda: dispatch("triton-interpreter", 37, 2, 8, 16, "cpu")))
         return cases
-    cases = []
-    for op in OPS:
-        for backend, reason in B.available(op, FAMILY, device).items():
-            if reason is not None:
-                cases.append((op, backend, "-", "-", RuntimeError("unavailable: " + reason)))
-                continue
-            if op == "moe_route":
-                for recipe in RECIPES:
-                    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-                        for t in (1, 333):
-                            cases.append((op, backend, V.DTYPE_NAMES[dtype], "%s:T%d" % (recipe, t),
-                                          lambda r=recipe, b=backend, d=dtype, t_=t: route(r, b, d, t_, device)))
-            else:
-                for t, k, e, bm in ((1, 1, 8, 16), (333, 8, 256, 64), (4096, 8, 128, 128)):
-                    cases.append((op, backend, "int32", "T%dk%dE%dm%d" % (t, k, e, bm),
-                                  lambda b=backend, t_=t, k_=k, e_=e, m_=bm: dispatch(b, t_, k_, e_, m_, device)))
-    return cases
+    def rows(op, backend):
+        if op == "moe_route":
+            return [(V.DTYPE_NAMES[dtype], "%s:T%d" % (recipe, t),
+                     lambda r=recipe, b=backend, d=dtype, t_=t: route(r, b, d, t_, device))
+                    for recipe in RECIPES for dtype in (torch.float32, torch.float16, torch.bfloat16) for t in (1, 333)]
+        return [("int32", "T%dk%dE%dm%d" % (t, k, e, bm),
+                 lambda b=backend, t_=t, k_=k, e_=e, m_=bm: dispatch(b, t_, k_, e_, m_, device))
+                for t, k, e, bm in ((1, 1, 8, 16), (333, 8, 256, 64), (4096, 8, 128, 128))]
+    return B.gpu_check_rows(FAMILY, OPS, device, rows)

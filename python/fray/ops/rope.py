@@ -526,14 +526,11 @@ def check_cases(device):
                 cases.append(("rope", "triton-interpreter", V.DTYPE_NAMES[dtype], "5x3+2x64:" + style,
                               lambda d=dtype, s=style: run("triton-interpreter", d, 5, 3, 2, 64, s, "cpu")))
         return cases
-    for backend, reason in B.available("rope", FAMILY, device).items():
-        if reason is not None:
-            cases.append(("rope", backend, "-", "-", RuntimeError("unavailable: " + reason)))
-            continue
-        for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            for tokens, hq, hk, d, style, fused in ((1, 1, 1, 64, "neox", False), (7, 5, 1, 80, "gptj", False),
-                                                    (1000, 32, 8, 128, "neox", True)):
-                cases.append(("rope", backend, V.DTYPE_NAMES[dtype], "%dx%dx%d:%s" % (tokens, hq, d, style),
-                              lambda b=backend, dt=dtype, t=tokens, a=hq, c=hk, dd=d, s=style, f=fused:
-                              run(b, dt, t, a, c, dd, s, device, f)))
-    return cases
+    def rows(op, backend):
+        return [(V.DTYPE_NAMES[dtype], "%dx%dx%d:%s" % (tokens, hq, d, style),
+                 lambda b=backend, dt=dtype, t=tokens, a=hq, c=hk, dd=d, s=style, f=fused:
+                 run(b, dt, t, a, c, dd, s, device, f))
+                for dtype in (torch.float32, torch.float16, torch.bfloat16)
+                for tokens, hq, hk, d, style, fused in ((1, 1, 1, 64, "neox", False), (7, 5, 1, 80, "gptj", False),
+                                                        (1000, 32, 8, 128, "neox", True))]
+    return cases + B.gpu_check_rows(FAMILY, ("rope",), device, rows)
