@@ -88,6 +88,29 @@ def test_interpreter_flushes_bf16_subnormals():
     assert torch.equal(interpreter_load(x), out)
 
 
+@st.composite
+def rows_of(draw, arity, exp_range=(-30, 30), specials=None, cols=None, rows=None, dtypes=DTYPES):
+    """(dtype, [x [rows, cols]] * arity, weight [cols] fp of the dtype): rows 1-9, cols 1-3000,
+    values as in inputs(); `specials` limits the sprinkled values (norms: none that overflow an
+    fp32 sum of squares, a limit fp32 accumulation shares with torch)."""
+    dtype = draw(st.sampled_from(dtypes))
+    rows = draw(rows or st.integers(1, 9))
+    cols = draw(cols or st.one_of(st.integers(1, 40), st.integers(41, 3000)))
+    pool = specials if specials is not None else _specials(dtype)
+    xs = []
+    for _ in range(arity):
+        g = torch.Generator().manual_seed(draw(st.integers(0, 2 ** 31 - 1)))
+        x = torch.randn(rows, cols, generator=g, dtype=torch.float64) * 10.0 ** draw(st.integers(*exp_range))
+        for _ in range(draw(st.integers(0, min(rows * cols, 8)))):
+            x[draw(st.integers(0, rows - 1)), draw(st.integers(0, cols - 1))] = pool[draw(st.integers(0, len(pool) - 1))]
+        xs.append(x.to(dtype))
+    w = torch.randn(cols, generator=torch.Generator().manual_seed(draw(st.integers(0, 99))), dtype=torch.float64)
+    return dtype, xs, w.to(dtype)
+
+
+NORM_SPECIALS = [0.0, -0.0, float("nan"), float("inf"), float("-inf"), 1e-40, -1e-40, 1.0]
+
+
 @dataclasses.dataclass
 class Spec:
     arity: int
@@ -125,6 +148,87 @@ SPECS = {
     "tanh": _unary("TANH", ract.tanh),
     "sigmoid": _unary("SIGMOID", ract.sigmoid),
 }
+
+
+def _tnorm():
+    from fray_triton import norm
+    return norm
+
+
+def _tsm():
+    from fray_triton import softmax
+    return softmax
+
+
+def _scaled_close(got, want64, dtype, scale):
+    """_close with the bound relative to max(|expected|, scale) (fray.testing.assert_close's rule for
+    results that are sums able to cancel)."""
+    want = want64.to(dtype).to(torch.float64)
+    got = got.to(torch.float64)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), "NaN positions differ"
+    ok = ~torch.isnan(want)
+    tol = TOLERANCES[dtype]
+    bound = tol["atol"] + tol["rtol"] * torch.maximum(want.abs(), scale.to(torch.float64))
+    err = (got - want).abs()
+    bad = ok & ~((err <= bound) | (got == want))
+    assert not bad.any(), "%d elements off; worst %r vs %r" % (int(bad.sum()), float(got[bad][0]), float(want[bad][0]))
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "add_rmsnorm", "layernorm"])
+@given(data=st.data())
+def test_triton_norm_matches_its_oracle(op, data):
+    from fray.reference import norm as rnorm
+    from fray.testing import layernorm_scale
+    dtype, xs, w = data.draw(rows_of(2 if op == "add_rmsnorm" else 1, (-8, 8), NORM_SPECIALS))
+    x = xs[0]
+    rows, cols = x.shape
+    y = torch.full_like(x, float("nan"))
+    xe = interpreter_load(x)
+    we = interpreter_load(w)
+    if op == "rmsnorm":
+        _tnorm().rmsnorm(x, w, y, 1e-6, 0.0, cols, cols, rows, cols)
+        _close(y, rnorm.rmsnorm(xe.double(), we.double(), 1e-6), dtype)
+    elif op == "add_rmsnorm":
+        r = xs[1]
+        s = torch.full_like(x, float("nan"))
+        _tnorm().add_rmsnorm(x, r, w, y, s, 1e-6, 0.0, cols, cols, cols, cols, rows, cols)
+        ey, es = rnorm.add_rmsnorm(xe.double(), interpreter_load(r).double(), we.double(), 1e-6,
+                                   round_sum=lambda v: interpreter_load(v.to(dtype)).double())
+        _close(s, es, dtype)
+        _close(y, ey, dtype)
+    else:
+        b = w.flip(0)
+        _tnorm().layernorm(x, w, b, y, 1e-5, cols, cols, rows, cols)
+        be = interpreter_load(b)
+        want = rnorm.layernorm(xe.double(), we.double(), be.double(), 1e-5)
+        scale = layernorm_scale(xe.double().nan_to_num(0.0, 0.0, 0.0), we.double(), be.double(), 1e-5)
+        _scaled_close(y, want, dtype, scale)
+
+
+# The Triton softmax's three kernels: one tile of rows (<= 16384 columns), the two-pass loop
+# (wider), the persistent one (16-bit, 8193-32768 columns, when the SM count is passed).
+SOFTMAX_KERNELS = {
+    "tile": dict(),
+    "loop": dict(cols=st.integers(16385, 20000), rows=st.integers(1, 2)),
+    "persist": dict(cols=st.integers(8193, 9000), rows=st.integers(1, 5), dtypes=(torch.float16, torch.bfloat16)),
+}
+
+
+@pytest.mark.parametrize("kernel", sorted(SOFTMAX_KERNELS))
+@given(data=st.data())
+def test_triton_softmax_matches_its_oracle(kernel, data):
+    from fray.reference import softmax as rsm
+    dtype, xs, _ = data.draw(rows_of(1, **SOFTMAX_KERNELS[kernel]))
+    x = xs[0]
+    rows, cols = x.shape
+    y = torch.full_like(x, float("nan"))
+    m, lse = torch.full((rows,), float("nan")), torch.full((rows,), float("nan"))
+    _tsm().softmax(x, y, 1.0, cols, cols, rows, cols, row_max=m, row_lse=lse,
+                   num_sms=2 if kernel == "persist" else None)
+    ey, em, el = rsm.online_softmax(interpreter_load(x).double())
+    _close(y, ey, dtype)
+    _close(m, torch.as_tensor(em), torch.float32)
+    _close(lse, torch.as_tensor(el), torch.float32)
 
 
 @pytest.fixture(autouse=True)

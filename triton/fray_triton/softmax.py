@@ -54,6 +54,13 @@ PERSIST_WARPS = 16
 
 
 @triton.jit
+def _nan_if(has_nan, m):
+    """row_max of a row holding a NaN is NaN (as torch.max and the reference): tl.max and
+    tl.maximum skip NaNs, so the kernels carry whether the row had one."""
+    return tl.where(has_nan, float("nan"), m)
+
+
+@triton.jit
 def _softmax_tile_kernel(
     X, Y, MAX, LSE,
     stride_x, stride_y, n_rows, n_cols, scale, inv_t,
@@ -79,7 +86,7 @@ def _softmax_tile_kernel(
     tl.store(Y + rows64[:, None] * stride_y + cols[None, :], _round(y, Y.dtype.element_ty), mask=mask)
     if STATS:
         mt = m * inv_t
-        tl.store(MAX + rows64, mt, mask=row_ok)
+        tl.store(MAX + rows64, _nan_if(tl.max((x != x).to(tl.int32), axis=1) > 0, mt), mask=row_ok)
         tl.store(LSE + rows64, mt + tl.log(s), mask=row_ok)
 
 
@@ -99,9 +106,12 @@ def _softmax_loop_kernel(
     # no cross-warp reduction inside the loop).
     m_l = tl.full([BLOCK_N], float("-inf"), tl.float32)
     s_l = tl.zeros([BLOCK_N], dtype=tl.float32)
+    nan_l = tl.zeros([BLOCK_N], dtype=tl.int32)  # lanes that saw a NaN (row_max is then NaN)
     for start in tl.range(0, n_cols, BLOCK_N, num_stages=1):
         c = start + cols
         x = tl.load(x_row + c, mask=c < n_cols, other=float("-inf"), eviction_policy="evict_last").to(tl.float32)
+        if STATS:
+            nan_l = nan_l | (x != x).to(tl.int32)
         m_new = tl.maximum(m_l, x)
         sh = tl.where(m_new == float("-inf"), 0.0, m_new)
         s_l = s_l * tl.exp2((m_l - sh) * scale) + tl.exp2((x - sh) * scale)
@@ -123,7 +133,7 @@ def _softmax_loop_kernel(
         tl.store(y_row + c, _round(y, Y.dtype.element_ty), mask=ok, eviction_policy="evict_first")
     if STATS:
         mt = m * inv_t
-        tl.store(MAX + row, mt)
+        tl.store(MAX + row, _nan_if(tl.max(nan_l, axis=0) > 0, mt))
         tl.store(LSE + row, mt + tl.log(total))
 
 
@@ -150,7 +160,7 @@ def _softmax_persist_kernel(
         tl.store(Y + r64 * stride_y + cols, _round(e * inv, Y.dtype.element_ty), mask=ok)
         if STATS:
             mt = m * inv_t
-            tl.store(MAX + r64, mt)
+            tl.store(MAX + r64, _nan_if(tl.max((x != x).to(tl.int32), axis=0) > 0, mt))
             tl.store(LSE + r64, mt + tl.log(s))
 
 
