@@ -248,3 +248,21 @@ def test_triton_kernel_matches_its_oracle(op, data):
         _bitwise(out, want)
     else:
         _close(out, want, dtype)
+
+
+@given(data=st.data())
+def test_triton_argmax_matches_its_oracle(data):
+    """argmax: NaN is the maximum (the first NaN wins), ties go to the lowest index, -0.0 == +0.0
+    (torch.argmax's rules; the reference's), at any width, exactly."""
+    from fray.reference import sampling as rsa
+    from fray_triton import sampling as tsa
+    dtype, xs, _ = data.draw(rows_of(1, cols=st.one_of(st.integers(1, 40), st.integers(41, 9000))))
+    x = xs[0]
+    if data.draw(st.booleans()):  # ties: a few distinct values only
+        x = (x.double().nan_to_num(0.0) * 0 + torch.randint(0, 3, x.shape, generator=torch.Generator().manual_seed(
+            data.draw(st.integers(0, 99))), dtype=torch.float64)).to(dtype)
+    rows, cols = x.shape
+    out = torch.full((rows,), -1, dtype=torch.int64)
+    tsa.argmax(x, out, cols, rows, cols)
+    want = torch.as_tensor(rsa.argmax(interpreter_load(x).double().numpy()))
+    assert torch.equal(out, want), "argmax %s vs %s" % (out.tolist(), want.tolist())
