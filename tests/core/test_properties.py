@@ -266,3 +266,48 @@ def test_triton_argmax_matches_its_oracle(data):
     tsa.argmax(x, out, cols, rows, cols)
     want = torch.as_tensor(rsa.argmax(interpreter_load(x).double().numpy()))
     assert torch.equal(out, want), "argmax %s vs %s" % (out.tolist(), want.tolist())
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh"])
+@given(data=st.data())
+def test_triton_act_mul_matches_its_oracle(act, data):
+    """silu_mul / gelu_mul's kernel over x = [gate | up] rows (the one-tensor layout)."""
+    dtype, xs, _ = data.draw(rows_of(1, cols=st.one_of(st.integers(1, 20), st.integers(21, 1500)).map(lambda d: 2 * d)))
+    x = xs[0]
+    rows, two_d = x.shape
+    d = two_d // 2
+    tact = _tact()
+    code = {"silu": tact.SILU, "gelu": tact.GELU_ERF, "gelu_tanh": tact.GELU_TANH}[act]
+    out = torch.full((rows, d), float("nan"), dtype=dtype)
+    tact.act_mul(x, x[:, d:], out, code, two_d, two_d, d, rows, d)
+    g, u = (interpreter_load(t).double() for t in (x[:, :d], x[:, d:]))
+    want = ract.silu_mul(g, u) if act == "silu" else ract.gelu_mul(g, u, "tanh" if act == "gelu_tanh" else "none")
+    _close(out, want, dtype)
+
+
+@pytest.mark.parametrize("algorithm", ["sort", "reduce"])
+@settings(max_examples=12)
+@given(data=st.data())
+def test_triton_topk_matches_its_oracle(algorithm, data):
+    """topk: the reference's rank order exactly (NaN first when largest, ties to the lower index,
+    -0.0 == +0.0) and the values bit for bit from x. (The sort kernel's widths stop at 700 here:
+    its bitonic network takes the interpreter ~7 s a row at 4096.)"""
+    from fray.reference import sampling as rsa
+    from fray_triton import sampling as tsa
+    widest = 700 if algorithm == "sort" else 4096
+    dtype, xs, _ = data.draw(rows_of(1, cols=st.one_of(st.integers(1, 40), st.integers(41, widest))))
+    x = xs[0]
+    if data.draw(st.booleans()):  # tie-heavy rows
+        x = torch.randint(-2, 3, x.shape, generator=torch.Generator().manual_seed(data.draw(st.integers(0, 99))),
+                          dtype=torch.float64).to(dtype)
+    rows, cols = x.shape
+    k = data.draw(st.integers(1, min(cols, tsa.REDUCE_MAX_K if algorithm == "reduce" else 256)))
+    largest = data.draw(st.booleans())
+    values = torch.empty(rows, k, dtype=dtype)
+    indices = torch.full((rows, k), -1, dtype=torch.int64)
+    tsa.topk(x, values, indices, k, largest, algorithm, cols, rows, cols)
+    # order as the kernel compares (interpreter_load), values as stored in x
+    want = torch.as_tensor(rsa.topk_indices(interpreter_load(x).double().numpy(), k, largest))
+    assert torch.equal(indices, want), "indices %s vs %s" % (indices.tolist()[:2], want.tolist()[:2])
+    bits = {2: torch.int16, 4: torch.int32}[x.element_size()]
+    assert torch.equal(values.view(bits), torch.gather(x, 1, want).view(bits))
