@@ -634,13 +634,15 @@ cudaError_t launch_kernel(const KernelArgs& a, const LaunchConfig& c, cudaStream
   // blocks of 64 KB fit an SM; clusters above 8 CTAs need the non-portable size (set once per
   // kernel and device: prepare_kernel).
   const size_t smem = static_cast<size_t>(c.slice) * 16;
-  int device = 0;
-  cudaError_t perr = cudaGetDevice(&device);
-  if (perr == cudaSuccess) {
-    perr = prepare_kernel(reinterpret_cast<const void*>(fn), device, c.slice > 0 ? kSmemMaxVecs * 16 : 0, c.cluster,
-                          c.slice > 0);
+  if (c.slice > 0 || c.cluster > kPortableCluster) {
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) {
+      err = prepare_kernel(reinterpret_cast<const void*>(fn), device, c.slice > 0 ? kSmemMaxVecs * 16 : 0, c.cluster,
+                           c.slice > 0);
+    }
+    if (err != cudaSuccess) return err;
   }
-  if (perr != cudaSuccess) return perr;
   const dim3 block(static_cast<unsigned>(c.tpr), static_cast<unsigned>(c.rpb));
   // Kernels handle one row group (block or cluster) per block index; more rows
   // than one grid holds are split into several launches on the same stream.

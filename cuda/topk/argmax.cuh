@@ -10,9 +10,10 @@
 #include "cuda/common/dtype.h"
 #include "cuda/common/launch.h"
 #include "cuda/common/vec.cuh"
-#include "cuda/topk/launch_util.cuh"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/topk/order_key.cuh"
 #include "cuda/topk/topk.h"
+#include "cuda/topk/topk_plan.h"
 
 namespace fray {
 namespace argmax_detail {
@@ -167,9 +168,9 @@ cudaError_t launch_argmax_typed(const ArgmaxParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const bool vec_ok =
       is_aligned(p.x, 16) && (p.rows <= 1 || (p.x_row_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0);
-  const ArgmaxConfig c = argmax_config(p.rows, p.width, vec_ok ? kVec : 1, topk_detail::sm_count(device));
+  const ArgmaxConfig c = argmax_config(p.rows, p.width, vec_ok ? kVec : 1, sm_count(device));
   const ArgmaxKernelFn fn = vec_ok ? argmax_kernel_for<T, kVec>(c.cluster > 1) : argmax_kernel_for<T, 1>(c.cluster > 1);
-  err = topk_detail::prepare_kernel(reinterpret_cast<const void*>(fn), device, 0, c.cluster);
+  err = prepare_kernel(reinterpret_cast<const void*>(fn), device, 0, c.cluster);
   if (err != cudaSuccess) return err;
 
   ArgmaxArgs a{};

@@ -5,12 +5,14 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/dtype.h"
 #include "cuda/common/launch.h"
 #include "cuda/common/vec.cuh"
-#include "cuda/topk/launch_util.cuh"
 #include "cuda/topk/order_key.cuh"
 #include "cuda/topk/topk.h"
 #include "cuda/topk/topk_device.cuh"

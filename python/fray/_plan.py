@@ -148,10 +148,10 @@ class CustomOp:
     """A registered fray:: op: calling it calls torch.ops.fray.<name>.default; register_fake(fn)
     gives its fake (meta) implementation for tracing."""
 
-    __slots__ = ("qualname", "impl", "_overload")
+    __slots__ = ("qualname", "_overload")
 
-    def __init__(self, qualname, impl, overload):
-        self.qualname, self.impl, self._overload = qualname, impl, overload
+    def __init__(self, qualname, overload):
+        self.qualname, self._overload = qualname, overload
 
     def __call__(self, *args):
         return self._overload(*args)
@@ -175,5 +175,5 @@ def custom_op(qualname, mutates_args):
         ns, name = qualname.split("::")
         _LIBRARY.define(name + torch.library.infer_schema(fn, mutates_args=mutates_args))
         _LIBRARY.impl(name, fn, "CompositeExplicitAutograd")
-        return CustomOp(qualname, fn, getattr(getattr(torch.ops, ns), name).default)
+        return CustomOp(qualname, getattr(getattr(torch.ops, ns), name).default)
     return register
