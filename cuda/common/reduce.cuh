@@ -1,4 +1,4 @@
-// Fray: warp / sub-warp / warp-group sum reductions (fp32).
+// Fray: warp / sub-warp / warp-group sum and max reductions (fp32).
 #pragma once
 
 namespace fray {
@@ -34,6 +34,23 @@ __device__ __forceinline__ float warp_max(float v, int width = kWarpSize) {
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
     if (offset < width) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset, width));
+  }
+  return v;
+}
+
+// max(a, b) that propagates NaN (PTX max.NaN, one FMNMX on sm_80+): a NaN operand wins, as in
+// torch.max. fmaxf would return the other operand.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+
+// warp_max with fmax_nan: a NaN in any lane of the group gives NaN.
+__device__ __forceinline__ float warp_max_nan(float v, int width = kWarpSize) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
+    if (offset < width) v = fmax_nan(v, __shfl_xor_sync(0xffffffffu, v, offset, width));
   }
   return v;
 }

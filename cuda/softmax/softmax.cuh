@@ -70,14 +70,16 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // Running softmax state of a set of elements: m = their max, s = sum of
 // exp2((x - shift_of(m)) * scale). The shift is the max, or 0 while the max is
 // -inf (only -inf elements so far): exp2(-inf - 0) = 0 where exp2(-inf + inf)
-// would be NaN, so an all -inf row ends with s = 0 and lse = -inf.
+// would be NaN, so an all -inf row ends with s = 0 and lse = -inf. Every max
+// here is fmax_nan: a NaN element makes m NaN, so the row's outputs, row_max
+// and row_lse are NaN (as torch.max and the reference; fmaxf skipped it).
 __device__ __forceinline__ float shift_of(float m) { return m == neg_inf() ? 0.0f : m; }
 
 // Merges the states of aligned groups of `width` lanes (power of two <= 32);
 // every lane gets its group's state. A state is rescaled to the group max
 // before summing: m <= g, so the factor is <= 1 (no overflow); m = -inf gives 0.
 __device__ __forceinline__ void warp_merge(float& m, float& s, float scale, int width) {
-  const float g = warp_max(m, width);
+  const float g = warp_max_nan(m, width);
   s = warp_sum(s * fast_exp2((m - shift_of(g)) * scale), width);
   m = g;
 }
@@ -149,9 +151,9 @@ __device__ __forceinline__ void online_update(float& m, float& s, const AlignedV
   for (int u = 0; u < U; ++u) {
     vec_to_float(v[u], f[u]);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) cm = fmaxf(cm, f[u][k]);
+    for (int k = 0; k < VEC; ++k) cm = fmax_nan(cm, f[u][k]);
   }
-  const float nm = fmaxf(m, cm);
+  const float nm = fmax_nan(m, cm);
   const float sh = shift_of(nm);
   s *= fast_exp2((m - sh) * scale);  // m <= nm: factor <= 1; m = -inf: s was 0
 #pragma unroll
@@ -247,7 +249,7 @@ __global__ void __launch_bounds__(reg_max_threads(VEC, ITEMS), reg_min_blocks(VE
   for (int i = 0; i < ITEMS; ++i) {
     vec_to_float(v[i], f[i]);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) m = fmaxf(m, f[i][k]);
+    for (int k = 0; k < VEC; ++k) m = fmax_nan(m, f[i][k]);
   }
 
   // Phase 2: exponentials against the own max, kept in registers; own sum.

@@ -158,6 +158,36 @@ def test_gpu_wide_row_thresholds(cuda, backend, dtype, cols):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cols", [3, 111, 4097, 32768, 65537, 131072, 300000])
+def test_gpu_special_rows(cuda, backend, dtype, cols):
+    # NaN / +inf / -inf rows through every kernel (register rows and clusters, shared memory,
+    # streaming): y, row_max and row_lse match the reference's NaN / inf pattern and values; a
+    # row holding a NaN has row_max NaN (a NaN-skipping max gives the largest other value).
+    x = torch.randn(10, cols, device=cuda).to(dtype)
+    at = [0, cols // 2, cols - 1]
+    x[1, at[1]] = float("nan")                                   # one NaN
+    x[2, at[2]] = float("nan"); x[2, at[0]] = float("inf")       # NaN and +inf
+    x[3, at[1]] = float("inf")                                   # +inf
+    x[4] = NEG_INF; x[4, at[2]] = float("nan")                   # -inf and a NaN
+    x[5] = NEG_INF                                               # all -inf
+    x[6, at[0]] = float("nan"); x[6, at[2]] = 1e4                # NaN first, a large max last
+    x[7, :] = float("nan")                                       # all NaN
+    y, m, lse = fray.online_softmax(x, backend=backend)
+    ey, em, el = (t.to("cpu") for t in ref.online_softmax(x.to("cpu", torch.float64)))
+    what = "%s %s %d" % (backend, dtype, cols)
+    for got, exp, name in ((y, ey, "y"), (m, em, "row_max"), (lse, el, "row_lse")):
+        got = got.to("cpu", torch.float64)
+        nan = torch.isnan(exp)
+        assert torch.equal(torch.isnan(got), nan), "%s: %s NaN pattern" % (what, name)
+        fin = torch.isfinite(exp)
+        assert torch.equal(got[~fin & ~nan], exp[~fin & ~nan]), "%s: %s infinities" % (what, name)
+        assert_close(got[fin], exp[fin], dtype if name == "y" else torch.float32, what + " " + name)
+    assert torch.equal(m.to("cpu", torch.float64).isnan(), x.to("cpu").isnan().any(-1)), what
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
 @pytest.mark.parametrize("cols", [65537, 300000])
 def test_gpu_streaming_widths(cuda, backend, cols):
     # CUDA: 65537 (scalar loads, wider than a scalar cluster) and 300000 (> 16 x 16384) stream.

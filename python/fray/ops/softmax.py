@@ -9,9 +9,8 @@ float64 reference and come back in the requested dtype.
 
 Special rows (same on every backend): an all -inf row gives NaN (as torch.softmax) and
 row_max = row_lse = -inf (as torch.logsumexp); rows holding NaN or +inf give NaN outputs, and a
-row holding a NaN has row_max = NaN (as torch.max). Known gap: the CUDA kernels' row_max skips
-NaNs (fmaxf), giving the largest other value; the property tests found it in the Triton kernels
-(fixed there, 2026-12-02), and the CUDA fix waits for a GPU run to verify it.
+row holding a NaN has row_max = NaN (as torch.max; the property tests found both kernels skipping
+NaNs with tl.max / fmaxf, fixed on 2026-12-02).
 
 dim: the kernels reduce a dimension of stride 1. dim = -1 of a tensor whose last dim is contiguous
 is the usual case; any other dim works without a copy when it has stride 1 (e.g. a transposed
