@@ -81,12 +81,16 @@ if [ "$MODE" = bench ]; then
   echo "tests: skipped (bench mode)" | tee -a "$RES/summary.txt"
 elif [ -z "$TESTS" ]; then
   echo "tests: none selected ($FAMILIES)" | tee -a "$RES/summary.txt"
-elif [ "$(left)" -gt 20 ]; then
+elif [ "$(left)" -gt 60 ]; then
+  # -v: one line per test as it ends (with xdist, in the order they end), so a run cut off by the
+  # deadline still names its failures; SIGINT at the deadline lets pytest print the failures'
+  # tracebacks, the slowest tests and the junit XML before it exits (SIGKILL 30 s later).
   # shellcheck disable=SC2086
-  timeout "$(left)" python3 -m pytest -p no:cacheprovider -q -rs --rootdir=. -m gpu $XDIST $TESTS \
-    --junitxml "$RES/pytest.xml" > "$RES/pytest.log" 2>&1
+  timeout -s INT -k 30 "$(( $(left) - 30 ))" python3 -m pytest -p no:cacheprovider -v --tb=short -rfEs \
+    --durations=25 --rootdir=. -m gpu $XDIST $TESTS --junitxml "$RES/pytest.xml" > "$RES/pytest.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   echo "tests ($FAMILIES): rc=$rc $(tail -n 1 "$RES/pytest.log")" | tee -a "$RES/summary.txt"
+  grep -E '^(FAILED|ERROR) |\] (FAILED|ERROR) ' "$RES/pytest.log" | head -n 60 | tee -a "$RES/summary.txt"
 else
   echo "deadline reached before the tests" | tee -a "$RES/summary.txt"
 fi
