@@ -20,7 +20,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 MODE=tests
 case "${1:-}" in sanitize | bench | pytest) MODE=$1; shift ;; esac
 FAMILY=${1:-all}
-DEADLINE=${2:-$([ "$MODE" = sanitize ] && echo 300 || echo 540)}
+DEADLINE=${2:-$([ "$MODE" = sanitize ] && echo 560 || echo 540)}
 TOOLS=${3:-memcheck,racecheck,initcheck,synccheck}
 BENCH_RE=${3:-.}
 OUTDIR=${OUT:-$PWD/gpu_results}

@@ -240,6 +240,8 @@ def _sampling_cases():
         for rows, w in ((3, 1000), (1, 131072), (9, 152064)):
             out["argmax_%s_%dx%d" % (d, rows, w)] = _case(lambda r=rows, w=w, dt=dt: fray.argmax(
                 _randn(r, w, dtype=dt), backend="cuda"), rows * w)
+    for fn in out.values():
+        fn.race_s = _SAMPLING_RACE_S
     return out
 
 
@@ -335,11 +337,14 @@ def run_case(names):
             built[fam] = CASES.get(fam, lambda: {})()
         if case not in built[fam]:
             raise ValueError("case: expected one of --list's names, got %r" % name)
+        t0 = time.time()
         try:
             built[fam][case]()
             torch.cuda.synchronize()
         except Exception as e:
             raise RuntimeError("case %s: %s" % (name, e)) from e
+        # progress in the log, so a process cut by its timeout shows how far it got
+        print("[sanitize] case %s done in %.1f s" % (name, time.time() - t0), file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,6 +370,12 @@ _HEAVY = 20.0  # seconds: a case estimated above this runs in its own process
 # cut by the per-process limit, which left 64 cases unchecked; shorter processes also spread
 # better over the jobs.
 _CHUNK_SECONDS = 30.0
+# Seconds a sampling case takes under racecheck whatever its size (a case's race_s): those kernels
+# (clusters, 512 threads, up to 192 KB of shared memory a block) cost racecheck per launch, not per
+# element. At 7ebfe6d (2026-12-03, 16 racecheck processes at a time) twelve chunks of 2-8 sampling
+# cases, estimated under 30 s each, ran 160-227 s and were cut by their timeouts, so that the sweep
+# reached 452 of its 927 runs; above _HEAVY, each sampling case runs in its own process.
+_SAMPLING_RACE_S = 30.0
 
 
 def _sanitizer():
@@ -484,7 +495,8 @@ def write_report(rows, path, command, commit, pending=(), estimate=None):
 
 
 def _cost(tool, case):
-    return _RATE[tool] * getattr(case, "size", 0) / 1e6
+    rate = _RATE[tool] * getattr(case, "size", 0) / 1e6
+    return max(rate, getattr(case, "race_s", 0.0)) if tool == "racecheck" else rate
 
 
 def plan(families, tools, chunk):

@@ -67,12 +67,17 @@ def test_plan_racechecks_shared_memory_kernels_only_and_runs_the_costliest_first
     costs = [sanitize._START[t] + sum(sanitize._cost(t, sanitize._lookup(n)) for n in g) for t, g in work]
     assert costs == sorted(costs, reverse=True)
     assert est["racecheck"] > est["memcheck"] > 0
+    # a sampling case costs racecheck per launch: each runs alone, at the floor or above
+    sampling_race = [g for t, g in work if t == "racecheck" and g[0].startswith("sampling/")]
+    assert sampling_race and all(len(g) == 1 for g in sampling_race)
+    assert all(sanitize._cost("racecheck", sanitize._lookup(g[0])) >= sanitize._SAMPLING_RACE_S for g in sampling_race)
+    assert any(len(g) > 1 for t, g in work if t == "memcheck" and g[0].startswith("sampling/"))
 
 
 def test_plan_closes_a_chunk_before_its_estimate_passes_the_cap():
     # A chunk of several cases never passes _CHUNK_SECONDS (8 racecheck cases of sampling in one
     # process ran into the per-process limit at 48fe6bd); one costlier case still runs alone.
-    _, work, _, counts = sanitize.plan(["sampling"], ["racecheck"], 8)
+    _, work, _, counts = sanitize.plan(["sampling", "softmax", "attention"], ["racecheck"], 8)
     costs = [(len(g), sum(sanitize._cost(t, sanitize._lookup(n)) for n in g)) for t, g in work]
     assert all(c <= sanitize._CHUNK_SECONDS for k, c in costs if k > 1)
     assert any(k > 1 for k, _ in costs) and max(k for k, _ in costs) <= 8
