@@ -58,6 +58,10 @@ if [ "$MODE" = sanitize ]; then
     sleep 15; cp "$RES/sanitize/SANITIZE.md" "$OUTDIR/" 2>/dev/null; pack
   done
   wait $pid; rc=$?
+  # Each case process runs in its own session (killed whole at its timeout); any left behind by a
+  # sweep cut off here would slow whatever runs next on the GPU.
+  pkill -9 -f 'fray.sanitize --case' 2>/dev/null || true
+  pkill -9 -x compute-sanitizer 2>/dev/null || true
   echo "sanitize ($FAMILY): rc=$rc $(tail -n 1 "$RES/sanitize.log")" | tee -a "$RES/summary.txt"
   cp "$RES/sanitize/SANITIZE.md" "$OUTDIR/" 2>/dev/null || true
   pack
@@ -79,6 +83,10 @@ python3 -c "import xdist" 2>/dev/null && XDIST="-n ${FRAY_TEST_PROCS:-8}"
 TESTS=$(for f in $FAMILIES; do [ -d "tests/$f" ] && printf 'tests/%s ' "$f"; done)
 if [ "$MODE" = bench ]; then
   echo "tests: skipped (bench mode)" | tee -a "$RES/summary.txt"
+  # Timings beside other GPU work are worthless (sanitizer orphans made bench/host 4-5x slow at
+  # 7ebfe6d, 2026-12-03): name any other compute process in the summary.
+  others=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null | tr '\n' ';')
+  [ -z "$others" ] || echo "warning: other GPU processes while benchmarking: $others" | tee -a "$RES/summary.txt"
 elif [ -z "$TESTS" ]; then
   echo "tests: none selected ($FAMILIES)" | tee -a "$RES/summary.txt"
 elif [ "$(left)" -gt 60 ]; then

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -430,6 +431,13 @@ def classify(tool, text, rc):
     return row
 
 
+def _kill_group(p):
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def _one(tool, name, out_dir, timeout, san):
     """One process under `tool` running the cases of `name` (a comma list)."""
     first = name.split(",")[0]
@@ -437,11 +445,17 @@ def _one(tool, name, out_dir, timeout, san):
                        + ".log")
     cmd = _command(san, tool, name)
     t0 = time.time()
+    # Its own process group, killed whole at the timeout: killing compute-sanitizer alone left its
+    # python3 child running on the GPU (at 7ebfe6d, 2026-12-03, benchmarks started after the sweep
+    # ran 4-5x slow beside the orphans).
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
-        text, rc = p.stdout.decode(errors="replace"), p.returncode
-    except subprocess.TimeoutExpired as e:
-        text, rc = (e.stdout or b"").decode(errors="replace") + "\n[timeout after %ds]\n" % timeout, "timeout"
+        out, _ = p.communicate(timeout=timeout)
+        text, rc = out.decode(errors="replace"), p.returncode
+    except subprocess.TimeoutExpired:
+        _kill_group(p)
+        out, _ = p.communicate()
+        text, rc = (out or b"").decode(errors="replace") + "\n[timeout after %ds]\n" % timeout, "timeout"
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n" + text)
     row = {"tool": tool, "case": name, "seconds": round(time.time() - t0, 1)}

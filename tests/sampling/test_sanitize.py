@@ -7,6 +7,7 @@ aborted the kernel), and racecheck over its two-block clusters."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -128,6 +129,26 @@ def test_sweep_attributes_a_finding_to_its_case(tmp_path, monkeypatch):
     for tool in sanitize.TOOLS:
         assert "## %s: %d cases, %d clean, 1 not" % (tool, len(names), len(names) - 1) in text
     assert "| norm/rmsnorm_fp16_7x1000 | **2 errors** (FINDINGS, rc 99)" in text
+
+
+def test_a_timed_out_process_is_killed_with_its_children(tmp_path):
+    # compute-sanitizer's python3 child once outlived the timeout that killed compute-sanitizer
+    # alone, and slowed the benchmarks run after the sweep
+    pid_file = tmp_path / "child.pid"
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text("#!/bin/bash\nsleep 300 &\necho $! > %s\necho started\nwait\n" % pid_file)
+    fake.chmod(0o755)
+    os.makedirs(tmp_path / "memcheck")
+    row = sanitize._one("memcheck", "smoke/vector_add", str(tmp_path), 2, str(fake))
+    assert row["rc"] == "timeout" and row["status"] == "timeout"
+    child = int(pid_file.read_text())
+    for _ in range(50):
+        if not os.path.exists("/proc/%d" % child) or open("/proc/%d/stat" % child).read().split()[2] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the sanitizer's child %d outlived the timeout" % child)
+    assert "started" in open(tmp_path / "memcheck" / "smoke__vector_add.log").read()
 
 
 def test_report_marks_an_unfinished_sweep():
