@@ -50,12 +50,14 @@ def _randn(*shape, dtype=None, seed=0):
 _DTYPES = ("fp32", "fp16", "bf16")
 
 
-def _case(fn, size, race=True):
+def _case(fn, size, race=True, race_s=0.0):
     """A case: fn launches Fray kernels; size is about how many elements its kernels touch (the
     sweep's time estimate and order); race=False leaves it out of racecheck (kernels without
-    shared memory, or a path racecheck covers at a smaller shape of the same instantiation)."""
+    shared memory, or a path racecheck covers at a smaller shape of the same instantiation);
+    race_s, the least racecheck takes over it whatever its size (kernels it costs per launch)."""
     fn.size = size
     fn.race = race
+    fn.race_s = race_s
     return fn
 
 
@@ -241,7 +243,7 @@ def _sampling_cases():
         for rows, w in ((3, 1000), (1, 131072), (9, 152064)):
             out["argmax_%s_%dx%d" % (d, rows, w)] = _case(lambda r=rows, w=w, dt=dt: fray.argmax(
                 _randn(r, w, dtype=dt), backend="cuda"), rows * w)
-    for fn in out.values():
+    for fn in out.values():  # every sampling kernel: see _SAMPLING_RACE_S
         fn.race_s = _SAMPLING_RACE_S
     return out
 
@@ -510,7 +512,7 @@ def write_report(rows, path, command, commit, pending=(), estimate=None):
 
 def _cost(tool, case):
     rate = _RATE[tool] * getattr(case, "size", 0) / 1e6
-    return max(rate, getattr(case, "race_s", 0.0)) if tool == "racecheck" else rate
+    return max(rate, case.race_s) if tool == "racecheck" else rate
 
 
 def plan(families, tools, chunk):

@@ -376,7 +376,7 @@ def test_gpu_recipes_vs_reference(cuda, recipe, t, dtype):
     moe._assert_route_matches(xr, k, wr, idsr, countsr, "%s T=%d %s randn" % (recipe, t, dtype), **kw)
     # counts are this call's alone: x again (from the cached plan, after the randn call) counts as
     # the first call did, not as the sum of the calls
-    w2, ids2, counts2 = fray.moe_route(x, k, return_counts=True, **kw)
+    _, ids2, counts2 = fray.moe_route(x, k, return_counts=True, **kw)
     assert torch.equal(ids2, ids) and torch.equal(counts2, counts), "%s T=%d %s: second call" % (recipe, t, dtype)
     assert int(counts2.sum()) == t * k
 
