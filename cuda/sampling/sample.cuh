@@ -829,15 +829,13 @@ __device__ __forceinline__ uint32_t threshold_cluster(uint64_t tgt, const T* dat
   // Every block's list is complete before block 0 may read it remotely (gather_lists). The push
   // below already orders it (the senders' complete_tx releases at cluster scope, xchg_wait
   // acquires at cluster scope), which racecheck does not model: it reported the lists' writes
-  // against gather_lists' reads at decode_step 4 x 32000 (H200, 2026-12-02). A split barrier:
-  // every thread arrives here (release) and waits only after the header exchange (acquire: block
-  // 0 before it reads the lists, the others once block 0's outcome is in), by when every block
-  // has arrived, so it costs no round trip of its own (a full cluster.sync here made sample_topp
-  // 3-4% slower at 64 x 131072 and 256 x 152064).
-  const bool split_bar = C > 1;
-  if (split_bar) cluster.barrier_arrive();
-#else
-  constexpr bool split_bar = false;
+  // against gather_lists' reads at decode_step 4 x 32000 (H200, 2026-12-02). A full barrier: split
+  // (arrive here, wait after the header exchange; 69f02e0) it saved the 3-4% this one costs
+  // sample_topp at 64 x 131072 and 256 x 152064, but compute-sanitizer's racecheck then never
+  // finished a sampling case at C >= 2 (decode_step 4 x 32000 and every sample case from 3 x 8192
+  // up ran past 240 s at 87c273e, H200, 2026-12-03, where they took 7-15 s with this barrier), and
+  // a kernel racecheck cannot finish is not one the sanitizer sweep verifies.
+  if (C > 1) cluster.sync();
 #endif
   uint64_t* const bar_hdr = &m->xbar[kXHdr + k];
   uint64_t* const bar_msg = &m->xbar[kXMsg + k];
@@ -863,7 +861,6 @@ __device__ __forceinline__ uint32_t threshold_cluster(uint64_t tgt, const T* dat
     } else {
       if (tid == 0) xchg_expect(bar_hdr, static_cast<uint32_t>(16 * C));
       xchg_wait(bar_hdr);
-      if (split_bar) cluster.barrier_wait();
     }
     const uint64_t h = lane < C ? m->xhdr[lane][0] : 0xffffffff00000000ull;
     const uint64_t h1 = lane < C ? m->xhdr[lane][1] : 0ull;
@@ -923,7 +920,6 @@ __device__ __forceinline__ uint32_t threshold_cluster(uint64_t tgt, const T* dat
   } else {
     if (tid == 0) xchg_expect(bar_msg, static_cast<uint32_t>(8 * words));
     xchg_wait(bar_msg);
-    if (split_bar) cluster.barrier_wait();
     status = part[kXMsgAt];
     range = part[kXMsgAt + 1];
     fused = want_totals && static_cast<uint32_t>(range >> 32) <= static_cast<uint32_t>(range) &&
