@@ -185,8 +185,7 @@ def _sampling_cases():
     # width alone sets it): 1 block (3 x 1, 7, 1000, 2047: the narrow rows), 2 (3 x 8192), 4 (3 x
     # 16384), 8 (3 x 32768), 16 (1 x 65536); fp32 1 x 393216: 8 blocks of 192 KB slices (past the
     # 80 KB target, the widest row). The rows at the one-wave limit (60 x 8192, 30 x 16384, 15 x
-    # 32768) take the same clusters and 5-20x racecheck's time: one case ran past 211 s under 16
-    # concurrent racecheck processes at 5559c52 (2026-12-03), and the sweep did not finish.
+    # 32768) take the same clusters at many times racecheck's time.
     shapes = ((3, 1), (3, 7), (3, 1000), (3, 2047), (3, 8192), (3, 16384), (3, 32768), (1, 65536), (1, 393216))
     for d in ("fp32", "bf16"):
         dt = _dt(d)
@@ -235,16 +234,19 @@ def _sampling_cases():
                            (2, 131072, 5000), (srows, wide, 50), (331, wide, 50)):
             tag = "%s_%dx%dk%d" % (d, rows, w, k)
             race = rows != 331
+            # seconds under racecheck, measured (fp32, 87c273e): the few wide rows on clusters
+            race_s = {(2, 131072, 50): 160.0, (1, 262144, 1024): 180.0, (2, 131072, 5000): 70.0}.get((rows, w, k), 0.0)
             out["topk_" + tag] = _case(lambda r=rows, w=w, k=k, dt=dt: fray.topk(_randn(r, w, dtype=dt), k,
-                                                                               backend="cuda"), rows * w, race)
+                                                                               backend="cuda"), rows * w, race, race_s)
             if k == 50 and rows != 331:
                 out["topk_unsorted_" + tag] = _case(lambda r=rows, w=w, k=k, dt=dt: fray.topk(
-                    _randn(r, w, dtype=dt), k, sorted=False, backend="cuda"), rows * w, race and rows * w < 1000000)
+                    _randn(r, w, dtype=dt), k, sorted=False, backend="cuda"), rows * w, race and rows * w < 1000000,
+                    race_s)
         for rows, w in ((3, 1000), (1, 131072), (9, 152064)):
             out["argmax_%s_%dx%d" % (d, rows, w)] = _case(lambda r=rows, w=w, dt=dt: fray.argmax(
                 _randn(r, w, dtype=dt), backend="cuda"), rows * w)
     for fn in out.values():  # every sampling kernel: see _SAMPLING_RACE_S
-        fn.race_s = _SAMPLING_RACE_S
+        fn.race_s = max(fn.race_s, _SAMPLING_RACE_S)
     return out
 
 
@@ -375,10 +377,14 @@ _HEAVY = 20.0  # seconds: a case estimated above this runs in its own process
 _CHUNK_SECONDS = 30.0
 # Seconds a sampling case takes under racecheck whatever its size (a case's race_s): those kernels
 # (clusters, 512 threads, up to 192 KB of shared memory a block) cost racecheck per launch, not per
-# element. At 7ebfe6d (2026-12-03, 16 racecheck processes at a time) twelve chunks of 2-8 sampling
-# cases, estimated under 30 s each, ran 160-227 s and were cut by their timeouts, so that the sweep
-# reached 452 of its 927 runs; above _HEAVY, each sampling case runs in its own process.
+# element (7-16 s a case at 87c273e, 2026-12-03). Each runs in its own process (above _HEAVY).
 _SAMPLING_RACE_S = 30.0
+# A process's limit: _LIMIT_FACTOR times its estimate, at least _LIMIT_MIN s, at most --timeout. A
+# case that hangs under a tool then costs the sweep minutes, not the deadline: at 87c273e
+# (2026-12-03) 22 sampling cases hung under racecheck (a split cluster barrier, since reverted),
+# held 16 jobs for 240 s each and left 882 of 927 runs not made.
+_LIMIT_FACTOR = 4.0
+_LIMIT_MIN = 60.0
 
 
 def _sanitizer():
@@ -515,6 +521,12 @@ def _cost(tool, case):
     return max(rate, case.race_s) if tool == "racecheck" else rate
 
 
+def _limit(tool, names):
+    """Seconds one process of `names` under `tool` may run (before --timeout and the deadline)."""
+    est = _START[tool] + sum(_cost(tool, _lookup(n)) for n in names)
+    return max(_LIMIT_MIN, _LIMIT_FACTOR * est)
+
+
 def plan(families, tools, chunk):
     """(tool, [case names]) per process, most expensive first, and the estimate per tool."""
     names = case_names(["smoke"] + [f for f in families if f != "smoke"])
@@ -593,7 +605,7 @@ def sweep(families, out_dir, tools, jobs, timeout, deadline, chunk, command="", 
                      "status": "not run (deadline)"} for n in g]
         # (no process outlives the deadline by more than 30 s: the report is due then)
         left = deadline + 30 - (time.time() - start)
-        r = _one(t, ",".join(g), out_dir, int(max(10, min(timeout, left))), san)
+        r = _one(t, ",".join(g), out_dir, int(max(10, min(timeout, left, _limit(t, g)))), san)
         if r["status"] == "clean" or len(g) == 1:
             return [dict(r, case=n, seconds=round(r["seconds"] / len(g), 1), chunk=len(g)) for n in g]
         return None  # re-run one case per process
