@@ -521,10 +521,14 @@ def _cost(tool, case):
     return max(rate, case.race_s) if tool == "racecheck" else rate
 
 
+def _process_cost(tool, names):
+    """Estimated seconds of one process of `names` under `tool`."""
+    return _START[tool] + sum(_cost(tool, _lookup(n)) for n in names)
+
+
 def _limit(tool, names):
     """Seconds one process of `names` under `tool` may run (before --timeout and the deadline)."""
-    est = _START[tool] + sum(_cost(tool, _lookup(n)) for n in names)
-    return max(_LIMIT_MIN, _LIMIT_FACTOR * est)
+    return max(_LIMIT_MIN, _LIMIT_FACTOR * _process_cost(tool, names))
 
 
 def plan(families, tools, chunk):
@@ -555,15 +559,15 @@ def plan(families, tools, chunk):
                 cost += c
             if group:
                 work.append((tool, group))
-    est = {t: sum(_START[t] + sum(_cost(t, case(n)) for n in g) for tt, g in work if tt == t) for t in tools}
-    work.sort(key=lambda w: -(_START[w[0]] + sum(_cost(w[0], case(n)) for n in w[1])))
+    est = {t: sum(_process_cost(t, g) for tt, g in work if tt == t) for t in tools}
+    work.sort(key=lambda w: -_process_cost(*w))
     return names[0], work, est, {t: sum(len(g) for tt, g in work if tt == t) for t in tools}
 
 
 def _wall(work, est, jobs, tools):
     """The smoke case under every tool at once, then the costliest process or the work spread over
     the jobs, whichever is longer."""
-    heavy = max((_START[t] + sum(_cost(t, _lookup(n)) for n in g) for t, g in work), default=0)
+    heavy = max((_process_cost(t, g) for t, g in work), default=0)
     return max(_START[t] for t in tools) + max(heavy, sum(est.values()) / jobs)
 
 
