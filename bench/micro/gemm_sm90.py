@@ -58,18 +58,21 @@ NT = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 
 
 def sm90(dtype="bf16", layout="nk", out=None, bias=False, tile=(128, 256, 64), cluster=(2, 1), sched="coop",
-         stages=0, raster="auto", swizzle=1, epi=0, streamk=False):
+         stages=0, raster="auto", swizzle=1, epi=0, streamk=False, swap=False, splits=1):
     out = out or dtype
-    name = (f"sm90_{dtype}_{layout}_{out}{'_bias' if bias else ''}_{tile[0]}x{tile[1]}x{tile[2]}_c{cluster[0]}x{cluster[1]}"
-            f"_{sched}_s{stages}_r{raster}_w{swizzle}{f'_e{epi}' if epi else ''}{'_sk' if streamk else ''}")
+    name = (f"sm90_{dtype}_{layout}_{out}{'_bias' if bias else ''}{'_swap' if swap else ''}_{tile[0]}x{tile[1]}x{tile[2]}"
+            f"_c{cluster[0]}x{cluster[1]}_{sched}_s{stages}_r{raster}_w{swizzle}{f'_e{epi}' if epi else ''}"
+            f"{'_sk' if streamk else ''}{f'_z{splits}' if splits > 1 else ''}")
     src = (f'#include "cuda/gemm/gemm_sm90.cuh"\n'
            f"using Config = fray::gemm::Sm90GemmConfig<{CT[dtype]}, fray::gemm::kLayout{layout.upper()}, {CT[out]}, "
            f"{'true' if bias else 'false'}, {tile[0]}, {tile[1]}, {tile[2]}, {cluster[0]}, {cluster[1]}, "
            f"fray::gemm::{'kCooperative' if sched == 'coop' else 'kPingpong'}, {stages}, "
            f"fray::gemm::{ {'auto': 'kRasterHeuristic', 'm': 'kRasterAlongM', 'n': 'kRasterAlongN'}[raster]}, {swizzle}, "
-           f"{epi}, fray::gemm::{'kStreamK' if streamk else 'kPersistent'}>;\n"
+           f"{epi}, fray::gemm::{'kStreamK' if streamk else 'kPersistent'}, {'true' if swap else 'false'}, {splits}>;\n"
            f"FRAY_GEMM_ENTRY(Config)\n")
-    return dict(kind="sm90", name=name, src=src, dtype=dtype, layout=layout, out=out, bias=bias, max_m=None)
+    # Swap-AB tiles run over b's rows: correct at any M, timed only at M <= 128 (their purpose).
+    return dict(kind="sm90", name=name, src=src, dtype=dtype, layout=layout, out=out, bias=bias, max_m=None,
+                swap=swap, bench_max_m=128 if swap else None)
 
 
 def small_m(dtype="bf16", out=None, bias=False, mtiles=1, warps=8, unroll=4, stages=0):
@@ -170,6 +173,20 @@ def configs():
     cs.append(small_m_bulk(bias=True, mtiles=1))
     cs.append(small_m_bulk(out="fp32", bias=True, mtiles=8, split_k=4, tile_k=256))
     cs.append(small_m_bulk(dtype="fp16", out="fp32", mtiles=1, rowtiles=2, warps=8))
+    # Swap-AB (D^T = B^T A^T): b's rows fill the wgmma's 64-row side, M (1..64) its n8-n64 side;
+    # too few 128-row tiles for 132 SMs at N = 4096 (32), so K is split: stream-K's heuristic, or
+    # split-K into a fixed count.
+    for tile, sched, streamk, splits in (((128, 16, 64), "coop", True, 1), ((128, 16, 128), "coop", True, 1),
+                                         ((128, 16, 64), "coop", False, 1), ((128, 16, 64), "coop", True, 4),
+                                         ((128, 16, 128), "coop", True, 4), ((64, 16, 128), "pingpong", False, 1),
+                                         ((128, 8, 128), "coop", True, 1), ((128, 32, 64), "coop", True, 1),
+                                         ((128, 64, 64), "coop", True, 1), ((128, 64, 64), "coop", False, 1),
+                                         ((256, 16, 64), "coop", True, 1)):
+        cs.append(sm90(tile=tile, cluster=(1, 1), sched=sched, streamk=streamk, swap=True, splits=splits))
+    for dtype, layout, out, bias in (("fp16", "nk", None, False), ("bf16", "kn", None, False), ("bf16", "nk", None, True),
+                                     ("fp16", "kn", "fp32", True)):
+        cs.append(sm90(dtype=dtype, layout=layout, out=out, bias=bias, tile=(128, 16, 64), cluster=(1, 1), streamk=True,
+                       swap=True))
     return cs
 
 
@@ -417,7 +434,8 @@ def main():
     for m, n, k in shapes:
         for dtype in ("bf16", "fp16"):
             cands = [c for c in good if c["dtype"] == dtype and c["layout"] == "nk" and not c["bias"]
-                     and c["out"] == dtype and (c["max_m"] is None or m <= c["max_m"])]
+                     and c["out"] == dtype and (c["max_m"] is None or m <= c["max_m"])
+                     and (c.get("bench_max_m") is None or m <= c["bench_max_m"])]
             if dtype == "fp16" and (m, n, k) not in ((4096, 4096, 4096), (1, 4096, 4096), (16, 14336, 4096)):
                 continue
             if not cands:
@@ -434,7 +452,7 @@ def main():
                   flush=True)
             rows = []
             for c in cands:
-                if c["kind"] == "sm90" and m < 64:
+                if c["kind"] == "sm90" and m < 64 and not c.get("swap"):
                     continue  # a 128-row tile at M = 1..16 is the small-M kernel's job
                 run = launcher(c["kern"], c, a, b, None, o, m, n, k)
                 try:

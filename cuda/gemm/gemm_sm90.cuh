@@ -18,11 +18,18 @@
 // Layouts (all row-major in PyTorch terms): A [M, K] (K-major), D [M, N]. B is "nk" ([N, K],
 // nn.Linear's weight; K-major, a column-major K x N for CUTLASS) or "kn" ([K, N]; N-major).
 // TMA needs 16-byte aligned base addresses and row strides, which the entry point checks.
+//
+// Swap-AB (kSwapAB, for small M): CUTLASS computes D^T[N, M] = B^T[N, K] * A^T, so the weights
+// fill the wgmma's 64-row M side and the few rows of A its N side (n8-n64; TMA zero-fills the
+// rows past M). D^T is written column-major, which is D row-major; the bias becomes per-row. At
+// M = 16 a 128-row tile over B wastes nothing, where the unswapped 128-row tile over A would
+// compute 112 rows of padding and read B once per 128 rows of A anyway.
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -66,7 +73,9 @@ template <class Element_, int kLayoutB_, class ElementOut_, bool kBias_, int kTi
           int kStages_,  // 0: as many as fit beside the epilogue's shared memory
           int kRaster_, int kSwizzle_,
           int kEpiTileN_ = 0,  // 0: CUTLASS's choice (32 columns); else the TMA-store subtile's N
-          int kScheduler_ = kPersistent>
+          int kScheduler_ = kPersistent,
+          bool kSwapAB_ = false,  // D^T = B^T A^T: tile M runs over N (b's rows), tile N over M
+          int kSplits_ = 1>       // > 1: split-K into this many slices (the stream-K scheduler's SplitK)
 struct Sm90GemmConfig {
   using Element = Element_;
   using ElementOut = ElementOut_;
@@ -81,6 +90,8 @@ struct Sm90GemmConfig {
   static constexpr int kSwizzle = kSwizzle_;
   static constexpr int kEpiTileN = kEpiTileN_;
   static constexpr int kScheduler = kScheduler_;
+  static constexpr bool kSwapAB = kSwapAB_;
+  static constexpr int kSplits = kSplits_;
 
   static_assert(cute::is_same_v<Element, cutlass::bfloat16_t> || cute::is_same_v<Element, cutlass::half_t>,
                 "A and B are bf16 or fp16");
@@ -92,10 +103,15 @@ struct Sm90GemmConfig {
   static_assert(kEpiTileN == 0 || kTileN % kEpiTileN == 0, "the epilogue subtile's N divides the tile's N");
   // CUTLASS's stream-K scheduler reduces partial tiles through the cooperative epilogue only.
   static_assert(kScheduler == kPersistent || kSchedule == kCooperative, "stream-K needs the cooperative schedule");
+  static_assert(kSplits == 1 || kScheduler == kStreamK, "split-K runs on the stream-K scheduler");
 
-  using LayoutA = cutlass::layout::RowMajor;
-  using LayoutB = cute::conditional_t<kLayoutB == kLayoutNK, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
-  using LayoutD = cutlass::layout::RowMajor;
+  // CUTLASS's operands: unswapped A = a [M, K], B = b; swapped A = b as [N, K] (row-major for "nk",
+  // column-major for "kn") and B = a as a K x M column-major, D = out^T column-major.
+  using LayoutWeight = cute::conditional_t<kLayoutB == kLayoutNK, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+  using LayoutA = cute::conditional_t<kSwapAB, typename cutlass::layout::LayoutTranspose<LayoutWeight>::type,
+                                      cutlass::layout::RowMajor>;
+  using LayoutB = cute::conditional_t<kSwapAB, cutlass::layout::ColumnMajor, LayoutWeight>;
+  using LayoutD = cute::conditional_t<kSwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 
   using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
   using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::Int<kClusterN>, cute::_1>;
@@ -110,7 +126,10 @@ struct Sm90GemmConfig {
   // No source C: D = acc (+ bias). The bias is read in the input dtype and added in fp32.
   using Fusion = cute::conditional_t<
       kBias,
-      cutlass::epilogue::fusion::LinCombPerColBias<ElementOut, float, Element, ElementOut, float, kAlign16<Element>>,
+      cute::conditional_t<
+          kSwapAB,
+          cutlass::epilogue::fusion::LinCombPerRowBias<ElementOut, float, Element, ElementOut, float, kAlign16<Element>>,
+          cutlass::epilogue::fusion::LinCombPerColBias<ElementOut, float, Element, ElementOut, float, kAlign16<Element>>>,
       cutlass::epilogue::fusion::LinearCombination<ElementOut, float, void, float>>;
 
   // The subtile's M follows CUTLASS's own choice for the schedule (128 rows cooperative, 64 ping-pong).
@@ -140,14 +159,18 @@ struct Sm90GemmConfig {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   static void describe(char* buf, size_t len) {
-    snprintf(buf, len, "gemm_sm90 %s b=%s out=%s%s %dx%dx%d c%dx%d %s stages=%s%d raster=%s swizzle=%d epi_n=%d%s",
+    snprintf(buf, len, "gemm_sm90 %s b=%s out=%s%s %s%dx%dx%d c%dx%d %s stages=%s%d raster=%s swizzle=%d epi_n=%d%s%s",
              element_name<Element>(), kLayoutB == kLayoutNK ? "nk" : "kn", element_name<ElementOut>(),
-             kBias ? " bias" : "", kTileM, kTileN, kTileK, kClusterM, kClusterN,
+             kBias ? " bias" : "", kSwapAB ? "swap-ab " : "", kTileM, kTileN, kTileK, kClusterM, kClusterN,
              kSchedule == kCooperative ? "coop" : "pingpong", kStages == 0 ? "auto:" : "",
              kStages == 0 ? static_cast<int>(CollectiveMainloop::DispatchPolicy::Stages) : kStages,
              kRaster == kRasterAlongM ? "m" : kRaster == kRasterAlongN ? "n" : "auto", kSwizzle,
              static_cast<int>(cute::size<1>(cute::shape(typename CollectiveEpilogue::EpilogueTile{}))),
-             kScheduler == kStreamK ? " stream-k" : "");
+             kScheduler == kStreamK ? " stream-k" : "", "");
+    if (kSplits > 1) {
+      const size_t used = strlen(buf);
+      if (used < len) snprintf(buf + used, len - used, " split-k=%d", kSplits);
+    }
   }
 };
 
@@ -251,23 +274,36 @@ typename Config::Gemm::Arguments make_arguments(const GemmSlots<Config>& s, int 
   using StrideA = typename GemmKernel::StrideA;
   using StrideB = typename GemmKernel::StrideB;
   using StrideD = typename GemmKernel::StrideD;
+  // CuTe strides are (rows, K) for A and B, (rows, columns) for D, the unit stride a static 1.
   StrideA stride_a{};
-  cute::get<0>(stride_a) = s.lda;
   StrideB stride_b{};
-  if constexpr (Config::kLayoutB == kLayoutNK) {
-    cute::get<0>(stride_b) = s.ldb;  // (N, K): N strides by ldb, K is contiguous
-  } else {
-    cute::get<1>(stride_b) = s.ldb;  // (N, K): N is contiguous, K strides by ldb
-  }
   StrideD stride_d{};
-  cute::get<0>(stride_d) = s.ldc;
+  if constexpr (Config::kSwapAB) {
+    // A = b as (N, K), B = a as (M, K), D = out^T as (N, M) with N contiguous.
+    if constexpr (Config::kLayoutB == kLayoutNK) {
+      cute::get<0>(stride_a) = s.ldb;
+    } else {
+      cute::get<1>(stride_a) = s.ldb;
+    }
+    cute::get<0>(stride_b) = s.lda;
+    cute::get<1>(stride_d) = s.ldc;
+  } else {
+    cute::get<0>(stride_a) = s.lda;
+    if constexpr (Config::kLayoutB == kLayoutNK) {
+      cute::get<0>(stride_b) = s.ldb;  // (N, K): N strides by ldb, K is contiguous
+    } else {
+      cute::get<1>(stride_b) = s.ldb;  // (N, K): N is contiguous, K strides by ldb
+    }
+    cute::get<0>(stride_d) = s.ldc;
+  }
 
   typename Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
-  args.problem_shape = cute::make_shape(static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k), 1);
-  args.mainloop.ptr_A = s.a;
+  const int rows = static_cast<int>(Config::kSwapAB ? s.n : s.m), cols = static_cast<int>(Config::kSwapAB ? s.m : s.n);
+  args.problem_shape = cute::make_shape(rows, cols, static_cast<int>(s.k), 1);
+  args.mainloop.ptr_A = Config::kSwapAB ? s.b : s.a;
   args.mainloop.dA = stride_a;
-  args.mainloop.ptr_B = s.b;
+  args.mainloop.ptr_B = Config::kSwapAB ? s.a : s.b;
   args.mainloop.dB = stride_b;
   args.epilogue.ptr_C = nullptr;
   args.epilogue.dC = stride_d;
@@ -281,6 +317,10 @@ typename Config::Gemm::Arguments make_arguments(const GemmSlots<Config>& s, int 
   args.hw_info.device_id = device;
   args.hw_info.sm_count = sm_count(device);
   args.scheduler.max_swizzle_size = Config::kSwizzle;
+  if constexpr (Config::kSplits > 1) {
+    args.scheduler.splits = Config::kSplits;
+    args.scheduler.decomposition_mode = GemmKernel::TileScheduler::DecompositionMode::SplitK;
+  }
   using RasterOpt = typename GemmKernel::TileScheduler::RasterOrderOptions;
   args.scheduler.raster_order = Config::kRaster == kRasterAlongM   ? RasterOpt::AlongM
                                 : Config::kRaster == kRasterAlongN ? RasterOpt::AlongN

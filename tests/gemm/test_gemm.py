@@ -159,16 +159,23 @@ def test_configuration_tables():
             for layout in G.LAYOUTS:
                 for bias in (False, True):
                     names = set()
-                    for c in G.SM90_LARGE + G.SM90_SMALL + G.small_m_candidates(1) + G.small_m_candidates(16) + G.small_m_candidates(20):
+                    every = (G.SM90_LARGE + G.SM90_SMALL + G.small_m_candidates(1) + G.small_m_candidates(16) +
+                             G.small_m_candidates(20) + [c for m in (1, 16, 32, 64) for c in G.swap_candidates(m)])
+                    for c in every:
                         name, src = G.kernel_source(c, dtype, odt, layout, bias)
                         jit._check_name(name)
                         assert "FRAY_GEMM" in src and "using Config" in src
+                        if c["kernel"] == "sm90":
+                            tail = ("true, %d>;" % c["splits"]) if c.get("swap") else "false, 1>;"
+                            assert ("_swap_" in name) == bool(c.get("swap")) and src.splitlines()[1].endswith(tail), src
                         names.add(name)
-                    assert len(names) == len({tune.config_label(c) for c in
-                                              G.SM90_LARGE + G.SM90_SMALL + G.small_m_candidates(1) +
-                                              G.small_m_candidates(16) + G.small_m_candidates(20)})
+                    assert len(names) == len({tune.config_label(c) for c in every})
     for m in (1, 8, 9, 16, 17, 32):
         assert G._heuristic_small_m(m) in G.small_m_candidates(m)
+    assert G.swap_candidates(1) == G.swap_candidates(8) and G.swap_candidates(9) == G.swap_candidates(16)
+    assert G.swap_candidates(64) and not G.swap_candidates(65)
+    for m in (1, 16, 32, 64):  # the swapped tile's N holds all of the bucket's rows of a
+        assert all(int(c["tile"].split("x")[1]) >= m for c in G.swap_candidates(m))
     assert G._heuristic_sm90(4096) in G.SM90_LARGE and G._heuristic_sm90(128) in G.SM90_SMALL
     path = os.path.join(os.path.dirname(tune.__file__), "defaults", "nvidia_h200.json")
     shipped = {k: v for k, v in json.load(open(path)).items() if k.startswith("gemm_")}
@@ -176,7 +183,8 @@ def test_configuration_tables():
     for key, config in shipped.items():
         kernel, bucket, _ = key.split("|")
         m = int(bucket.split(":")[1][1:])
-        cands = {"gemm_small_m": G.small_m_candidates(m), "gemm_sm90": G.SM90_LARGE if m > 128 else G.SM90_SMALL,
+        cands = {"gemm_small_m": G.small_m_candidates(m) + G.swap_candidates(m),
+                 "gemm_sm90": G.SM90_LARGE if m > 128 else G.SM90_SMALL + G.swap_candidates(m),
                  "gemm_triton": G.triton_candidates(m)}[kernel]
         assert config in cands, key
     assert G.bucket(100, 4096, 4096, "nk", False, torch.bfloat16, torch.bfloat16) == "nk:m128:n4096:k4096"
@@ -204,10 +212,14 @@ def test_cuda_plan_staging_without_a_gpu(monkeypatch):
     from fray import backend as B
     calls = []
     chosen = []
+    force = {}
 
     def choose(kernel, bucket, dtype, candidates, *, build, run, check, default, **kw):
         assert default in candidates
         chosen.append((kernel, bucket, dtype))
+        if "config" in force:
+            assert force["config"] in candidates, (force, bucket)
+            return force["config"]
         return default
 
     monkeypatch.setattr(tune, "choose", choose)
@@ -241,6 +253,32 @@ def test_cuda_plan_staging_without_a_gpu(monkeypatch):
     assert kind == "sm90" and chosen[-1][1] == "nk:m64:n64:k64"
     p, (kind, ptrs, ints) = plan(4, 64, 64, "kn")  # [K, N] weights never take the small-M kernel
     assert kind == "sm90"
+    # A swap-AB tile among the small-M candidates: it stores by TMA, so an output (or bias) TMA
+    # cannot take is staged for it, where the small-M kernels take the same tensors as they are.
+    force["config"] = G.swap_candidates(1)[0]
+    p, (kind, ptrs, ints) = plan(1, 64, 64, "nk", bias=True)
+    assert kind == "sm90" and ints == (1, 64, 64, 64, 64, 64) and not (p.stage_out or p.stage_bias)
+    assert chosen[-1] == ("gemm_small_m", "nk+bias:m1:n64:k64", "bf16")
+    a, b, bb = _operands(2, 64, 64, torch.bfloat16, "nk", True)
+    wide = torch.empty(2, 72, dtype=torch.bfloat16)
+    out = wide[:, 1:65]  # rows 144 bytes apart, the base 2 bytes off: not for TMA
+    p = G._CudaPlan(a, b, bb, out, "nk")
+    assert p.stage_out and p.ints[5] == 64
+    calls.clear()
+    p(a, b, bb, out)
+    assert calls[-1][2] == (2, 64, 64, 64, 64, 64)  # the staged output's own row stride
+    force["config"] = G._small(1, 16, 4, 0)
+    p = G._CudaPlan(a, b, bb, out, "nk")
+    assert not p.stage_out and p.ints[5] == 72
+    # Odd N (14 bytes of bf16 rows): the swap-AB tiles are not even candidates of the bucket.
+    force.clear()
+    seen = []
+    monkeypatch.setattr(tune, "choose", lambda kernel, bucket, dtype, candidates, **kw: seen.append(candidates)
+                        or kw["default"])
+    plan(1, 7, 64, "nk")
+    assert seen and not any(c.get("swap") for c in seen[-1])
+    plan(1, 64, 64, "nk")
+    assert any(c.get("swap") for c in seen[-1])
 
 
 def test_fray_check_cpu_cases():
@@ -441,6 +479,109 @@ def test_tuning_then_a_warm_second_process(cuda, tmp_path, monkeypatch):
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     print("warm second process:", report)
     assert report["compiles"] == 0 and report["tunings"] == 0 and report["ok"], report
+
+
+# Swap-AB tiles (out^T = b a^T), forced through the op: every distinct candidate in bf16 [N, K], and
+# the template's other axes (fp16, [K, N], bias, fp32 out) on the first one. Shapes: M = 1 / 7 / 16
+# (the small-M buckets), 40 (the tensor-core bucket: N = 127 padded to 128), K not a multiple of 8
+# (4097: a and b zero-padded) and of the 64 / 128 K-tiles (1000, 127).
+_SWAPS = sorted({tune.config_label(c): c for m in (1, 16, 32, 64) for c in G.swap_candidates(m)}.items())
+_SWAP_VARIANTS = [(c, torch.bfloat16, "nk", False, None) for _, c in _SWAPS] + [
+    (G.swap_candidates(16)[0], dt, layout, bias, odt) for dt, layout, bias, odt in (
+        (torch.float16, "nk", False, None), (torch.bfloat16, "kn", False, None), (torch.bfloat16, "nk", True, None),
+        (torch.bfloat16, "nk", True, torch.float32), (torch.float16, "kn", True, torch.float32))]
+_SWAP_SHAPES = ((1, 4096, 1000), (7, 1000, 4097), (16, 14336, 4096), (40, 127, 64), (64, 4104, 127))
+
+
+def _swap_id(v):
+    c, dt, layout, bias, odt = v
+    return "%s_%s_%s%s%s" % (c["tile"] + ("_pp" if c["schedule"] == "pingpong" else "") +
+                             ("_sk" if c["stream_k"] else "") + ("_z%d" % c["splits"] if c["splits"] > 1 else ""),
+                             G._name(dt), layout, "_bias" if bias else "", "_fp32" if odt else "")
+
+
+@pytest.fixture(scope="module")
+def swap_kernels():
+    """Builds every forced swap-AB kernel in parallel before the tests below use them."""
+    if not torch.cuda.is_available():
+        return
+    items = sorted({G.kernel_source(c, dt, odt or dt, layout, bias) + ((),) for c, dt, layout, bias, odt in _SWAP_VARIANTS})
+    random.Random(os.getpid()).shuffle(items)
+    for r in jit.build_many(items):
+        if isinstance(r, Exception):
+            raise r
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """forced(config): every plan made from now on takes `config` (no tuning, no shipped choice)."""
+    want = {}
+    real = tune.choose
+
+    def choose(kernel, bucket, dtype, candidates, **kw):
+        if kernel in ("gemm_small_m", "gemm_sm90") and "config" in want:
+            return dict(want["config"])
+        return real(kernel, bucket, dtype, candidates, **kw)
+
+    monkeypatch.setattr(tune, "choose", choose)
+    G._PLANS.clear()
+    G._SIGS.clear()
+    yield lambda config: want.update(config=config)
+    G._PLANS.clear()
+    G._SIGS.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", _SWAP_VARIANTS, ids=[_swap_id(v) for v in _SWAP_VARIANTS])
+def test_swap_ab_tiles_gpu(cuda, swap_kernels, forced, variant):
+    config, dtype, layout, bias, odt = variant
+    forced(config)
+    for m, n, k in _SWAP_SHAPES:
+        a, b, bb = _operands(m, n, k, dtype, layout, bias, device=cuda, seed=m + n + k)
+        exp, terms = _expected(a, b, bb, layout)
+        out = torch.full((m, n), float("nan"), dtype=odt or dtype, device=cuda)
+        assert fray.gemm(a, b, b_layout=layout, bias=bb, out=out, backend="cuda") is out
+        (plan,) = G._PLANS.values()
+        assert "swap-ab" in plan.describe, plan.describe
+        assert_gemm_close(out, exp, terms, odt or dtype, k, "%s %dx%dx%d" % (_swap_id(variant), m, n, k))
+        G._PLANS.clear()
+        G._SIGS.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [c for _, c in _SWAPS if c["stream_k"]][:2] + [G.swap_candidates(16)[-1]],
+                         ids=lambda c: c["tile"] + ("_z%d" % c["splits"] if c["splits"] > 1 else "") +
+                         ("_sk" if c["stream_k"] else ""))
+def test_swap_ab_graph_capture_and_streams(cuda, swap_kernels, forced, config):
+    """Stream-K's workspace (allocated per call, its barriers zeroed by a memset on the call's
+    stream) under CUDA-graph replay and on a side stream, and two streams at once."""
+    forced(config)
+    m, n, k = 16, 4096, 1000
+    a, b, bb = _operands(m, n, k, torch.bfloat16, "nk", False, device=cuda, seed=3)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=cuda)
+    fray.gemm(a, b, out=out, backend="cuda")
+    a2, _, _ = _operands(m, n, k, torch.bfloat16, "nk", False, device=cuda, seed=4)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fray.gemm(a, b, out=out, backend="cuda")
+    a.copy_(a2)
+    out.fill_(float("nan"))
+    graph.replay()
+    graph.replay()
+    torch.cuda.synchronize()
+    exp, terms = _expected(a2, b, None, "nk")
+    assert_gemm_close(out, exp, terms, torch.bfloat16, k, "graph replay")
+    outs = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=cuda) for _ in range(2)]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    for s, o in zip(streams, outs):
+        s.wait_stream(torch.cuda.current_stream())
+    for _ in range(20):  # the two streams' kernels (and workspaces) overlap
+        for s, o in zip(streams, outs):
+            with torch.cuda.stream(s):
+                fray.gemm(a, b, out=o, backend="cuda")
+    torch.cuda.synchronize()
+    for o in outs:
+        assert_gemm_close(o, exp, terms, torch.bfloat16, k, "two streams")
 
 
 def test_seed_aliases():

@@ -1,11 +1,13 @@
 """The GEMM family: gemm(a, b) = a @ b.T ("nk") or a @ b ("kn"), optional bias, fp32 accumulation.
 
 Backends on CUDA tensors:
-  "cuda"    JIT-compiled kernels (python/fray/jit) from cuda/gemm: M <= 32 with b [N, K] runs the
-            weight-streaming small-M kernel (gemm_small_m.cuh: decode is bandwidth-bound and a
-            128-row tensor-core tile would waste most of its rows); everything else the CUTLASS
-            TMA + wgmma kernel (gemm_sm90.cuh). The configuration (tile, cluster, schedule,
-            stages, raster order, swizzle, ...) is fray.tune's choice per shape bucket.
+  "cuda"    JIT-compiled kernels (python/fray/jit) from cuda/gemm: the CUTLASS TMA + wgmma kernel
+            (gemm_sm90.cuh) and, for M <= 32 with b [N, K], the weight-streaming small-M kernels
+            (gemm_small_m.cuh). At M <= 64 the CUTLASS kernel also runs swapped (out^T = b a^T:
+            b's rows fill the 64-row wgmma side, a's few rows an n8-n64 side, K split by the
+            stream-K scheduler), where an unswapped 128-row tile would compute mostly padding.
+            The configuration (kernel, tile, cluster, schedule, stages, raster order, swizzle,
+            swap, split) is fray.tune's choice per shape bucket.
   "triton"  fray_triton.matmul, a persistent Triton kernel on TMA tensor descriptors, its
             BLOCK_* / warps / stages chosen by fray.tune the same way.
 "auto" prefers "cuda" on the H200 (bench/results/h200/gemm.jsonl). CPU tensors and numpy arrays
@@ -74,9 +76,12 @@ def _next_pow2(n):
 # ---------------------------------------------------------------------------------------------
 # configurations (fray.tune candidates) and their translation units
 
-def _sm90(tile, cluster, schedule="coop", stages=0, raster="auto", swizzle=1, epi_n=0, stream_k=0):
-    return {"kernel": "sm90", "tile": tile, "cluster": cluster, "schedule": schedule, "stages": stages,
-            "raster": raster, "swizzle": swizzle, "epi_n": epi_n, "stream_k": stream_k}
+def _sm90(tile, cluster, schedule="coop", stages=0, raster="auto", swizzle=1, epi_n=0, stream_k=0, swap=0, splits=1):
+    c = {"kernel": "sm90", "tile": tile, "cluster": cluster, "schedule": schedule, "stages": stages,
+         "raster": raster, "swizzle": swizzle, "epi_n": epi_n, "stream_k": stream_k}
+    if swap:  # the keys exist only on swap-AB configs, so the shipped choices made before them still match
+        c.update(swap=1, splits=splits)
+    return c
 
 
 def _small(mtiles, warps, unroll, stages):
@@ -121,6 +126,30 @@ def _bulk(mtiles, rowtiles, warps, tile_k, stages, split_k):
 # for M <= 16 (bench/NOTES.md, GEMM). Not yet the heuristic: the op has not run them on the GPU.
 _BULK_SHAPES = {1: ((1, 8, 1024, 3, 1), (1, 4, 512, 4, 1)),
                 2: ((1, 4, 512, 4, 1), (1, 4, 512, 6, 1), (1, 8, 1024, 3, 1))}
+
+
+def _swap(tile, schedule="coop", stream_k=1, splits=1):
+    """A swap-AB configuration (out^T = b a^T: the tile's M runs over b's rows, its N over a's)."""
+    return _sm90(tile, "1x1", schedule, stream_k=stream_k, swap=1, splits=splits)
+
+
+# Swap-AB tiles by M bucket: an n8-n64 wgmma side holds a's rows; at N = 4096 the 128-row tiles
+# are 32 for 132 SMs, so K is split by the stream-K scheduler (its heuristic, or split-K into a
+# fixed count).
+SM90_SWAP = {
+    8: [_swap("128x8x128"), _swap("128x16x64"), _swap("128x16x128"), _swap("128x16x128", splits=4)],
+    16: [_swap("128x16x64"), _swap("128x16x128"), _swap("128x16x64", splits=4), _swap("128x16x128", splits=4),
+         _swap("64x16x128", "pingpong", stream_k=0)],
+    32: [_swap("128x32x64"), _swap("128x32x128")],
+    64: [_swap("128x64x64"), _swap("128x64x64", stream_k=0)],
+}
+
+
+def swap_candidates(m):
+    for bound in sorted(SM90_SWAP):
+        if m <= bound:
+            return list(SM90_SWAP[bound])
+    return []
 
 
 def _small_mtiles(m):
@@ -171,18 +200,20 @@ def kernel_source(config, dtype, out_dtype, layout, bias):
     tm, tn, tk = _pair(config["tile"])
     cm, cn = _pair(config["cluster"])
     coop = config["schedule"] == "coop"
-    name = "gemm_sm90_%s_%s_%s%s_%s_c%s_%s_s%d_r%s_w%d_e%d%s" % (
-        V.DTYPE_NAMES[dtype], layout, V.DTYPE_NAMES[out_dtype], "_bias" if bias else "", config["tile"],
-        config["cluster"], "coop" if coop else "pp", config["stages"], config["raster"], config["swizzle"],
-        config["epi_n"], "_sk" if config["stream_k"] else "")
+    swap, splits = config.get("swap", 0), config.get("splits", 1)
+    name = "gemm_sm90_%s_%s_%s%s%s_%s_c%s_%s_s%d_r%s_w%d_e%d%s%s" % (
+        V.DTYPE_NAMES[dtype], layout, V.DTYPE_NAMES[out_dtype], "_bias" if bias else "", "_swap" if swap else "",
+        config["tile"], config["cluster"], "coop" if coop else "pp", config["stages"], config["raster"],
+        config["swizzle"], config["epi_n"], "_sk" if config["stream_k"] else "", "_z%d" % splits if splits > 1 else "")
     raster = {"auto": "kRasterHeuristic", "m": "kRasterAlongM", "n": "kRasterAlongN"}[config["raster"]]
     src = ('#include "cuda/gemm/gemm_sm90.cuh"\n'
            "using Config = fray::gemm::Sm90GemmConfig<%s, fray::gemm::kLayout%s, %s, %s, %d, %d, %d, %d, %d, "
-           "fray::gemm::%s, %d, fray::gemm::%s, %d, %d, fray::gemm::%s>;\n"
+           "fray::gemm::%s, %d, fray::gemm::%s, %d, %d, fray::gemm::%s, %s, %d>;\n"
            "FRAY_GEMM_ENTRY(Config)\n" % (
                _CT[dtype], layout.upper(), _CT[out_dtype], b, tm, tn, tk, cm, cn,
                "kCooperative" if coop else "kPingpong", config["stages"], raster, config["swizzle"],
-               config["epi_n"], "kStreamK" if config["stream_k"] else "kPersistent"))
+               config["epi_n"], "kStreamK" if config["stream_k"] else "kPersistent", "true" if swap else "false",
+               splits))
     return name, src
 
 
@@ -344,25 +375,21 @@ class _CudaPlan:
         kp = _round_up(k, _TMA_ELEMS)
         # sm90 writes N-wide rows by TMA (16-byte rows of the output, and of a [K, N] b); the
         # small-M kernel stores element-wise and reads b as [N, K] rows only.
-        np_ = n if small or (n * odt.itemsize % 16 == 0 and (layout == "nk" or n % _TMA_ELEMS == 0)) \
-            else _round_up(n, _TMA_ELEMS)
+        n_tma = n * odt.itemsize % 16 == 0 and (layout == "nk" or n % _TMA_ELEMS == 0)
+        np_ = n if small or n_tma else _round_up(n, _TMA_ELEMS)
         self.kp, self.np_ = kp, np_
         self.stage_a = kp != k or not _tma_ok(a)
         # A wider N is the kernel's problem N: b gets the zero rows (or columns) TMA would read.
         self.stage_b = kp != k or np_ != n or not _tma_ok(b)
-        self.stage_out = False if small else (np_ != n or not _tma_ok(out))
-        self.stage_bias = bias is not None and not small and (np_ != n or bias.data_ptr() % 16 != 0)
-        lda = kp if self.stage_a else a.stride(0)
-        bshape = (np_, kp) if layout == "nk" else (kp, np_)
-        ldb = bshape[1] if self.stage_b else b.stride(0)
-        ldc = np_ if self.stage_out else out.stride(0)
-        self.ints = (m, np_, kp, lda, ldb, ldc)
 
         if small:
-            kernel_name, candidates, default = "gemm_small_m", small_m_candidates(m), _heuristic_small_m(m)
+            # Beside the small-M kernels, swap-AB tiles where the output's rows suit TMA (the bucket
+            # fixes N and the output dtype, so every call of it agrees).
+            kernel_name, default = "gemm_small_m", _heuristic_small_m(m)
+            candidates = small_m_candidates(m) + (swap_candidates(m) if n_tma else [])
         else:
             kernel_name = "gemm_sm90"
-            candidates = SM90_LARGE if m > 128 else SM90_SMALL
+            candidates = SM90_LARGE if m > 128 else SM90_SMALL + swap_candidates(m)
             default = _heuristic_sm90(m)
         has_bias = bias is not None
         tuning = {}
@@ -398,6 +425,16 @@ class _CudaPlan:
                              candidates, build=build, run=run, check=check, default=default,
                              flops=2.0 * m * n * k, bytes=float(n * k * dtype.itemsize), device=self.dev)
         tuning.clear()
+        # What the chosen kernel cannot take is staged: the TMA kernels store 16-byte rows and read
+        # the bias by TMA; the small-M kernels store element-wise.
+        tma = config["kernel"] == "sm90"
+        self.stage_out = tma and (np_ != n or not _tma_ok(out))
+        self.stage_bias = has_bias and tma and (np_ != n or bias.data_ptr() % 16 != 0)
+        lda = kp if self.stage_a else a.stride(0)
+        bshape = (np_, kp) if layout == "nk" else (kp, np_)
+        ldb = bshape[1] if self.stage_b else b.stride(0)
+        ldc = np_ if self.stage_out else out.stride(0)
+        self.ints = (m, np_, kp, lda, ldb, ldc)
         name, src = kernel_source(config, dtype, odt, layout, has_bias)
         kern = jit.build(name, src, device=self.dev)
         self.launch = kern.launch
