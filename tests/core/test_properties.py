@@ -311,3 +311,39 @@ def test_triton_topk_matches_its_oracle(algorithm, data):
     assert torch.equal(indices, want), "indices %s vs %s" % (indices.tolist()[:2], want.tolist()[:2])
     bits = {2: torch.int16, 4: torch.int32}[x.element_size()]
     assert torch.equal(values.view(bits), torch.gather(x, 1, want).view(bits))
+
+
+@settings(max_examples=15)
+@given(data=st.data())
+def test_triton_gemm_matches_its_oracle(data):
+    """gemm: the float64 product (+ bias) within fray.testing's GEMM bound (the output's rounding plus
+    the fp32 accumulation's, growing with sqrt(K)) at random M, N, K from 1 to 100 (none need be a
+    multiple of the 32-wide blocks), both b layouts, with or without bias, the input dtype or fp32
+    out, rows of a and b wider than their data (row strides free), values N(0, 1) * 10^e with e per
+    operand (bf16: 16 decades; fp16 narrower, where its 65504 would overflow the sums)."""
+    from fray.testing import assert_gemm_close
+    from fray_triton import matmul as tm
+    dtype = data.draw(st.sampled_from((torch.float16, torch.bfloat16)))
+    m, n, k = (data.draw(st.integers(1, 100)) for _ in range(3))
+    nk = data.draw(st.booleans())
+    lo, hi = (-8, 8) if dtype == torch.bfloat16 else (-3, 1)
+    odt = data.draw(st.sampled_from((dtype, torch.float32)))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 31 - 1)))
+
+    def operand(rows, cols):
+        pad = data.draw(st.integers(0, 3))
+        x = torch.randn(rows, cols + pad, generator=g, dtype=torch.float64) * 10.0 ** data.draw(st.integers(lo, hi))
+        return x.to(dtype)[:, :cols]
+
+    a = operand(m, k)
+    b = operand(n, k) if nk else operand(k, n)
+    bias = operand(1, n)[0].contiguous() if data.draw(st.booleans()) else None
+    out = torch.full((m, n), float("nan"), dtype=odt)
+    config = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": data.draw(st.sampled_from((1, 2))),
+              "num_warps": 4, "num_stages": 2}
+    tm.gemm(a, b, out, bias, config, nk, 4, use_desc=False)
+    a64, b64 = a.double(), (b.double().t() if nk else b.double())
+    exp, terms = a64 @ b64, a64.abs() @ b64.abs()
+    if bias is not None:
+        exp, terms = exp + bias.double(), terms + bias.double().abs()
+    assert_gemm_close(out, exp, terms, odt, k, "%dx%dx%d %s %s" % (m, n, k, "nk" if nk else "kn", dtype))
