@@ -160,7 +160,7 @@ def test_configuration_tables():
                 for bias in (False, True):
                     names = set()
                     every = (G.SM90_LARGE + G.SM90_SMALL + G.small_m_candidates(1) + G.small_m_candidates(16) +
-                             G.small_m_candidates(20) + [c for m in (1, 16, 32, 64) for c in G.swap_candidates(m)])
+                             G.small_m_candidates(20) + [c for m in (1, 16, 32, 64, 128) for c in G.swap_candidates(m)])
                     for c in every:
                         name, src = G.kernel_source(c, dtype, odt, layout, bias)
                         jit._check_name(name)
@@ -173,7 +173,7 @@ def test_configuration_tables():
     for m in (1, 8, 9, 16, 17, 32):
         assert G._heuristic_small_m(m) in G.small_m_candidates(m)
     assert G.swap_candidates(1) == G.swap_candidates(8) and G.swap_candidates(9) == G.swap_candidates(16)
-    assert G.swap_candidates(64) and not G.swap_candidates(65)
+    assert G.swap_candidates(128) and not G.swap_candidates(129)
     for m in (1, 16, 32, 64):  # the swapped tile's N holds all of the bucket's rows of a
         assert all(int(c["tile"].split("x")[1]) >= m for c in G.swap_candidates(m))
     assert G._heuristic_sm90(4096) in G.SM90_LARGE and G._heuristic_sm90(128) in G.SM90_SMALL
@@ -485,7 +485,7 @@ def test_tuning_then_a_warm_second_process(cuda, tmp_path, monkeypatch):
 # the template's other axes (fp16, [K, N], bias, fp32 out) on the first one. Shapes: M = 1 / 7 / 16
 # (the small-M buckets), 40 (the tensor-core bucket: N = 127 padded to 128), K not a multiple of 8
 # (4097: a and b zero-padded) and of the 64 / 128 K-tiles (1000, 127).
-_SWAPS = sorted({tune.config_label(c): c for m in (1, 16, 32, 64) for c in G.swap_candidates(m)}.items())
+_SWAPS = sorted({tune.config_label(c): c for m in (1, 16, 32, 64, 128) for c in G.swap_candidates(m)}.items())
 _SWAP_VARIANTS = [(c, torch.bfloat16, "nk", False, None) for _, c in _SWAPS] + [
     (G.swap_candidates(16)[0], dt, layout, bias, odt) for dt, layout, bias, odt in (
         (torch.float16, "nk", False, None), (torch.bfloat16, "kn", False, None), (torch.bfloat16, "nk", True, None),

@@ -48,7 +48,7 @@ HOST_CALLS = 2000
 
 # Kernel names in the profiler trace, per impl (the first that matches is used).
 KINETO_NAMES = {
-    "fray.cuda": ("GemmUniversal", "small_m_kernel"),
+    "fray.cuda": ("GemmUniversal", "small_m_kernel", "small_m_bulk_kernel"),
     "fray.triton": ("_gemm_kernel",),
     "torch.mm": ("nvjet", "gemm", "xmma", "Kernel"),
     "torch.compile": ("triton", "nvjet", "gemm", "xmma", "Kernel"),
