@@ -174,8 +174,9 @@ def test_configuration_tables():
         assert G._heuristic_small_m(m) in G.small_m_candidates(m)
     assert G.swap_candidates(1) == G.swap_candidates(8) and G.swap_candidates(9) == G.swap_candidates(16)
     assert G.swap_candidates(128) and not G.swap_candidates(129)
-    for m in (1, 16, 32, 64):  # the swapped tile's N holds all of the bucket's rows of a
-        assert all(int(c["tile"].split("x")[1]) >= m for c in G.swap_candidates(m))
+    for m in (1, 16, 32, 64, 128):  # the swapped tile's N (a's rows): a wgmma n8-n128 side
+        assert all(int(c["tile"].split("x")[1]) % 8 == 0 and 8 <= int(c["tile"].split("x")[1]) <= 128
+                   for c in G.swap_candidates(m))
     assert G._heuristic_sm90(4096) in G.SM90_LARGE and G._heuristic_sm90(128) in G.SM90_SMALL
     path = os.path.join(os.path.dirname(tune.__file__), "defaults", "nvidia_h200.json")
     shipped = {k: v for k, v in json.load(open(path)).items() if k.startswith("gemm_")}
@@ -500,18 +501,6 @@ def _swap_id(v):
                              G._name(dt), layout, "_bias" if bias else "", "_fp32" if odt else "")
 
 
-@pytest.fixture(scope="module")
-def swap_kernels():
-    """Builds every forced swap-AB kernel in parallel before the tests below use them."""
-    if not torch.cuda.is_available():
-        return
-    items = sorted({G.kernel_source(c, dt, odt or dt, layout, bias) + ((),) for c, dt, layout, bias, odt in _SWAP_VARIANTS})
-    random.Random(os.getpid()).shuffle(items)
-    for r in jit.build_many(items):
-        if isinstance(r, Exception):
-            raise r
-
-
 @pytest.fixture
 def forced(monkeypatch):
     """forced(config): every plan made from now on takes `config` (no tuning, no shipped choice)."""
@@ -533,7 +522,9 @@ def forced(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", _SWAP_VARIANTS, ids=[_swap_id(v) for v in _SWAP_VARIANTS])
-def test_swap_ab_tiles_gpu(cuda, swap_kernels, forced, variant):
+def test_swap_ab_tiles_gpu(cuda, forced, variant):
+    # Each test builds its own kernel (at its first call): pytest-xdist's workers compile them in
+    # parallel, and -k selects a few without building the rest.
     config, dtype, layout, bias, odt = variant
     forced(config)
     for m, n, k in _SWAP_SHAPES:
@@ -552,7 +543,7 @@ def test_swap_ab_tiles_gpu(cuda, swap_kernels, forced, variant):
 @pytest.mark.parametrize("config", [c for _, c in _SWAPS if c["stream_k"]][:2] + [G.swap_candidates(16)[-1]],
                          ids=lambda c: c["tile"] + ("_z%d" % c["splits"] if c["splits"] > 1 else "") +
                          ("_sk" if c["stream_k"] else ""))
-def test_swap_ab_graph_capture_and_streams(cuda, swap_kernels, forced, config):
+def test_swap_ab_graph_capture_and_streams(cuda, forced, config):
     """Stream-K's workspace (allocated per call, its barriers zeroed by a memset on the call's
     stream) under CUDA-graph replay and on a side stream, and two streams at once."""
     forced(config)
