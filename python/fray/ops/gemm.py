@@ -141,12 +141,10 @@ SM90_SWAP = {
     16: [_swap("128x16x64"), _swap("128x16x128"), _swap("128x16x64", splits=4), _swap("128x16x128", splits=4),
          _swap("64x16x128", "pingpong", stream_k=0)],
     32: [_swap("128x32x64"), _swap("128x32x128")],
-    64: [_swap("128x64x64"), _swap("128x64x64", stream_k=0), _swap("64x64x128", "pingpong", stream_k=0),
-         _swap("128x32x64")],
+    64: [_swap("128x64x64"), _swap("128x64x64", stream_k=0), _swap("128x32x64")],
     # M = 65..128: an unswapped 128x128 tile covers all of a's rows, but N = 4096 is then 32 tiles
     # for 132 SMs; swapped, the 128-row tiles over b are as few, and stream-K splits their K.
-    128: [_swap("128x64x64"), _swap("128x128x64"), _swap("128x64x64", stream_k=0),
-          _swap("64x128x64", "pingpong", stream_k=0)],
+    128: [_swap("128x64x64"), _swap("128x128x64"), _swap("128x64x64", stream_k=0)],
 }
 
 
