@@ -60,17 +60,23 @@ def event_us(fn, flush, calls=200):
     return median([1000.0 * s.elapsed_time(e) for s, e in times])
 
 
-def main():
-    dev = "cuda"
+def flush_methods(dev, event_write_flush=True):
+    """{method: timer(fn) -> us}: the write flush (do_bench, and the same by events), the read flush
+    (a 256 MB buffer summed: clean L2 lines) and none."""
     scratch = torch.empty(64 * 2**20, device=dev, dtype=torch.int32)
     scratch.fill_(1)
     sink = torch.empty((), device=dev, dtype=torch.int64)
-    methods = {
-        "write-flush": lambda fn: time_us(fn),
-        "write-flush(ev)": lambda fn: event_us(fn, scratch.zero_),
-        "read-flush": lambda fn: event_us(fn, lambda: torch.sum(scratch, dim=0, dtype=torch.int64, out=sink)),
-        "no-flush": lambda fn: event_us(fn, None),
-    }
+    methods = {"write-flush": lambda fn: time_us(fn)}
+    if event_write_flush:
+        methods["write-flush(ev)"] = lambda fn: event_us(fn, scratch.zero_)
+    methods["read-flush"] = lambda fn: event_us(fn, lambda: torch.sum(scratch, dim=0, dtype=torch.int64, out=sink))
+    methods["no-flush"] = lambda fn: event_us(fn, None)
+    return methods
+
+
+def main():
+    dev = "cuda"
+    methods = flush_methods(dev)
     g = torch.Generator(device=dev).manual_seed(0)
     for batch, hq, hkv, t in ((32, 32, 8, 4096), (64, 64, 8, 8192)):
         q = torch.randn(batch, hq, 128, device=dev, dtype=torch.bfloat16, generator=g)

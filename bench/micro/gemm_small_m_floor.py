@@ -16,24 +16,17 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_flush_methods import event_us, plain_read  # noqa: E402
+from decode_flush_methods import flush_methods, plain_read  # noqa: E402
 
 import fray  # noqa: E402
-from fray.bench import environment, median, time_us  # noqa: E402
+from fray.bench import environment, median  # noqa: E402
 
 SHAPES = [(1, 4096, 4096), (16, 4096, 4096), (16, 14336, 4096), (64, 4096, 4096)]
 
 
 def main():
     dev = "cuda"
-    scratch = torch.empty(64 * 2**20, device=dev, dtype=torch.int32)
-    scratch.fill_(1)
-    sink = torch.empty((), device=dev, dtype=torch.int64)
-    methods = {
-        "write-flush": lambda fn: time_us(fn),
-        "read-flush": lambda fn: event_us(fn, lambda: torch.sum(scratch, dim=0, dtype=torch.int64, out=sink)),
-        "no-flush": lambda fn: event_us(fn, None),
-    }
+    methods = flush_methods(dev, event_write_flush=False)
     meta = environment()
     out_path = os.path.join(os.environ.get("OUT", "."), "gemm_small_m_floor.jsonl")
     g = torch.Generator(device=dev).manual_seed(0)
