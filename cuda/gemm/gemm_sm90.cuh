@@ -343,29 +343,25 @@ int64_t workspace_bytes(const FrayArgs* args) {
   return static_cast<int64_t>(Config::Gemm::get_workspace_size(arguments));
 }
 
-template <class Config>
-int launch(const FrayArgs* args, char* err, int32_t err_len) {
-  using Gemm = typename Config::Gemm;
-  using GemmKernel = typename Config::GemmKernel;
-  GemmSlots<Config> s{};
-  if (read_slots<Config>(args, &s, err, err_len)) return 1;
-  const int device = current_device(args);
-  auto arguments = make_arguments<Config>(s, device);
-  cudaStream_t stream = reinterpret_cast<cudaStream_t>(args->stream);
-
+// Checks, workspace, the shared-memory opt-in and the launch of one CUTLASS 3.x kernel from its
+// built arguments: what every GEMM configuration here (gemm_sm90, scaled_gemm_sm90) shares.
+template <class GemmKernel, class Gemm>
+int run_kernel(const typename Gemm::Arguments& arguments, void* workspace, int device, cudaStream_t stream,
+               const char* tag, char* err, int32_t err_len) {
   if (GemmKernel::can_implement(arguments) != true) {
-    jit_set_err(err, err_len, "gemm_sm90: CUTLASS cannot implement M=%lld N=%lld K=%lld with this configuration",
-            (long long)s.m, (long long)s.n, (long long)s.k);
+    const auto& ps = arguments.problem_shape;
+    jit_set_err(err, err_len, "%s: CUTLASS cannot implement the %d x %d x %d problem with this configuration", tag,
+                static_cast<int>(cute::get<0>(ps)), static_cast<int>(cute::get<1>(ps)), static_cast<int>(cute::get<2>(ps)));
     return 1;
   }
   const size_t ws = GemmKernel::get_workspace_size(arguments);
   if (ws > 0) {
-    if (s.workspace == nullptr) {
-      jit_set_err(err, err_len, "gemm_sm90: expected a workspace of %zu bytes as the last pointer, got none", ws);
+    if (workspace == nullptr) {
+      jit_set_err(err, err_len, "%s: expected a workspace of %zu bytes as the last pointer, got none", tag, ws);
       return 1;
     }
-    if (GemmKernel::initialize_workspace(arguments, s.workspace, stream) != cutlass::Status::kSuccess) {
-      jit_set_err(err, err_len, "gemm_sm90: initialising the %zu-byte workspace failed", ws);
+    if (GemmKernel::initialize_workspace(arguments, workspace, stream) != cutlass::Status::kSuccess) {
+      jit_set_err(err, err_len, "%s: initialising the %zu-byte workspace failed", tag, ws);
       return 1;
     }
   }
@@ -377,45 +373,56 @@ int launch(const FrayArgs* args, char* err, int32_t err_len) {
     cudaError_t e = cudaFuncSetAttribute(cutlass::device_kernel<GemmKernel>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (e != cudaSuccess) {
-      jit_set_err(err, err_len, "gemm_sm90: cudaFuncSetAttribute(%d bytes of shared memory): %s", kSmem, cudaGetErrorString(e));
+      jit_set_err(err, err_len, "%s: cudaFuncSetAttribute(%d bytes of shared memory): %s", tag, kSmem, cudaGetErrorString(e));
       return 1;
     }
     if (device < kMaxDevices) smem_set[device] = true;
   }
-  typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(arguments, s.workspace);
+  typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(arguments, workspace);
   cutlass::Status st = Gemm::run(params, stream);
   if (st != cutlass::Status::kSuccess) {
     cudaError_t e = cudaGetLastError();
-    jit_set_err(err, err_len, "gemm_sm90: launch failed: %s (%s)", cutlassGetStatusString(st), cudaGetErrorString(e));
+    jit_set_err(err, err_len, "%s: launch failed: %s (%s)", tag, cutlassGetStatusString(st), cudaGetErrorString(e));
     return 1;
   }
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
-    jit_set_err(err, err_len, "gemm_sm90: launch failed: %s", cudaGetErrorString(e));
+    jit_set_err(err, err_len, "%s: launch failed: %s", tag, cudaGetErrorString(e));
     return 1;
   }
   return 0;
+}
+
+template <class Config>
+int launch(const FrayArgs* args, char* err, int32_t err_len) {
+  GemmSlots<Config> s{};
+  if (read_slots<Config>(args, &s, err, err_len)) return 1;
+  const int device = current_device(args);
+  auto arguments = make_arguments<Config>(s, device);
+  return run_kernel<typename Config::GemmKernel, typename Config::Gemm>(
+      arguments, s.workspace, device, reinterpret_cast<cudaStream_t>(args->stream), "gemm_sm90", err, err_len);
 }
 
 }  // namespace detail
 }  // namespace gemm
 }  // namespace fray
 
-// The JIT contract's three exports for one configuration (one per translation unit).
-#define FRAY_GEMM_ENTRY(CONFIG)                                                                   \
+// The JIT contract's three exports for one configuration (one per translation unit), from the
+// namespace NS that holds its launch<CONFIG> and workspace_bytes<CONFIG>.
+#define FRAY_SM90_ENTRY(CONFIG, NS, TAG)                                                          \
   extern "C" __attribute__((visibility("default"))) int fray_jit_launch(const FrayArgs* args,    \
                                                                         char* err, int32_t len) { \
     try {                                                                                         \
-      return ::fray::gemm::detail::launch<CONFIG>(args, err, len);                                \
+      return NS::launch<CONFIG>(args, err, len);                                                  \
     } catch (...) {                                                                               \
-      ::fray::jit_set_err(err, len, "gemm_sm90: unexpected C++ exception");             \
+      ::fray::jit_set_err(err, len, TAG ": unexpected C++ exception");                            \
       return 1;                                                                                   \
     }                                                                                             \
   }                                                                                               \
   extern "C" __attribute__((visibility("default"))) int64_t fray_jit_workspace_bytes(            \
       const FrayArgs* args) {                                                                     \
     try {                                                                                         \
-      return ::fray::gemm::detail::workspace_bytes<CONFIG>(args);                                 \
+      return NS::workspace_bytes<CONFIG>(args);                                                   \
     } catch (...) {                                                                               \
       return -1;                                                                                  \
     }                                                                                             \
@@ -425,3 +432,5 @@ int launch(const FrayArgs* args, char* err, int32_t err_len) {
     if (buf[0] == 0) CONFIG::describe(buf, sizeof(buf));                                          \
     return buf;                                                                                   \
   }
+
+#define FRAY_GEMM_ENTRY(CONFIG) FRAY_SM90_ENTRY(CONFIG, ::fray::gemm::detail, "gemm_sm90")
