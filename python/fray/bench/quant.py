@@ -1,11 +1,24 @@
-"""Quant-family benchmarks: fray.quantize's Triton kernels (the family has no CUDA C++ backend
-yet) against the torch composite a model file writes, in one process.
+"""Quant-family benchmarks, in one process: fray.quantize's Triton kernels against the torch
+composite a model file writes, and fray.scaled_gemm against cuBLAS(Lt)'s 8-bit GEMMs.
 
 quantize bytes: read x + write q + write the fp32 scales = M·K·s(x) + M·K·s(q) + 4·groups
   shapes "<granularity>:<M>x<K>" for granularity in token, block1x128 at 16384x8192, bf16 x to
   int8 and float8_e4m3fn (the dtype column says which), fixed-seed standard normal.
   Peers: torch.eager = amax per group in fp32 (finite values), divide, round (ties to even),
   clamp, cast; torch.compile = that composite compiled (fullgraph=True).
+
+scaled_gemm flops = 2·M·N·K; shapes "<recipe>:<M>x<N>x<K>", b [N, K], bf16 output, uniform int8 /
+  e4m3 of randn·64 with fp32 scales:
+    int8:   per-token x per-channel int8. Peers: torch._int_mm (cuBLASLt int8, int32 out, no
+            scales), torch._int_mm+scale (the int32 result scaled and cast by torch: the composite
+            an engine without a fused kernel runs), torch.mm bf16 (cuBLAS at the same shape).
+    fp8:    row-wise e4m3 (per-token x per-channel). Peers: torch._scaled_mm row-wise (cuBLASLt,
+            use_fast_accum=False as fray's default), torch.mm bf16.
+    fp8fast: the same with fast_accum=True against torch._scaled_mm(use_fast_accum=True).
+    block:  DeepSeek-V3 block scales (a 1x128, b 128x128). Peer: torch.mm bf16 (torch has no
+            block-scaled GEMM of this layout).
+  fray.cuda is the tuned JIT kernel (FRAY_PRINT_AUTOTUNE=1 prints the candidates), fray.triton the
+  Triton kernel.
 """
 import re
 
@@ -13,14 +26,31 @@ import torch
 
 import fray
 
-SHAPES = {"quantize": [("token", 16384, 8192), ("block1x128", 16384, 8192)]}
+SG = [("int8", 4096, 11008, 4096), ("int8", 8192, 8192, 8192), ("int8", 4096, 14336, 4096),
+      ("fp8", 4096, 11008, 4096), ("fp8", 8192, 8192, 8192), ("fp8fast", 8192, 8192, 8192),
+      ("block", 4096, 7168, 16384), ("block", 128, 7168, 16384), ("block", 64, 7168, 16384),
+      ("block", 4096, 2112, 7168), ("block", 4096, 24576, 1536),
+      ("int8", 1, 8192, 8192), ("int8", 16, 8192, 8192), ("fp8", 1, 4096, 4096), ("fp8", 16, 8192, 8192)]
+SHAPES = {"quantize": [("token", 16384, 8192), ("block1x128", 16384, 8192)], "scaled_gemm": SG}
 OPS = tuple(SHAPES)
 QDTYPES = (torch.int8, torch.float8_e4m3fn)
 _SHAPE_RE = re.compile(r"^(token|block1x128):(\d+)x(\d+)$")
 
 
+_SG_RE = re.compile(r"^(int8|fp8|fp8fast|block):(\d+)x(\d+)x(\d+)$")
+
+
 def parse_shapes(op, text):
-    """--shapes for this family: a comma list of "<token|block1x128>:<M>x<K>"."""
+    """--shapes for this family: a comma list of "<token|block1x128>:<M>x<K>" (quantize) or
+    "<int8|fp8|fp8fast|block>:<M>x<N>x<K>" (scaled_gemm)."""
+    if op == "scaled_gemm":
+        out = []
+        for item in text.split(","):
+            m = _SG_RE.match(item.strip())
+            if not m:
+                raise ValueError("shapes: expected <int8|fp8|fp8fast|block>:<M>x<N>x<K>, got %r" % item)
+            out.append((m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))))
+        return out
     out = []
     for item in text.split(","):
         m = _SHAPE_RE.match(item.strip())
@@ -64,10 +94,59 @@ def nbytes(op, inp):
     return m * k * x.element_size() + m * k * torch.empty(0, dtype=dtype).element_size() + 4 * groups
 
 
+def sg_inputs(recipe, m, n, k, device="cuda"):
+    gen = torch.Generator(device=device).manual_seed(0)
+    dtype = torch.int8 if recipe == "int8" else torch.float8_e4m3fn
+    if dtype == torch.int8:
+        a = torch.randint(-127, 128, (m, k), device=device, generator=gen, dtype=dtype)
+        b = torch.randint(-127, 128, (n, k), device=device, generator=gen, dtype=dtype)
+    else:
+        a = (torch.randn(m, k, device=device, generator=gen) * 64).to(dtype)
+        b = (torch.randn(n, k, device=device, generator=gen) * 64).to(dtype)
+    if recipe == "block":
+        sa = torch.rand(m, -(-k // 128), device=device, generator=gen) / 64 + 1e-3
+        sb = torch.rand(-(-n // 128), -(-k // 128), device=device, generator=gen) / 64 + 1e-3
+    else:
+        sa = torch.rand(m, 1, device=device, generator=gen) / 64 + 1e-3
+        sb = torch.rand(n, 1, device=device, generator=gen) / 64 + 1e-3
+    return dict(a=a, b=b, sa=sa, sb=sb, recipe=recipe,
+                a16=torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16),
+                b16=torch.randn(n, k, device=device, generator=gen).to(torch.bfloat16))
+
+
+def sg_impls(inp):
+    a, b, sa, sb, recipe = inp["a"], inp["b"], inp["sa"], inp["sb"], inp["recipe"]
+    fast = recipe == "fp8fast"
+    out = {"fray.cuda": lambda: fray.scaled_gemm(a, b, sa, sb, fast_accum=fast, backend="cuda")}
+    if not fast:
+        out["fray.triton"] = lambda: fray.scaled_gemm(a, b, sa, sb, backend="triton")
+    a16, b16 = inp["a16"], inp["b16"]
+    out["torch.mm bf16"] = lambda: torch.mm(a16, b16.t())
+    if recipe == "int8":
+        sbt = sb.t().contiguous()
+        out["torch._int_mm"] = lambda: torch._int_mm(a, b.t())
+        out["torch._int_mm+scale"] = lambda: (torch._int_mm(a, b.t()).float() * sbt * sa).to(torch.bfloat16)
+    elif recipe in ("fp8", "fp8fast"):
+        sbt = sb.t().contiguous()
+        out["torch._scaled_mm rowwise"] = lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sbt,
+                                                                   out_dtype=torch.bfloat16, use_fast_accum=fast)
+    return out
+
+
 def run(op, recorder, shapes=None, graph=True, device="cuda", compile_fn=torch.compile):
     if op not in SHAPES:
-        raise ValueError("op: expected quantize, got %r" % op)
+        raise ValueError("op: expected quantize or scaled_gemm, got %r" % op)
     from fray.bench import bench_impls
+    if op == "scaled_gemm":
+        for recipe, m, n, k in shapes or SHAPES[op]:
+            inp = sg_inputs(recipe, m, n, k, device)
+            fray.scaled_gemm(inp["a"], inp["b"], inp["sa"], inp["sb"], fast_accum=recipe == "fp8fast", backend="cuda")
+            bench_impls(recorder, op, "%s:%dx%dx%d" % (recipe, m, n, k),
+                        "int8->bf16" if recipe == "int8" else "e4m3->bf16", sg_impls(inp),
+                        nbytes=float(n * k + m * k + 2 * m * n), flops=2.0 * m * n * k, graph=graph)
+            del inp
+            torch.cuda.empty_cache()
+        return
     for g, m, k in shapes or SHAPES[op]:
         gen = torch.Generator(device=device).manual_seed(0)
         x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)

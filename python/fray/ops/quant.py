@@ -37,12 +37,12 @@ from fray import backend as B
 from fray.reference import quant as ref
 
 FAMILY = "quant"
-OPS = ("quantize", "dequantize")
-__all__ = ["quantize", "dequantize"]
+OPS = ("quantize", "dequantize", "scaled_gemm")
+__all__ = ["quantize", "dequantize", "scaled_gemm"]
 B.register_preference("quantize", ("triton",))
 B.register_preference("dequantize", ("triton",))
 # No fray._C._quant extension yet: the family says itself why backend="cuda" cannot run.
-B.register_cuda_check(FAMILY, lambda device: "the quant family has no CUDA C++ kernels yet (use 'triton')")
+B.register_cuda_check(FAMILY, lambda device: "quantize and dequantize have no CUDA C++ kernels yet (use 'triton')")
 
 GRANULARITIES = ref.GRANULARITIES
 BLOCKS = ((1, 128), (128, 128))
@@ -343,6 +343,456 @@ def dequantize(q, scale, *, granularity, block=None, dtype=torch.bfloat16, out=N
 
 
 # ---------------------------------------------------------------------------------------------
+# scaled_gemm: out = (a * a_scale) @ (b * b_scale)^T (+ bias) on 8-bit operands
+
+_SG_IN = (torch.int8, torch.float8_e4m3fn)
+_SG_OUT = (torch.bfloat16, torch.float16, torch.float32)
+_SG_NAMES = {torch.int8: "int8", torch.float8_e4m3fn: "e4m3", torch.bfloat16: "bf16", torch.float16: "fp16",
+             torch.float32: "fp32"}
+_SG_CT = {torch.int8: "int8_t", torch.float8_e4m3fn: "cutlass::float_e4m3_t", torch.bfloat16: "cutlass::bfloat16_t",
+          torch.float16: "cutlass::half_t", torch.float32: "float"}
+_KIND_CODE = {"tensor": 0, "vector": 1, "block": 2}
+_KIND_CT = {"tensor": "kScaleTensor", "vector": "kScaleVector", "block": "kScaleBlock"}
+SCALE_BLOCK = ref.SCALE_BLOCK
+# int32 accumulation of K products of at most 127 * 127 stays exact below 2^31.
+INT8_MAX_K = 131072
+B.register_preference("scaled_gemm", ("cuda", "triton"))
+CUDA_FAMILIES = {"scaled_gemm": "gemm"}  # its CUDA kernels are the gemm family's JIT (fray.jit + CUTLASS)
+
+
+def _sm90(tile, cluster, schedule="coop"):
+    return {"kernel": "scaled_sm90", "tile": tile, "cluster": cluster, "schedule": schedule, "stages": 0,
+            "raster": "auto", "swizzle": 1}
+
+
+# Tile K is 128 (128 bytes of 8-bit elements: one 128-byte swizzled row, and block scales' K).
+SCALED_LARGE = [_sm90("128x256x128", "2x1"), _sm90("256x128x128", "1x2"), _sm90("128x256x128", "1x2"),
+                _sm90("128x128x128", "1x2", "pingpong")]
+SCALED_SMALL = [_sm90("64x128x128", "1x1", "pingpong"), _sm90("128x128x128", "1x1", "pingpong"),
+                _sm90("64x256x128", "1x1", "pingpong")]
+# Block scales: tile N a multiple of 128 (B's scale blocks).
+BLOCK_LARGE = [_sm90("128x128x128", "1x2"), _sm90("128x128x128", "2x1"), _sm90("128x256x128", "1x2")]
+BLOCK_SMALL = [_sm90("64x128x128", "1x1", "pingpong"), _sm90("128x128x128", "1x1")]
+_SG_TRITON = [
+    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 4, "num_warps": 4, "num_stages": 4},
+]
+
+
+def scaled_candidates(m, block):
+    if block:
+        return BLOCK_SMALL if m <= 128 else BLOCK_LARGE
+    return SCALED_SMALL if m <= 128 else SCALED_LARGE
+
+
+def scaled_kernel_source(config, in_dtype, out_dtype, kind_a, kind_b, bias, fast_accum):
+    """(name, translation unit) of one scaled-GEMM configuration (the JIT contract's 3-line TU)."""
+    tm, tn, tk = (int(v) for v in config["tile"].split("x"))
+    cm, cn = (int(v) for v in config["cluster"].split("x"))
+    coop = config["schedule"] == "coop"
+    name = "scaled_gemm_sm90_%s_%s_%s%s%s%s_%s_c%s_%s_s%d_r%s_w%d" % (
+        _SG_NAMES[in_dtype], _SG_NAMES[out_dtype], kind_a[0], kind_b[0], "_bias" if bias else "",
+        "_fast" if fast_accum else "", config["tile"], config["cluster"], "coop" if coop else "pp", config["stages"],
+        config["raster"], config["swizzle"])
+    raster = {"auto": "kRasterHeuristic", "m": "kRasterAlongM", "n": "kRasterAlongN"}[config["raster"]]
+    src = ('#include "cuda/gemm/scaled_gemm_sm90.cuh"\n'
+           "using Config = fray::gemm::Sm90ScaledGemmConfig<%s, %s, fray::gemm::%s, fray::gemm::%s, %s, %d, %d, %d, "
+           "%d, %d, fray::gemm::%s, %d, fray::gemm::%s, %d, fray::gemm::kPersistent, %s>;\n"
+           "FRAY_SCALED_GEMM_ENTRY(Config)\n" % (
+               _SG_CT[in_dtype], _SG_CT[out_dtype], _KIND_CT[kind_a], _KIND_CT[kind_b], "true" if bias else "false",
+               tm, tn, tk, cm, cn, "kCooperative" if coop else "kPingpong", config["stages"], raster,
+               config["swizzle"], "true" if fast_accum else "false"))
+    return name, src
+
+
+def _scale_kinds(a_scale, b_scale, m, n, k):
+    """(kind_a, kind_b) from the scales' shapes (see scaled_gemm's docstring), or ValueError."""
+    kb = ref.cdiv(k, SCALE_BLOCK)
+    sa, sb = tuple(a_scale.shape), tuple(b_scale.shape)
+    block_a, block_b = (m, kb), (ref.cdiv(n, SCALE_BLOCK), kb)
+    if a_scale.numel() == 1 and len(sa) <= 2:
+        kind_a = "tensor"
+    elif sa in ((m, 1), (m,)):
+        kind_a = "vector"
+    elif sa == block_a:
+        kind_a = "block"
+    else:
+        raise ValueError("a_scale: expected one scale ([] or [1]), one per row of a ([%d, 1]) or one per row and "
+                         "128 of K ([%d, %d]), got shape %s" % (m, m, kb, sa,))
+    if b_scale.numel() == 1 and len(sb) <= 2:
+        kind_b = "tensor"
+    elif sb in ((n, 1), (n,)):
+        kind_b = "vector"
+    elif sb == block_b:
+        kind_b = "block"
+    else:
+        raise ValueError("b_scale: expected one scale ([] or [1]), one per output channel ([%d, 1]) or one per "
+                         "128 x 128 block of b ([%d, %d]), got shape %s" % (n, block_b[0], kb, sb))
+    # K <= 128: a per-row scale is also a per-row-and-block one (one block along K).
+    if kind_b == "block" and kind_a == "vector" and kb == 1:
+        kind_a = "block"
+    if (kind_a == "block") != (kind_b == "block"):
+        raise ValueError("a_scale, b_scale: block scales are for both operands (a [%d, %d], b [%d, %d]), got a_scale "
+                         "%s (%s) and b_scale %s (%s)" % (m, kb, block_b[0], kb, sa, kind_a, sb, kind_b))
+    return kind_a, kind_b
+
+
+def _check_scaled_gemm(a, b, a_scale, b_scale, out_dtype, bias, out, fast_accum):
+    for name, t in (("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale)):
+        V.require_tensor(name, t)
+    V.require_tensor("bias", bias, allow_none=True)
+    V.require_tensor("out", out, allow_none=True)
+    V.require_device_family("a", a)
+    V.require_same_device([("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale), ("bias", bias),
+                           ("out", out)])
+    if a.dtype not in _SG_IN:
+        raise TypeError("a: expected dtype int8 or float8_e4m3fn, got %s" % _name(a.dtype))
+    if b.dtype != a.dtype:
+        raise TypeError("b: expected dtype %s (that of a), got %s" % (_name(a.dtype), _name(b.dtype)))
+    for name, s in (("a_scale", a_scale), ("b_scale", b_scale)):
+        if s.dtype != torch.float32:
+            raise TypeError("%s: expected float32 scales, got %s" % (name, _name(s.dtype)))
+    if out_dtype not in _SG_OUT:
+        raise TypeError("out_dtype: expected torch.bfloat16, torch.float16 or torch.float32, got %r" % (out_dtype,))
+    if not isinstance(fast_accum, bool):
+        raise TypeError("fast_accum: expected a bool, got %r" % (fast_accum,))
+    if a.dim() != 2:
+        raise ValueError("a: expected a 2-d [M, K] operand, got shape %s" % (tuple(a.shape),))
+    if b.dim() != 2:
+        raise ValueError("b: expected a 2-d [N, K] operand, got shape %s" % (tuple(b.shape),))
+    m, k = a.shape
+    n = b.shape[0]
+    if b.shape[1] != k:
+        raise ValueError("b: expected [N, K] with K = %d (a's columns), got shape %s" % (k, tuple(b.shape)))
+    if a.dtype == torch.int8 and k > INT8_MAX_K:
+        raise ValueError("a: int8 accumulates in int32, exact up to K = %d; got K = %d" % (INT8_MAX_K, k))
+    for name, t in (("a", a), ("b", b)):
+        if t.shape[1] > 1 and t.stride(1) != 1:
+            raise ValueError("%s: the last dimension must be contiguous (stride 1), got strides %s" % (name, t.stride()))
+        if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
+            raise ValueError("%s: rows overlap (row stride %d < row length %d)" % (name, t.stride(0), t.shape[1]))
+    kind_a, kind_b = _scale_kinds(a_scale, b_scale, m, n, k)
+    if kind_a == "block" and a.dtype != torch.float8_e4m3fn:
+        raise TypeError("a: block scales are for float8_e4m3fn operands, got %s" % _name(a.dtype))
+    if fast_accum and (a.dtype == torch.int8 or kind_a == "block"):
+        raise ValueError("fast_accum: a choice for float8_e4m3fn with tensor / vector scales only (int8 accumulates "
+                         "exactly; block scales promote every 128 of K), got %s with %s scales" % (
+                             _name(a.dtype), kind_a))
+    for name, s in (("a_scale", a_scale), ("b_scale", b_scale)):
+        if not s.is_contiguous():
+            raise ValueError("%s: expected a contiguous (row-major) scale tensor, got strides %s" % (name, s.stride()))
+    if bias is not None:
+        if bias.dtype != out_dtype:
+            raise TypeError("bias: expected dtype %s (out_dtype), got %s" % (_name(out_dtype), _name(bias.dtype)))
+        V.require_shape("bias", bias, (n,))
+        if n > 1 and bias.stride(0) != 1:
+            raise ValueError("bias: expected a contiguous [N] vector, got stride %d" % bias.stride(0))
+    if out is not None:
+        if out.dtype != out_dtype:
+            raise TypeError("out: expected dtype %s (out_dtype), got %s" % (_name(out_dtype), _name(out.dtype)))
+        V.require_shape("out", out, (m, n))
+        if n > 1 and out.stride(1) != 1:
+            raise ValueError("out: the last dimension must be contiguous (stride 1), got strides %s" % (out.stride(),))
+        if m > 1 and out.stride(0) < n:
+            raise ValueError("out: rows overlap (row stride %d < row length %d)" % (out.stride(0), n))
+    return m, n, k, kind_a, kind_b
+
+
+def _cuda_takes(a, b, out, bias, a_scale, b_scale):
+    """None when the TMA kernels take these operands as they are, else why not (16-byte rows and bases)."""
+    k, n, es = a.shape[1], out.shape[1], out.element_size()
+    if k % 16:
+        return "K = %d is not a multiple of 16 (TMA's 16-byte rows of 8-bit operands)" % k
+    if (n * es) % 16:
+        return "N = %d output columns are not 16-byte rows of %s" % (n, _name(out.dtype))
+    for name, t in (("a", a), ("b", b), ("out", out)):
+        if t.data_ptr() % 16 or (t.shape[0] > 1 and (t.stride(0) * t.element_size()) % 16):
+            return "%s's base address or row stride is not a multiple of 16 bytes" % name
+    return None
+
+
+def _sg_bound(exp, terms, out_dtype, in_dtype, kind, fast_accum, k):
+    """The elementwise error bound of a scaled GEMM against the float64 reference: one rounding to
+    the output (TOLERANCES' rtol) plus the accumulation's: int8 sums exactly, then a few fp32
+    roundings (gemm_bound's fp32 term); e4m3 sums on the tensor core with a ~13-bit-mantissa
+    accumulator that CUTLASS promotes into fp32 every 128 of K (block scales, and tensor / vector
+    scales without fast_accum): at most 4 truncations of 2^-13 per promoted slice, 2^-11 of the
+    terms; fast_accum never promotes: K / 32 truncations, (K / 32) 2^-13 of the terms."""
+    from fray import testing
+    if in_dtype == torch.int8:
+        return testing.gemm_bound(exp, terms, out_dtype, k)
+    tol = testing.TOLERANCES[out_dtype]
+    factor = (max(k, 32) / 32.0) * 2.0 ** -13 if fast_accum else 2.0 ** -11
+    return tol["atol"] + tol["rtol"] * exp.abs() + factor * terms
+
+
+def assert_scaled_gemm_close(out, a, b, a_scale, b_scale, kind_a, kind_b, bias=None, fast_accum=False, what=""):
+    """out against the float64 reference within _sg_bound (tests and `fray check`)."""
+    args = [t.detach().cpu().double().numpy() for t in (a, b, a_scale, b_scale)]
+    bb = None if bias is None else bias.detach().cpu().double().numpy()
+    exp = torch.from_numpy(ref.scaled_gemm(*args, kind_a, kind_b, bb))
+    terms = torch.from_numpy(ref.scaled_gemm_terms(*args, kind_a, kind_b))
+    if bb is not None:
+        terms = terms + torch.from_numpy(np.abs(bb))[None, :]
+    got = out.detach().cpu().double()
+    assert torch.isfinite(got).all(), "%s: non-finite values (an element never written?)" % what
+    bound = _sg_bound(exp, terms, out.dtype, a.dtype, kind_a, fast_accum, a.shape[1])
+    err = (got - exp).abs()
+    bad = err > bound
+    assert not bad.any(), "%s: %d of %d elements off; worst %.3g where the bound is %.3g" % (
+        what, int(bad.sum()), err.numel(), float(err[bad].max()), float(bound[bad][err[bad].argmax()]))
+
+
+def scaled_gemm_operands(m, n, k, dtype, kind_a, kind_b, device="cpu", seed=0, bias_dtype=None):
+    """Test operands: a, b (uniform int8, or e4m3 of randn * 64), fp32 scales of the kinds' shapes
+    in [0.5, 1.5) / 128, and a randn bias of bias_dtype (or None)."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.int8:
+        a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+        b = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    else:
+        a = (torch.randn(m, k, generator=g) * 64).to(dtype)
+        b = (torch.randn(n, k, generator=g) * 64).to(dtype)
+    kb = ref.cdiv(k, SCALE_BLOCK)
+    sa_shape = {"tensor": (), "vector": (m, 1), "block": (m, kb)}[kind_a]
+    sb_shape = {"tensor": (), "vector": (n, 1), "block": (ref.cdiv(n, SCALE_BLOCK), kb)}[kind_b]
+    sa = (torch.rand(sa_shape, generator=g) + 0.5) / 128
+    sb = (torch.rand(sb_shape, generator=g) + 0.5) / 128
+    bias = None if bias_dtype is None else torch.randn(n, generator=g).to(bias_dtype)
+    return [t.to(device) if t is not None else None for t in (a, b, sa, sb, bias)]
+
+
+class _ScaledTuningInput:
+    """Fresh operands of one call's shape and kinds, and the fp32 reference the candidates are checked against."""
+
+    def __init__(self, m, n, k, in_dtype, out_dtype, kind_a, kind_b, bias, fast_accum, device):
+        g = torch.Generator(device=device).manual_seed(4321)
+        self.m, self.n, self.k, self.kind, self.kind_b, self.fast = m, n, k, kind_a, kind_b, fast_accum
+        self.in_dtype, self.out_dtype = in_dtype, out_dtype
+        if in_dtype == torch.int8:
+            self.a = torch.randint(-127, 128, (m, k), device=device, generator=g, dtype=torch.int8)
+            self.b = torch.randint(-127, 128, (n, k), device=device, generator=g, dtype=torch.int8)
+        else:
+            self.a = torch.randn(m, k, device=device, generator=g).mul_(64).to(in_dtype)
+            self.b = torch.randn(n, k, device=device, generator=g).mul_(64).to(in_dtype)
+        kb = ref.cdiv(k, SCALE_BLOCK)
+        shapes = {"tensor": ((), ()), "vector": ((m, 1), (n, 1)), "block": ((m, kb), (ref.cdiv(n, SCALE_BLOCK), kb))}
+        self.sa = torch.rand(shapes[kind_a][0], device=device, generator=g).add_(0.5).div_(128)
+        self.sb = torch.rand(shapes[kind_b][1], device=device, generator=g).add_(0.5).div_(128)
+        self.bias = torch.randn(n, device=device, generator=g).to(out_dtype) if bias else None
+        self.out = torch.empty(m, n, device=device, dtype=out_dtype)
+        self._ref = None
+
+    def _expand(self, s, kind, rows, block_rows):
+        """s as a [rows, K]-broadcastable fp32 tensor (block scales repeated over their blocks)."""
+        if kind == "tensor":
+            return s.reshape(1, 1)
+        if kind == "vector":
+            return s.reshape(rows, 1)
+        return s.repeat_interleave(block_rows, 0)[:rows].repeat_interleave(SCALE_BLOCK, 1)[:, :self.k]
+
+    def reference(self):
+        if self._ref is None:
+            prev = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = False
+            try:
+                af = self.a.float() * self._expand(self.sa, self.kind, self.m, 1)
+                bf = self.b.float() * self._expand(self.sb, self.kind_b, self.n, SCALE_BLOCK)
+                exp = af @ bf.t()
+                terms = af.abs() @ bf.abs().t()
+                if self.bias is not None:
+                    exp += self.bias.float()
+                    terms += self.bias.float().abs()
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = prev
+            bound = 2.0 * _sg_bound(exp, terms, self.out_dtype, self.in_dtype, self.kind, self.fast, self.k)
+            self._ref = (exp, bound)
+        return self._ref
+
+    def check(self, launch):
+        self.out.fill_(float("nan"))
+        launch()
+        exp, bound = self.reference()
+        ok = (self.out.float() - exp).abs() <= bound
+        if not bool(ok.all()):
+            raise AssertionError("%d of %d elements off the fp32 reference" % (int((~ok).sum()), ok.numel()))
+
+
+def _sg_bucket(m, n, k, in_dtype, out_dtype, kind_a, kind_b, bias, fast_accum):
+    return "%s%s%s%s->%s:m%d:n%d:k%d" % (kind_a[0], kind_b[0], "+bias" if bias else "", "+fast" if fast_accum else "",
+                                         _SG_NAMES[out_dtype], 1 << (m - 1).bit_length() if m > 1 else 1, n, k)
+
+
+class _ScaledCudaPlan:
+    """The JIT scaled-GEMM kernel fray.tune chose for one call signature; __call__ launches it."""
+
+    __slots__ = ("launch", "ints", "dev", "ws")
+
+    def __init__(self, a, b, kind_a, kind_b, bias, out, fast_accum):
+        from fray import jit, tune
+        m, k = a.shape
+        n = b.shape[0]
+        self.dev = a.device.index
+        in_dtype, odt, has_bias = a.dtype, out.dtype, bias is not None
+        block = kind_a == "block"
+        tuning = {}
+
+        def inputs():
+            if "x" not in tuning:
+                tuning["x"] = _ScaledTuningInput(m, n, k, in_dtype, odt, kind_a, kind_b, has_bias, fast_accum, a.device)
+            return tuning["x"]
+
+        def source(c):
+            return scaled_kernel_source(c, in_dtype, odt, kind_a, kind_b, has_bias, fast_accum)
+
+        def build(configs):
+            return jit.build_many([source(c) + ((),) for c in configs], device=self.dev)
+
+        def runner(kern):
+            x = inputs()
+            ptrs = (x.a.data_ptr(), x.b.data_ptr(), x.sa.data_ptr(), x.sb.data_ptr(),
+                    x.bias.data_ptr() if has_bias else 0, x.out.data_ptr())
+            ints = (m, n, k, k, k, n)
+            ws = kern.workspace_bytes(ptrs, ints, (), self.dev, B.current_stream(a.device))
+            if ws:
+                buf = torch.empty(ws, dtype=torch.uint8, device=a.device)
+                ptrs = ptrs + (buf.data_ptr(),)
+                x.__dict__.setdefault("keep", []).append(buf)
+            return lambda: kern.launch(ptrs, ints, (), self.dev, B.current_stream(a.device))
+
+        candidates = scaled_candidates(m, block)
+        config = tune.choose("scaled_gemm_sm90", _sg_bucket(m, n, k, in_dtype, odt, kind_a, kind_b, has_bias, fast_accum),
+                             _SG_NAMES[in_dtype], candidates, build=build, run=lambda c, kern: runner(kern)(),
+                             check=lambda c, kern: inputs().check(runner(kern)), default=dict(candidates[0]),
+                             flops=2.0 * m * n * k, bytes=float(n * k), device=self.dev)
+        tuning.clear()
+        name, src = source(config)
+        kern = jit.build(name, src, device=self.dev)
+        self.launch = kern.launch
+        self.ints = (m, n, k, a.stride(0) if m > 1 else k, b.stride(0) if n > 1 else k, out.stride(0) if m > 1 else n)
+        self.ws = kern.workspace_bytes((16, 16, 16, 16, 16 if has_bias else 0, 16), self.ints, (), self.dev,
+                                       B.current_stream(a.device))
+
+    def __call__(self, a, b, a_scale, b_scale, bias, out):
+        ptrs = (a.data_ptr(), b.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(),
+                0 if bias is None else bias.data_ptr(), out.data_ptr())
+        if self.ws:
+            ws = torch.empty(self.ws, dtype=torch.uint8, device=out.device)
+            ptrs = ptrs + (ws.data_ptr(),)
+        self.launch(ptrs, self.ints, (), self.dev, B.current_stream(out.device))
+
+
+class _ScaledTritonPlan:
+    __slots__ = ("config", "kinds")
+
+    def __init__(self, a, b, kind_a, kind_b, bias, out, fast_accum):
+        self.kinds = (_KIND_CODE[kind_a], _KIND_CODE[kind_b])
+        self.config = _SG_TRITON[2] if a.shape[0] <= 128 else _SG_TRITON[0]
+
+    def __call__(self, a, b, a_scale, b_scale, bias, out):
+        from fray_triton import scaled_gemm as ts
+        with torch.cuda.device(a.device):
+            ts.scaled_gemm(a, b, a_scale, b_scale, self.kinds[0], self.kinds[1], bias, out, self.config)
+
+
+def _scaled_gemm_impl(a, b, a_scale, b_scale, bias, out, fast_accum, backend):
+    m, k = a.shape
+    n = b.shape[0]
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        if bias is None:
+            out.zero_()
+        else:
+            out.copy_(bias.expand(m, n))
+        return
+    why = None
+    be = B.resolve("scaled_gemm", "gemm", backend, a.device)
+    if be == "cuda":
+        why = _cuda_takes(a, b, out, bias, a_scale, b_scale)
+        if why is not None:
+            if backend == "cuda":
+                raise ValueError("backend='cuda' cannot take this call: %s (backend='triton' or 'auto' can)" % why)
+            be = "triton"
+    key = P.signature("scaled_gemm:plan", be, (a, b, a_scale, b_scale, bias, out), (fast_accum, why is None))
+    plan = P.PLANS.get(key)
+    if plan is None:
+        kind_a, kind_b = _scale_kinds(a_scale, b_scale, m, n, k)
+        plan = (_ScaledCudaPlan if be == "cuda" else _ScaledTritonPlan)(a, b, kind_a, kind_b, bias, out, fast_accum)
+        if _capturing_stream():
+            plan(a, b, a_scale, b_scale, bias, out)
+            return
+        P.PLANS.put(key, plan)
+    plan(a, b, a_scale, b_scale, bias, out)
+
+
+def _capturing_stream():
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except RuntimeError:
+        return False
+
+
+@P.custom_op("fray::scaled_gemm", mutates_args=("out",))
+def _scaled_gemm_op(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
+                    bias: Optional[torch.Tensor], out: torch.Tensor, fast_accum: bool, backend: str) -> None:
+    _scaled_gemm_impl(a, b, a_scale, b_scale, bias, out, fast_accum, backend)
+
+
+_scaled_gemm_op.register_fake(lambda *args, **kwargs: None)
+
+
+def scaled_gemm(a, b, a_scale, b_scale, *, out_dtype=torch.bfloat16, bias=None, out=None, fast_accum=False,
+                backend="auto"):
+    """out [M, N] = (a * a_scale) @ (b * b_scale)^T (+ bias), rounded once to out_dtype.
+
+    a [M, K] and b [N, K] (nn.Linear's layout): int8 (exact int32 accumulation, K <= 131072) or
+    float8_e4m3fn (fp32 accumulation on the tensor cores), last dimension contiguous. Scales are
+    fp32, contiguous, and their shapes say what they scale (fray.quantize's outputs fit as they are):
+
+      a_scale  [] or [1]: the tensor | [M, 1] (or [M]): per row (token) | [M, ceil(K / 128)]: per row
+               and 128 of K (quantize(a, granularity="block", block=(1, 128)))
+      b_scale  [] or [1]: the tensor | [N, 1] (or [N]): per output channel (quantize(b,
+               granularity="token")) | [ceil(N / 128), ceil(K / 128)]: per 128 x 128 block
+
+    Block scales go with block scales (float8_e4m3fn only): each 128-deep slice of the product is
+    promoted to fp32 registers times its two scales, as DeepSeek-V3 specifies. Otherwise the
+    scales apply once, in the epilogue: fp32(acc) * b_scale, then * a_scale (+ bias).
+    out_dtype: bf16 (default), fp16 or fp32; bias: [N] of out_dtype. fast_accum (e4m3 with tensor /
+    vector scales): accumulate across all of K in the tensor core (torch._scaled_mm's
+    use_fast_accum=True; faster, with a ~13-bit-mantissa running sum) instead of promoting to fp32
+    every 128 of K.
+
+    backend "cuda": CUTLASS TMA + wgmma kernels on fray.jit (cuda/gemm/scaled_gemm_sm90.cuh), the
+    tile chosen by fray.tune per shape bucket; they need K a multiple of 16, 16-byte output rows and
+    16-byte aligned bases and row strides (ValueError otherwise). "triton": a tiled tl.dot kernel
+    with masked loads (any shape). "auto": cuda, or triton for what cuda cannot take. CUDA tensors
+    run on the current stream without host synchronisation (CUDA-graph capturable after one eager
+    call; torch.compile traces the custom op fray::scaled_gemm). CPU tensors run the float64
+    reference (fray.reference.quant.scaled_gemm).
+    """
+    V.require_backend(backend, B.BACKENDS)
+    m, n, k, kind_a, kind_b = _check_scaled_gemm(a, b, a_scale, b_scale, out_dtype, bias, out, fast_accum)
+    if a.device.type == "cpu":
+        V.require_cpu_backend(backend, "a")
+        c = ref.scaled_gemm(a.float().numpy(), b.float().numpy(), a_scale.numpy(), b_scale.numpy(), kind_a, kind_b,
+                            None if bias is None else bias.double().numpy())
+        c = torch.from_numpy(np.ascontiguousarray(c)).to(out_dtype)
+        if out is not None:
+            out.copy_(c)
+            return out
+        return c
+    if out is None:
+        out = torch.empty(m, n, dtype=out_dtype, device=a.device)
+    if _compiling():
+        torch.ops.fray.scaled_gemm(a, b, a_scale, b_scale, bias, out, fast_accum, backend)
+        return out
+    _scaled_gemm_impl(a, b, a_scale, b_scale, bias, out, fast_accum, backend)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # `fray check` cases: (op, backend, dtype, shape, callable raising on a mismatch)
 
 CASES = [("tensor", None), ("token", None), ("channel", None), ("block", (1, 128)), ("block", (128, 128))]
@@ -405,18 +855,45 @@ def check_cases(device):
                        dtype=torch.float32)
         assert x.tolist() == [[1.5, -63.5]], x
 
+    def sg(backend, dtype, kind, m, n, k, dev):
+        a, b, sa, sb, bias = scaled_gemm_operands(m, n, k, dtype, kind, kind, dev, seed=m + k, bias_dtype=torch.bfloat16)
+        if backend == "triton-interpreter":
+            from fray_triton import scaled_gemm as ts
+            out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+            ts.scaled_gemm(a, b, sa, sb, _KIND_CODE[kind], _KIND_CODE[kind], bias, out,
+                           {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2})
+        else:
+            out = scaled_gemm(a, b, sa, sb, bias=bias, backend=backend)
+        assert_scaled_gemm_close(out, a, b, sa, sb, kind, kind, bias, what="scaled_gemm %s %dx%dx%d" % (backend, m, n, k))
+
+    def sg_hand():
+        out = scaled_gemm(torch.tensor([[1, -2], [3, 4]], dtype=torch.int8), torch.tensor([[5, 6], [-7, 8]], dtype=torch.int8),
+                          torch.tensor([[1.0], [0.5]]), torch.tensor(2.0), out_dtype=torch.float32)
+        assert out.tolist() == [[-14.0, -46.0], [39.0, 11.0]], out
+
     if device.type != "cuda":
-        cases = [("quantize+dequantize", "reference", "fp64", "hand", hand)]
+        cases = [("quantize+dequantize", "reference", "fp64", "hand", hand), ("scaled_gemm", "reference", "fp64", "hand", sg_hand)]
         for granularity, block in CASES:
             cases.append(("quantize", "triton-interpreter", "bf16->int8", "%s:37x200" % _gshape(granularity, block),
                           lambda g=granularity, b=block: quant("triton-interpreter", torch.int8, g, b, 37, 200,
                                                                "cpu")))
+        for kind in ("vector", "block"):  # the kernel's block path is dtype-blind: int8 runs it here
+            cases.append(("scaled_gemm", "triton-interpreter", "int8->bf16", "%s:37x40x200" % kind,
+                          lambda kd=kind: sg("triton-interpreter", torch.int8, kd, 37, 40, 200, "cpu")))
         return cases
+
     def rows(op, backend):
         if op == "dequantize":
             return []  # quant() checks the round trip
+        if op == "scaled_gemm":
+            return [(label, "%s:%dx%dx%d" % (kind, m, n, k),
+                     lambda b=backend, d=dtype, kd=kind, m_=m, n_=n, k_=k: sg(b, d, kd, m_, n_, k_, device))
+                    for label, dtype, kind in (("int8->bf16", torch.int8, "vector"),
+                                               ("e4m3->bf16", torch.float8_e4m3fn, "vector"),
+                                               ("e4m3->bf16", torch.float8_e4m3fn, "block"))
+                    for m, n, k in ((16, 4096, 4096), (4096, 4096, 4096))]
         return [("bf16->%s" % _name(qdtype), "%s:%dx%d" % (_gshape(granularity, block), m, k),
                  lambda b=backend, d=qdtype, g=granularity, bl=block, m_=m, k_=k: quant(b, d, g, bl, m_, k_, device))
                 for qdtype in Q_DTYPES for granularity, block in CASES
                 for m, k in ((1, 128), (333, 1000), (4096, 7168))]
-    return B.gpu_check_rows(FAMILY, OPS, device, rows)
+    return B.gpu_check_rows(lambda op: CUDA_FAMILIES.get(op, FAMILY), OPS, device, rows)

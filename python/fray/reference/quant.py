@@ -104,3 +104,45 @@ def dequantize(q, scale, granularity, block=None):
                block)
     with np.errstate(invalid="ignore", over="ignore"):
         return (np.asarray(q, np.float32) * s).astype(np.float32)
+
+
+SCALE_KINDS = ("tensor", "vector", "block")
+SCALE_BLOCK = 128
+
+
+def scaled_gemm(a, b, a_scale, b_scale, kind_a, kind_b, bias=None):
+    """The scaled GEMM (float64): out[m, n] = sum_k (a[m, k] sa(m, k)) (b[n, k] sb(n, k)) + bias[n].
+
+    a [M, K] and b [N, K] hold the 8-bit values as float64 (int8 integers or e4m3 values, exact);
+    the scales are fp32 values held as float64. kind "tensor": one scale; "vector": a per row of a
+    ([M] or [M, 1]), b per row of b = per output channel ([N] or [N, 1]); "block": a per row and
+    128 of K ([M, ceil(K / 128)]), b per 128 x 128 block ([ceil(N / 128), ceil(K / 128)]). For
+    tensor and vector scales the integer (or fp8) product is formed first and scaled once, exactly
+    in float64: int8 results are then exact up to the output rounding."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    m, k = a.shape
+    n = b.shape[0]
+    sa = np.asarray(a_scale, np.float64)
+    sb = np.asarray(b_scale, np.float64)
+    if kind_a == "block":
+        kb = cdiv(k, SCALE_BLOCK)
+        sa_full = np.repeat(sa.reshape(m, kb), SCALE_BLOCK, axis=1)[:, :k]
+        sb_full = np.repeat(np.repeat(sb.reshape(cdiv(n, SCALE_BLOCK), kb), SCALE_BLOCK, axis=0)[:n],
+                            SCALE_BLOCK, axis=1)[:, :k]
+        out = (a * sa_full) @ (b * sb_full).T
+    else:
+        acc = a @ b.T
+        ra = sa.reshape(m, 1) if kind_a == "vector" else sa.reshape(())
+        cb = sb.reshape(1, n) if kind_b == "vector" else sb.reshape(())
+        out = acc * cb * ra
+    if bias is not None:
+        out = out + np.asarray(bias, np.float64).reshape(1, n)
+    return out
+
+
+def scaled_gemm_terms(a, b, a_scale, b_scale, kind_a, kind_b):
+    """sum_k |a sa| |b sb|: the magnitude the accumulation error bound scales with."""
+    return scaled_gemm(np.abs(np.asarray(a, np.float64)), np.abs(np.asarray(b, np.float64)),
+                       np.abs(np.asarray(a_scale, np.float64)), np.abs(np.asarray(b_scale, np.float64)),
+                       kind_a, kind_b)
