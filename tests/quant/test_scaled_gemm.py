@@ -171,7 +171,7 @@ def test_cpu_tensors_and_empty_shapes():
 # CPU: the CUDA translation units
 
 def test_kernel_sources_name_their_configuration():
-    name, src = Q.scaled_kernel_source(Q.BLOCK_LARGE[0], E4M3, torch.bfloat16, "block", "block", True, False)
+    name, src = Q.scaled_kernel_source(Q.PROMOTED_LARGE[0], E4M3, torch.bfloat16, "block", "block", True, False)
     assert name == "scaled_gemm_sm90_e4m3_bf16_bb_bias_128x128x128_c1x2_coop_s0_rauto_w1"
     assert ("Sm90ScaledGemmConfig<cutlass::float_e4m3_t, cutlass::bfloat16_t, fray::gemm::kScaleBlock, "
             "fray::gemm::kScaleBlock, true, 128, 128, 128, 1, 2, fray::gemm::kCooperative, 0, "
@@ -179,12 +179,16 @@ def test_kernel_sources_name_their_configuration():
     name, src = Q.scaled_kernel_source(Q.SCALED_SMALL[0], I8, torch.float32, "tensor", "vector", False, False)
     assert name == "scaled_gemm_sm90_int8_fp32_tv_64x128x128_c1x1_pp_s0_rauto_w1"
     assert "int8_t, float, fray::gemm::kScaleTensor, fray::gemm::kScaleVector, false, 64, 128, 128" in src
-    for block in (False, True):
+    assert Q.promoted(E4M3, "block", False) and Q.promoted(E4M3, "vector", False)
+    assert not Q.promoted(E4M3, "vector", True) and not Q.promoted(I8, "vector", False)
+    for prom in (False, True):
         for m in (1, 128, 129, 8192):
-            cs = Q.scaled_candidates(m, block)
+            cs = Q.scaled_candidates(m, prom)
             assert cs and all(int(c["tile"].split("x")[2]) == 128 for c in cs)
-            if block:
-                assert all(int(c["tile"].split("x")[1]) % 128 == 0 for c in cs)
+            if prom:  # 64 x 128 a warpgroup at most (two accumulators), N a multiple of 128 (block scales)
+                for c in cs:
+                    tm, tn, _ = (int(v) for v in c["tile"].split("x"))
+                    assert tn == 128 and tm // (2 if c["schedule"] == "coop" else 1) <= 64
 
 
 def test_block_scaled_tu_compiles_for_sm90a(tmp_path, monkeypatch):
@@ -193,7 +197,7 @@ def test_block_scaled_tu_compiles_for_sm90a(tmp_path, monkeypatch):
     import triton
     from fray import jit
     monkeypatch.setenv("FRAY_CACHE_DIR", str(tmp_path / "cache"))
-    name, src = Q.scaled_kernel_source(Q.BLOCK_LARGE[0], E4M3, torch.bfloat16, "block", "block", True, False)
+    name, src = Q.scaled_kernel_source(Q.PROMOTED_LARGE[0], E4M3, torch.bfloat16, "block", "block", True, False)
     so = jit.compile_only(name, src)
     lib = ctypes.CDLL(str(so))
     lib.fray_jit_describe.restype = ctypes.c_char_p
@@ -244,13 +248,14 @@ def warm_kernels():
     from fray import jit
     items = set()
     for ka, kb, dt, bias, odt in VARIANTS:
-        block = ka == "block"
         for m in (1, 4096):
-            items.add(Q.scaled_kernel_source(Q.scaled_candidates(m, block)[0], dt, odt, ka, kb, bias, False) + ((),))
+            c = Q.scaled_candidates(m, Q.promoted(dt, ka, False))[0]
+            items.add(Q.scaled_kernel_source(c, dt, odt, ka, kb, bias, False) + ((),))
     for c in Q.SCALED_LARGE + Q.SCALED_SMALL:
         items.add(Q.scaled_kernel_source(c, I8, torch.bfloat16, "vector", "vector", False, False) + ((),))
-    for c in Q.BLOCK_LARGE + Q.BLOCK_SMALL:
-        items.add(Q.scaled_kernel_source(c, E4M3, torch.bfloat16, "block", "block", False, False) + ((),))
+    for c in Q.PROMOTED_LARGE + Q.PROMOTED_SMALL:
+        for kind in ("vector", "block"):
+            items.add(Q.scaled_kernel_source(c, E4M3, torch.bfloat16, kind, kind, False, False) + ((),))
     items.add(Q.scaled_kernel_source(Q.SCALED_LARGE[0], E4M3, torch.bfloat16, "vector", "vector", False, True) + ((),))
     items.add(Q.scaled_kernel_source(Q.SCALED_SMALL[0], E4M3, torch.bfloat16, "vector", "vector", False, True) + ((),))
     items = sorted(items)
@@ -297,15 +302,14 @@ def test_fast_accum_gpu(cuda, no_tuning, warm_kernels, m):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block", [False, True], ids=["vector", "block"])
-def test_every_candidate_gpu(cuda, warm_kernels, block):
+@pytest.mark.parametrize("dt,kind", [(I8, "vector"), (E4M3, "vector"), (E4M3, "block")], ids=["int8", "e4m3", "block"])
+def test_every_candidate_gpu(cuda, warm_kernels, dt, kind):
     """Each tuning candidate's kernel against the float64 reference at a shape with partial tiles."""
     from fray import jit
     m, n, k = 300, 640, 1152
-    ka = kb = "block" if block else "vector"
-    dt = E4M3 if block else I8
+    ka = kb = kind
     a, b, sa, sb, _ = _operands(m, n, k, dt, ka, kb, device=cuda, seed=9)
-    lists = (Q.BLOCK_LARGE + Q.BLOCK_SMALL) if block else (Q.SCALED_LARGE + Q.SCALED_SMALL)
+    lists = (Q.PROMOTED_LARGE + Q.PROMOTED_SMALL) if Q.promoted(dt, kind, False) else (Q.SCALED_LARGE + Q.SCALED_SMALL)
     for c in lists:
         name, src = Q.scaled_kernel_source(c, dt, torch.bfloat16, ka, kb, False, False)
         kern = jit.build(name, src)

@@ -53,8 +53,8 @@ def _scaled_gemm_kernel(
             for k0 in range(kb * 128, tl.minimum(kb * 128 + 128, K), BLOCK_K):
                 kk = k0 + rk
                 mk = kk < K
-                a = tl.load(A + rm[:, None] * lda + kk[None, :], mask=mm[:, None] & mk[None, :], other=0)
-                b = tl.load(B + rn[:, None] * ldb + kk[None, :], mask=mn[:, None] & mk[None, :], other=0)
+                a = tl.load(A + rm[:, None] * lda + kk[None, :], mask=mm[:, None] & mk[None, :], other=0.0)
+                b = tl.load(B + rn[:, None] * ldb + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
                 if DOT_F32:
                     part += tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)))
                 else:
@@ -71,8 +71,8 @@ def _scaled_gemm_kernel(
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + rk
             mk = kk < K
-            a = tl.load(A + rm[:, None] * lda + kk[None, :], mask=mm[:, None] & mk[None, :], other=0)
-            b = tl.load(B + rn[:, None] * ldb + kk[None, :], mask=mn[:, None] & mk[None, :], other=0)
+            a = tl.load(A + rm[:, None] * lda + kk[None, :], mask=mm[:, None] & mk[None, :], other=0.0)
+            b = tl.load(B + rn[:, None] * ldb + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
             if DOT_F32:  # the CPU interpreter: exact small-integer / fp8 values in fp32 (K small)
                 iacc += tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32))).to(iacc.dtype)
             else:

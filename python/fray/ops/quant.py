@@ -370,9 +370,13 @@ SCALED_LARGE = [_sm90("128x256x128", "2x1"), _sm90("256x128x128", "1x2"), _sm90(
                 _sm90("128x128x128", "1x2", "pingpong")]
 SCALED_SMALL = [_sm90("64x128x128", "1x1", "pingpong"), _sm90("128x128x128", "1x1", "pingpong"),
                 _sm90("64x256x128", "1x1", "pingpong")]
-# Block scales: tile N a multiple of 128 (B's scale blocks).
-BLOCK_LARGE = [_sm90("128x128x128", "1x2"), _sm90("128x128x128", "2x1"), _sm90("128x256x128", "1x2")]
-BLOCK_SMALL = [_sm90("64x128x128", "1x1", "pingpong"), _sm90("128x128x128", "1x1")]
+# e4m3 with block scales, or without fast_accum, keeps a second accumulator that the mainloop
+# promotes into every 128 of K: a warpgroup's 64 x 256 tile would then need 256 accumulator
+# registers a thread and spill (CUTLASS's 128x256 cooperative tile ran 8192^3 at 453 TFLOP/s on the
+# H200 at c7d7935, against 1235 with fast_accum), so these tiles hold 64 x 128 a warpgroup. Tile N
+# is a multiple of 128 (b's scale blocks).
+PROMOTED_LARGE = [_sm90("128x128x128", "1x2"), _sm90("128x128x128", "2x1"), _sm90("64x128x128", "1x2", "pingpong")]
+PROMOTED_SMALL = [_sm90("64x128x128", "1x1", "pingpong"), _sm90("128x128x128", "1x1")]
 _SG_TRITON = [
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
@@ -380,9 +384,14 @@ _SG_TRITON = [
 ]
 
 
-def scaled_candidates(m, block):
-    if block:
-        return BLOCK_SMALL if m <= 128 else BLOCK_LARGE
+def promoted(in_dtype, kind_a, fast_accum):
+    """Whether the mainloop promotes a second accumulator (e4m3 with block scales or without fast_accum)."""
+    return in_dtype == torch.float8_e4m3fn and (kind_a == "block" or not fast_accum)
+
+
+def scaled_candidates(m, promoted_acc):
+    if promoted_acc:
+        return PROMOTED_SMALL if m <= 128 else PROMOTED_LARGE
     return SCALED_SMALL if m <= 128 else SCALED_LARGE
 
 
@@ -635,7 +644,6 @@ class _ScaledCudaPlan:
         n = b.shape[0]
         self.dev = a.device.index
         in_dtype, odt, has_bias = a.dtype, out.dtype, bias is not None
-        block = kind_a == "block"
         tuning = {}
 
         def inputs():
@@ -661,7 +669,7 @@ class _ScaledCudaPlan:
                 x.__dict__.setdefault("keep", []).append(buf)
             return lambda: kern.launch(ptrs, ints, (), self.dev, B.current_stream(a.device))
 
-        candidates = scaled_candidates(m, block)
+        candidates = scaled_candidates(m, promoted(in_dtype, kind_a, fast_accum))
         config = tune.choose("scaled_gemm_sm90", _sg_bucket(m, n, k, in_dtype, odt, kind_a, kind_b, has_bias, fast_accum),
                              _SG_NAMES[in_dtype], candidates, build=build, run=lambda c, kern: runner(kern)(),
                              check=lambda c, kern: inputs().check(runner(kern)), default=dict(candidates[0]),
