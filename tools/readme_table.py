@@ -89,6 +89,15 @@ ROWS = [
     ("gemm", "gemm", "1x4096x4096", "bf16", None),
     ("gemm", "gemm", "1x4096x4096:graph", "bf16", None),
     ("gemm", "gemm", "4096x4096x4096", "fp16", None),
+    ("gemm", "scaled_gemm", "int8:4096x11008x4096", "int8->bf16", "int8 4096x11008x4096 (token x channel)"),
+    ("gemm", "scaled_gemm", "int8:8192x8192x8192", "int8->bf16", "int8 8192^3"),
+    ("gemm", "scaled_gemm", "int8:16x8192x8192:graph", "int8->bf16", "int8 16x8192x8192:graph"),
+    ("gemm", "scaled_gemm", "fp8:4096x11008x4096", "e4m3->bf16", "e4m3 row-wise 4096x11008x4096"),
+    ("gemm", "scaled_gemm", "fp8:8192x8192x8192", "e4m3->bf16", "e4m3 row-wise 8192^3"),
+    ("gemm", "scaled_gemm", "fp8fast:8192x8192x8192", "e4m3->bf16", "e4m3 row-wise 8192^3, fast_accum"),
+    ("gemm", "scaled_gemm", "fp8:16x8192x8192:graph", "e4m3->bf16", "e4m3 row-wise 16x8192x8192:graph"),
+    ("gemm", "scaled_gemm", "block:4096x7168x16384", "e4m3->bf16", "e4m3 block 4096x7168x16384"),
+    ("gemm", "scaled_gemm", "block:128x7168x16384", "e4m3->bf16", "e4m3 block 128x7168x16384"),
 ]
 PEER_NAMES = {"torch.builtin": None, "torch.eager": "torch eager", "torch.compile": "torch.compile"}
 BUILTIN = {"gemm": "torch.mm", "rmsnorm": "F.rms_norm", "softmax": "torch.softmax", "online_softmax": "torch.softmax+amax+logsumexp", "layernorm": "F.layer_norm",

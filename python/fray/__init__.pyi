@@ -160,6 +160,10 @@ def quantize(x: _A, dtype: torch.dtype = torch.int8, *, granularity: QuantGranul
              backend: Backend = "auto") -> Tuple[_A, _A]: ...
 def dequantize(q: _A, scale: _A, *, granularity: QuantGranularity, block: Optional[Tuple[int, int]] = None,
                dtype: torch.dtype = torch.bfloat16, out: Optional[_A] = None, backend: Backend = "auto") -> _A: ...
+# out [M, N] = (a * a_scale) @ (b * b_scale)^T (+ bias): a [M, K], b [N, K] int8 / float8_e4m3fn
+def scaled_gemm(a: _A, b: _A, a_scale: _A, b_scale: _A, *, out_dtype: torch.dtype = torch.bfloat16,
+                bias: Optional[_A] = None, out: Optional[_A] = None, fast_accum: bool = False,
+                backend: Backend = "auto") -> _A: ...
 
 # the seed's kernel timer: seconds per call (one float, or one per name)
 @overload
