@@ -7,7 +7,8 @@ quantize bytes: read x + write q + write the fp32 scales = M·K·s(x) + M·K·s(
   Peers: torch.eager = amax per group in fp32 (finite values), divide, round (ties to even),
   clamp, cast; torch.compile = that composite compiled (fullgraph=True).
 
-scaled_gemm flops = 2·M·N·K; shapes "<recipe>:<M>x<N>x<K>", b [N, K], bf16 output, uniform int8 /
+scaled_gemm flops = 2·M·N·K, bytes (M <= 64 only, where the weight stream bounds the time) = N·K;
+  shapes "<recipe>:<M>x<N>x<K>", b [N, K], bf16 output, uniform int8 /
   e4m3 of randn·64 with fp32 scales:
     int8:   per-token x per-channel int8. Peers: torch._int_mm (cuBLASLt int8, int32 out, no
             scales), torch._int_mm+scale (the int32 result scaled and cast by torch: the composite
@@ -143,7 +144,7 @@ def run(op, recorder, shapes=None, graph=True, device="cuda", compile_fn=torch.c
             fray.scaled_gemm(inp["a"], inp["b"], inp["sa"], inp["sb"], fast_accum=recipe == "fp8fast", backend="cuda")
             bench_impls(recorder, op, "%s:%dx%dx%d" % (recipe, m, n, k),
                         "int8->bf16" if recipe == "int8" else "e4m3->bf16", sg_impls(inp),
-                        nbytes=float(n * k + m * k + 2 * m * n), flops=2.0 * m * n * k, graph=graph)
+                        nbytes=float(n * k) if m <= 64 else None, flops=2.0 * m * n * k, graph=graph)
             del inp
             torch.cuda.empty_cache()
         return
