@@ -201,14 +201,33 @@ inline bool aligned16(uint64_t addr) { return (addr & 15u) == 0; }
 
 // Slots: ptrs = (a, b, bias or 0, out, [workspace]); ints = (M, N, K, lda, ldb, ldc), row strides
 // in elements; floats = ().
+// The problem's ints = (M, N, K, lda, ldb, ldc), row strides in elements: every GEMM entry's.
+struct Problem {
+  int64_t m, n, k, lda, ldb, ldc;
+};
+
+inline int read_problem(const FrayArgs* args, Problem* p, const char* tag, char* err, int32_t err_len) {
+  p->m = args->ints[0];
+  p->n = args->ints[1];
+  p->k = args->ints[2];
+  p->lda = args->ints[3];
+  p->ldb = args->ints[4];
+  p->ldc = args->ints[5];
+  if (p->m < 1 || p->n < 1 || p->k < 1 || p->m > INT32_MAX || p->n > INT32_MAX || p->k > INT32_MAX) {
+    jit_set_err(err, err_len, "%s: expected 1 <= M, N, K < 2^31, got M=%lld N=%lld K=%lld", tag, (long long)p->m,
+                (long long)p->n, (long long)p->k);
+    return 1;
+  }
+  return 0;
+}
+
 template <class Config>
-struct GemmSlots {
+struct GemmSlots : Problem {
   const typename Config::Element* a;
   const typename Config::Element* b;
   const typename Config::Element* bias;
   typename Config::ElementOut* out;
   void* workspace;
-  int64_t m, n, k, lda, ldb, ldc;
 };
 
 template <class Config>
@@ -225,17 +244,7 @@ int read_slots(const FrayArgs* args, GemmSlots<Config>* s, char* err, int32_t er
   s->bias = reinterpret_cast<const E*>(args->ptrs[2]);
   s->out = reinterpret_cast<O*>(args->ptrs[3]);
   s->workspace = args->num_ptrs > 4 ? reinterpret_cast<void*>(args->ptrs[4]) : nullptr;
-  s->m = args->ints[0];
-  s->n = args->ints[1];
-  s->k = args->ints[2];
-  s->lda = args->ints[3];
-  s->ldb = args->ints[4];
-  s->ldc = args->ints[5];
-  if (s->m < 1 || s->n < 1 || s->k < 1 || s->m > INT32_MAX || s->n > INT32_MAX || s->k > INT32_MAX) {
-    jit_set_err(err, err_len, "gemm_sm90: expected 1 <= M, N, K < 2^31, got M=%lld N=%lld K=%lld", (long long)s->m,
-            (long long)s->n, (long long)s->k);
-    return 1;
-  }
+  if (read_problem(args, s, "gemm_sm90", err, err_len)) return 1;
   const int64_t b_cols = Config::kLayoutB == kLayoutNK ? s->k : s->n;
   if (s->lda < s->k || s->ldb < b_cols || s->ldc < s->n) {
     jit_set_err(err, err_len, "gemm_sm90: row strides too small: lda=%lld (K=%lld), ldb=%lld (%lld), ldc=%lld (N=%lld)",

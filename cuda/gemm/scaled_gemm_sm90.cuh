@@ -170,11 +170,14 @@ struct Sm90ScaledGemmConfig {
 
 namespace scaled_detail {
 
+// The calls below name scaled_detail:: explicitly: Slots derives from detail::Problem, so argument-
+// dependent lookup would also offer detail::read_slots / make_arguments (gemm_sm90's).
+
 using ::fray::jit_set_err;
 using detail::aligned16;
 
 template <class Config>
-struct Slots {
+struct Slots : detail::Problem {
   const typename Config::ElementIn* a;
   const typename Config::ElementIn* b;
   const float* a_scale;
@@ -182,7 +185,6 @@ struct Slots {
   const typename Config::ElementOut* bias;
   typename Config::ElementOut* out;
   void* workspace;
-  int64_t m, n, k, lda, ldb, ldc;
 };
 
 template <class Config>
@@ -203,17 +205,7 @@ int read_slots(const FrayArgs* args, Slots<Config>* s, char* err, int32_t err_le
   s->bias = reinterpret_cast<const O*>(args->ptrs[4]);
   s->out = reinterpret_cast<O*>(args->ptrs[5]);
   s->workspace = args->num_ptrs > 6 ? reinterpret_cast<void*>(args->ptrs[6]) : nullptr;
-  s->m = args->ints[0];
-  s->n = args->ints[1];
-  s->k = args->ints[2];
-  s->lda = args->ints[3];
-  s->ldb = args->ints[4];
-  s->ldc = args->ints[5];
-  if (s->m < 1 || s->n < 1 || s->k < 1 || s->m > INT32_MAX || s->n > INT32_MAX || s->k > INT32_MAX) {
-    jit_set_err(err, err_len, "scaled_gemm_sm90: expected 1 <= M, N, K < 2^31, got M=%lld N=%lld K=%lld", (long long)s->m,
-                (long long)s->n, (long long)s->k);
-    return 1;
-  }
+  if (detail::read_problem(args, s, "scaled_gemm_sm90", err, err_len)) return 1;
   if (s->lda < s->k || s->ldb < s->k || s->ldc < s->n) {
     jit_set_err(err, err_len, "scaled_gemm_sm90: row strides too small: lda=%lld ldb=%lld (K=%lld), ldc=%lld (N=%lld)",
                 (long long)s->lda, (long long)s->ldb, (long long)s->k, (long long)s->ldc, (long long)s->n);
@@ -315,17 +307,17 @@ typename Config::Gemm::Arguments make_arguments(const Slots<Config>& s, int devi
 template <class Config>
 int64_t workspace_bytes(const FrayArgs* args) {
   Slots<Config> s{};
-  if (read_slots<Config>(args, &s, nullptr, 0)) return 0;
-  auto arguments = make_arguments<Config>(s, detail::current_device(args));
+  if (scaled_detail::read_slots<Config>(args, &s, nullptr, 0)) return 0;
+  auto arguments = scaled_detail::make_arguments<Config>(s, detail::current_device(args));
   return static_cast<int64_t>(Config::Gemm::get_workspace_size(arguments));
 }
 
 template <class Config>
 int launch(const FrayArgs* args, char* err, int32_t err_len) {
   Slots<Config> s{};
-  if (read_slots<Config>(args, &s, err, err_len)) return 1;
+  if (scaled_detail::read_slots<Config>(args, &s, err, err_len)) return 1;
   const int device = detail::current_device(args);
-  auto arguments = make_arguments<Config>(s, device);
+  auto arguments = scaled_detail::make_arguments<Config>(s, device);
   return detail::run_kernel<typename Config::GemmKernel, typename Config::Gemm>(
       arguments, s.workspace, device, reinterpret_cast<cudaStream_t>(args->stream), "scaled_gemm_sm90", err, err_len);
 }
