@@ -158,7 +158,7 @@ def table(name, data):
 HOST_PEERS = {"torch.builtin": None, "torch.eager": "torch composite", "flashinfer": "FlashInfer"}
 # bench/host's built-in peer where it is not the kernel benchmarks' (online_softmax's is torch.softmax
 # alone, without the statistics)
-HOST_BUILTIN = {"online_softmax": "torch.softmax", "prefill_attention": "SDPA (causal)"}
+HOST_BUILTIN = {"online_softmax": "torch.softmax", "prefill_attention": "SDPA (causal)", "scaled_gemm": "torch._scaled_mm"}
 
 
 def host_table(data):

@@ -253,6 +253,17 @@ def cases(device):
     impls["torch.eager"] = lambda: (qq.float() * sq).to(torch.bfloat16)
     out.append(("dequantize", "%dx%d" % (BATCH, HIDDEN), "int8->bf16", impls))
 
+    # scaled_gemm at a decode batch: e4m3 with per-tensor scales, beside cuBLASLt's torch._scaled_mm
+    # (torch._int_mm refuses M <= 16, and _scaled_mm's row-wise scales need M a multiple of 16)
+    a8 = randn(BATCH, HIDDEN).to(torch.float8_e4m3fn)
+    w8 = randn(HIDDEN, HIDDEN).to(torch.float8_e4m3fn)
+    one = torch.ones((), device=device)
+    o8 = torch.empty(BATCH, HIDDEN, device=device, dtype=torch.bfloat16)
+    impls = {}
+    _fray(impls, lambda b: fray.scaled_gemm(a8, w8, one, one, out=o8, backend=b))
+    impls["torch.builtin"] = lambda: torch._scaled_mm(a8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    out.append(("scaled_gemm", "%dx%dx%d" % (BATCH, HIDDEN, HIDDEN), "e4m3->bf16", impls))
+
     for name, peer in (("silu", F.silu), ("gelu", F.gelu), ("relu", torch.relu), ("tanh", torch.tanh),
                        ("sigmoid", torch.sigmoid)):
         impls = {}
