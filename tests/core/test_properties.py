@@ -347,3 +347,47 @@ def test_triton_gemm_matches_its_oracle(data):
     if bias is not None:
         exp, terms = exp + bias.double(), terms + bias.double().abs()
     assert_gemm_close(out, exp, terms, odt, k, "%dx%dx%d %s %s" % (m, n, k, "nk" if nk else "kn", dtype))
+
+
+@settings(max_examples=15)
+@given(data=st.data())
+def test_triton_scaled_gemm_matches_its_oracle(data):
+    """scaled_gemm (int8 under the interpreter): the float64 reference within the op's bound at
+    random M, N, K from 1 to 300 (K past two 128-deep scale blocks; none a multiple of the blocks),
+    every scale kind (tensor / vector / block, and tensor x vector mixes), scales spanning 2^-20 to
+    2^4 (2^-4 for fp16 out, whose range the larger products would overflow), rows of a and b wider than their data, with or without bias, every output dtype, and
+    operands that hit int8's edges (+-127) as well as uniform ones."""
+    from fray.ops import quant as Q
+    from fray_triton import scaled_gemm as ts
+    m, n = data.draw(st.integers(1, 100)), data.draw(st.integers(1, 100))
+    k = data.draw(st.integers(1, 300))
+    kind_a, kind_b = data.draw(st.sampled_from((("tensor", "tensor"), ("vector", "vector"), ("tensor", "vector"),
+                                                ("vector", "tensor"), ("block", "block"))))
+    odt = data.draw(st.sampled_from((torch.bfloat16, torch.float16, torch.float32)))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 31 - 1)))
+    edges = data.draw(st.booleans())
+
+    def operand(rows):
+        pad = data.draw(st.integers(0, 3))
+        if edges:  # +-127 and 0 only: the int32 sums' extremes
+            x = (torch.randint(-1, 2, (rows, k + pad), generator=g) * 127).to(torch.int8)
+        else:
+            x = torch.randint(-127, 128, (rows, k + pad), generator=g, dtype=torch.int8)
+        return x[:, :k]
+
+    def scales(shape):
+        # fp16 out: sums up to 300 * 127^2 times two scales stay under 65504 (finite) only below 2^-4
+        e = data.draw(st.integers(-20, -4 if odt == torch.float16 else 4))
+        return (torch.rand(shape, generator=g) + 0.5) * 2.0 ** e
+
+    kb = -(-k // 128)
+    a, b = operand(m), operand(n)
+    sa = scales({"tensor": (), "vector": (m, 1), "block": (m, kb)}[kind_a])
+    sb = scales({"tensor": (), "vector": (n, 1), "block": (-(-n // 128), kb)}[kind_b])
+    bias = torch.randn(n, generator=g).to(odt) if data.draw(st.booleans()) else None
+    out = torch.full((m, n), float("nan"), dtype=odt)
+    config = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": data.draw(st.sampled_from((1, 2))),
+              "num_warps": 4, "num_stages": 2}
+    ts.scaled_gemm(a, b, sa, sb, Q._KIND_CODE[kind_a], Q._KIND_CODE[kind_b], bias, out, config)
+    Q.assert_scaled_gemm_close(out, a, b, sa, sb, kind_a, kind_b, bias,
+                               what="%dx%dx%d %s/%s %s" % (m, n, k, kind_a, kind_b, odt))
