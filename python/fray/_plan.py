@@ -138,6 +138,14 @@ def compiling():
     return torch.compiler.is_compiling()
 
 
+def capturing():
+    """Whether the current CUDA stream is capturing a graph (False where CUDA is unavailable)."""
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except RuntimeError:
+        return False
+
+
 # ---------------------------------------------------------------------------------------------
 # Custom ops: what a torch.compile'd graph calls.
 

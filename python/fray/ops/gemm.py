@@ -354,13 +354,6 @@ def _padded(t, rows, cols):
     return p
 
 
-def _capturing():
-    try:
-        return torch.cuda.is_current_stream_capturing()
-    except RuntimeError:
-        return False
-
-
 class _CudaPlan:
     """One configuration of the JIT kernels for one call signature; __call__ launches it."""
 
@@ -529,7 +522,7 @@ def _gemm_impl(a, b, bias, out, b_layout, backend):
     plan = _PLANS.get(key)
     if plan is None:
         plan = (_CudaPlan if be == "cuda" else _TritonPlan)(a, b, bias, out, b_layout)
-        if _capturing():  # a choice made under capture may be the heuristic: keep looking later
+        if P.capturing():  # a choice made under capture may be the heuristic: keep looking later
             plan(a, b, bias, out)
             return None
         _PLANS[key] = plan

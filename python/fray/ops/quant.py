@@ -521,7 +521,7 @@ def _cuda_takes(a, b, out, bias, a_scale, b_scale):
     return None
 
 
-def _sg_bound(exp, terms, out_dtype, in_dtype, kind, fast_accum, k):
+def _sg_bound(exp, terms, out_dtype, in_dtype, fast_accum, k):
     """The elementwise error bound of a scaled GEMM against the float64 reference: one rounding to
     the output (TOLERANCES' rtol) plus the accumulation's: int8 sums exactly, then a few fp32
     roundings (gemm_bound's fp32 term); e4m3 sums on the tensor core with a ~13-bit-mantissa
@@ -546,7 +546,7 @@ def assert_scaled_gemm_close(out, a, b, a_scale, b_scale, kind_a, kind_b, bias=N
         terms = terms + torch.from_numpy(np.abs(bb))[None, :]
     got = out.detach().cpu().double()
     assert torch.isfinite(got).all(), "%s: non-finite values (an element never written?)" % what
-    bound = _sg_bound(exp, terms, out.dtype, a.dtype, kind_a, fast_accum, a.shape[1])
+    bound = _sg_bound(exp, terms, out.dtype, a.dtype, fast_accum, a.shape[1])
     err = (got - exp).abs()
     bad = err > bound
     assert not bad.any(), "%s: %d of %d elements off; worst %.3g where the bound is %.3g" % (
@@ -615,7 +615,7 @@ class _ScaledTuningInput:
                     terms += self.bias.float().abs()
             finally:
                 torch.backends.cuda.matmul.allow_tf32 = prev
-            bound = 2.0 * _sg_bound(exp, terms, self.out_dtype, self.in_dtype, self.kind, self.fast, self.k)
+            bound = 2.0 * _sg_bound(exp, terms, self.out_dtype, self.in_dtype, self.fast, self.k)
             self._ref = (exp, bound)
         return self._ref
 
@@ -728,18 +728,11 @@ def _scaled_gemm_impl(a, b, a_scale, b_scale, bias, out, fast_accum, backend):
     if plan is None:
         kind_a, kind_b = _scale_kinds(a_scale, b_scale, m, n, k)
         plan = (_ScaledCudaPlan if be == "cuda" else _ScaledTritonPlan)(a, b, kind_a, kind_b, bias, out, fast_accum)
-        if _capturing_stream():
+        if P.capturing():
             plan(a, b, a_scale, b_scale, bias, out)
             return
         P.PLANS.put(key, plan)
     plan(a, b, a_scale, b_scale, bias, out)
-
-
-def _capturing_stream():
-    try:
-        return torch.cuda.is_current_stream_capturing()
-    except RuntimeError:
-        return False
 
 
 @P.custom_op("fray::scaled_gemm", mutates_args=("out",))
