@@ -32,6 +32,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -279,13 +280,94 @@ __device__ __forceinline__ void bulk_row(void* dst, const void* src, uint32_t by
                : "memory");
 }
 
-constexpr int kRowPad = 32;  // elements (64 bytes) after each weight row of a stage
+constexpr int kRowPadBytes = 64;  // after each row of a stage
 
-// A stage: kRowTiles * 16 weight rows, then (kXSmem) the kMTiles * 8 rows of x, each kTileK
-// elements plus the pad.
-template <int kMTiles, int kRowTiles, int kTileK, int kStages, bool kXSmem>
+// Weights stored as 8-bit integers or e4m3 (the W8A16 decode GEMM): 16 bytes a thread holds 16
+// elements, converted exactly (|q| <= 127 and every e4m3 value are bf16 / fp16 numbers) to the
+// activations' type in registers before the mma. The scale is not applied to the weights (which
+// would round them): per output channel it multiplies the fp32 sum in the epilogue; per group of
+// 128 along K it multiplies each 64-wide chunk's fp32 partial sum as that is added to the total.
+template <class W>
+constexpr bool kIs8Bit = sizeof(W) == 1;
+
+enum WeightScale : int { kScaleNone = 0, kScaleChannel = 1, kScaleGroup = 2 };
+constexpr int kScaleGroupK = 128;
+
+// Four int8 (one 32-bit word, element 0 in the low byte) -> two packed T pairs (e0, e1), (e2, e3).
+// Each byte, flipped to u = q + 128, becomes the low byte of the fp32 2^23 + u; subtracting
+// 2^23 + 128 leaves q exactly; the pair then rounds (exactly) to T.
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+template <class T, class W>
+__device__ __forceinline__ void widen4(uint32_t v, uint32_t& p01, uint32_t& p23) {
+  if constexpr (std::is_same_v<W, int8_t>) {
+    const uint32_t u = v ^ 0x80808080u;
+    constexpr float kBias = 8388736.0f;  // 2^23 + 128
+    const float f0 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440)) - kBias;
+    const float f1 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441)) - kBias;
+    const float f2 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7442)) - kBias;
+    const float f3 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7443)) - kBias;
+    p01 = pack2<T>(f0, f1);
+    p23 = pack2<T>(f2, f3);
+  } else {
+    // e4m3 pairs -> half2 (cvt.rn.f16x2.e4m3x2, exact), then to bf16 through fp32 where T is bf16.
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xFFFFu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v >> 16), __NV_E4M3);
+    if constexpr (std::is_same_v<T, __half>) {
+      p01 = *reinterpret_cast<const uint32_t*>(&lo);
+      p23 = *reinterpret_cast<const uint32_t*>(&hi);
+    } else {
+      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+      const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+      p01 = pack2<T>(a.x, a.y);
+      p23 = pack2<T>(b.x, b.y);
+    }
+  }
+}
+
+// One 64-byte chunk of 8-bit weights: thread (g, t) holds 16 elements of rows g (lo) and g + 8
+// (hi) at k = koff + t * 16 .. + 16, and the same 16 of each x row (two 16-byte loads); element
+// pairs 4q..4q+3 fill the fragment slots of mma q (q = 0..3), for A and B alike.
+template <class T, class W, int kMTiles>
+__device__ __forceinline__ void mma_chunk_w8(float (&acc)[kMTiles][4], const uint4& lo, const uint4& hi,
+                                             const uint4 (&xv)[kMTiles][2]) {
+  uint32_t L[8], H[8];
+  widen4<T, W>(lo.x, L[0], L[1]);
+  widen4<T, W>(lo.y, L[2], L[3]);
+  widen4<T, W>(lo.z, L[4], L[5]);
+  widen4<T, W>(lo.w, L[6], L[7]);
+  widen4<T, W>(hi.x, H[0], H[1]);
+  widen4<T, W>(hi.y, H[2], H[3]);
+  widen4<T, W>(hi.z, H[4], H[5]);
+  widen4<T, W>(hi.w, H[6], H[7]);
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    const uint32_t X[8] = {xv[mt][0].x, xv[mt][0].y, xv[mt][0].z, xv[mt][0].w,
+                           xv[mt][1].x, xv[mt][1].y, xv[mt][1].z, xv[mt][1].w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) mma16816<T>(acc[mt], L[2 * q], H[2 * q], L[2 * q + 1], H[2 * q + 1], X[2 * q], X[2 * q + 1]);
+  }
+}
+
+// Bytes of one row of a stage: kTileK elements of W (weights; x rows, kXSmem, where W is T) and the pad.
+template <class W, int kTileK>
+constexpr int bulk_ld_bytes() {
+  return kTileK * static_cast<int>(sizeof(W)) + kRowPadBytes;
+}
+
+// A stage: kRowTiles * 16 weight rows, then (kXSmem) the kMTiles * 8 rows of x.
+template <class W, int kMTiles, int kRowTiles, int kTileK, int kStages, bool kXSmem>
 constexpr int bulk_ring_bytes() {
-  return kStages * (kRowTiles * kRows + (kXSmem ? kMTiles * 8 : 0)) * (kTileK + kRowPad) * 2;
+  return kStages * (kRowTiles * kRows + (kXSmem ? kMTiles * 8 : 0)) * bulk_ld_bytes<W, kTileK>();
 }
 
 // The epilogue's fp32 sums reuse the ring: per consumer warp, then per CTA.
@@ -295,32 +377,40 @@ constexpr int bulk_sum_bytes() {
 }
 
 // Ring or sums, whichever is larger; the stage barriers follow (kept apart from both).
-template <int kMTiles, int kRowTiles, int kConsumerWarps, int kTileK, int kStages, bool kXSmem>
+template <class W, int kMTiles, int kRowTiles, int kConsumerWarps, int kTileK, int kStages, bool kXSmem>
 constexpr int bulk_data_bytes() {
-  return bulk_ring_bytes<kMTiles, kRowTiles, kTileK, kStages, kXSmem>() >
+  return bulk_ring_bytes<W, kMTiles, kRowTiles, kTileK, kStages, kXSmem>() >
                  bulk_sum_bytes<kMTiles, kRowTiles, kConsumerWarps>()
-             ? bulk_ring_bytes<kMTiles, kRowTiles, kTileK, kStages, kXSmem>()
+             ? bulk_ring_bytes<W, kMTiles, kRowTiles, kTileK, kStages, kXSmem>()
              : bulk_sum_bytes<kMTiles, kRowTiles, kConsumerWarps>();
 }
 
+// W: T, or int8_t / __nv_fp8_e4m3 (W8A16); scale, lds: the fp32 weight scales and their row stride
+// (kScaleChannel: scale[n * lds]; kScaleGroup: scale[n * lds + k / 128]), unused by kScaleNone.
 template <class T, class O, bool kBias, int kMTiles, int kRowTiles, int kConsumerWarps, int kTileK, int kStages,
-          int kSplitK, bool kXSmem>
+          int kSplitK, bool kXSmem, class W, int kScale>
 __global__ void __launch_bounds__((kConsumerWarps + 1) * 32, 1) small_m_bulk_kernel(
-    const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, O* __restrict__ out, int m, int n,
-    int k, int64_t lda, int64_t ldw, int64_t ldo) {
+    const T* __restrict__ x, const W* __restrict__ w, const T* __restrict__ bias, O* __restrict__ out, int m, int n,
+    int k, int64_t lda, int64_t ldw, int64_t ldo, const float* __restrict__ scale, int64_t lds) {
+  constexpr bool k8 = kIs8Bit<W>;
+  static_assert(k8 || std::is_same_v<W, T>, "w: the activations' type, int8 or e4m3");
+  static_assert(!(kXSmem && k8), "kXSmem: 16-bit weights only");
+  static_assert(k8 || kScale == kScaleNone, "scales come with 8-bit weights");
   constexpr int kRowsCta = kRowTiles * kRows;
-  constexpr int kLd = kTileK + kRowPad;          // shared row stride, elements
-  constexpr int kXRows = kXSmem ? kMTiles * 8 : 0;  // x rows a stage has room for
-  constexpr int kStageElems = (kRowsCta + kXRows) * kLd;
+  constexpr int kLdB = bulk_ld_bytes<W, kTileK>();     // shared row stride, bytes
+  constexpr int kXRows = kXSmem ? kMTiles * 8 : 0;     // x rows a stage has room for
+  constexpr int kStageBytes = (kRowsCta + kXRows) * kLdB;
   constexpr int kGroups = kConsumerWarps / kRowTiles;  // consumer warps per row tile
-  constexpr int kChunks = kTileK / kChunk;             // 32-wide chunks per stage and row
+  constexpr int kCh = 64 / static_cast<int>(sizeof(W));  // elements of a 64-byte chunk of a row: 32 or 64
+  constexpr int kPer = kCh / 4;                          // a thread's elements per chunk: 8 or 16
+  constexpr int kChunks = kTileK / kCh;                  // chunks per stage and row
   constexpr int kM8 = kMTiles * 8;
   static_assert(kConsumerWarps % kRowTiles == 0, "consumer warps split evenly over the row tiles");
   static_assert(kChunks % kGroups == 0, "a stage's chunks split evenly over a row tile's warps");
   extern __shared__ __align__(128) unsigned char smem[];
-  T* ring = reinterpret_cast<T*>(smem);
-  uint64_t* full =
-      reinterpret_cast<uint64_t*>(smem + bulk_data_bytes<kMTiles, kRowTiles, kConsumerWarps, kTileK, kStages, kXSmem>());
+  unsigned char* ring = smem;
+  uint64_t* full = reinterpret_cast<uint64_t*>(
+      smem + bulk_data_bytes<W, kMTiles, kRowTiles, kConsumerWarps, kTileK, kStages, kXSmem>());
   uint64_t* empty = full + kStages;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -351,15 +441,16 @@ __global__ void __launch_bounds__((kConsumerWarps + 1) * 32, 1) small_m_bulk_ker
       const int s = i % kStages;
       if (i >= kStages) ::fray::mbar_wait(&empty[s], ((i / kStages) - 1) & 1);
       const int k0 = (tile_begin + i) * kTileK;
-      const uint32_t row_bytes = static_cast<uint32_t>(min(kTileK, k - k0)) * 2u;  // K % 8 == 0: a multiple of 16
+      // K % 8 (16-bit) or K % 16 (8-bit): a multiple of 16 bytes.
+      const uint32_t row_bytes = static_cast<uint32_t>(min(kTileK, k - k0)) * static_cast<uint32_t>(sizeof(W));
       if (lane == 0) ::fray::mbar_arrive_expect_tx(&full[s], row_bytes * (kRowsCta + x_rows));
       __syncwarp();
       // Rows past N copy row N - 1 (valid memory); their outputs are never stored. x rows past M
       // are not copied (the consumers read row M - 1 for them).
       for (int r = lane; r < kRowsCta + x_rows; r += 32) {
-        const T* src = r < kRowsCta ? w + static_cast<int64_t>(min(n0 + r, n - 1)) * ldw + k0
-                                    : x + static_cast<int64_t>(r - kRowsCta) * lda + k0;
-        bulk_row(ring + s * kStageElems + r * kLd, src, row_bytes, &full[s]);
+        const void* src = r < kRowsCta ? static_cast<const void*>(w + static_cast<int64_t>(min(n0 + r, n - 1)) * ldw + k0)
+                                       : static_cast<const void*>(x + static_cast<int64_t>(r - kRowsCta) * lda + k0);
+        bulk_row(ring + s * kStageBytes + r * kLdB, src, row_bytes, &full[s]);
       }
     }
   } else {
@@ -368,54 +459,92 @@ __global__ void __launch_bounds__((kConsumerWarps + 1) * 32, 1) small_m_bulk_ker
     const int g = lane / 4, t = lane % 4;
     const T* x_row[kMTiles];
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) x_row[mt] = x + static_cast<int64_t>(min(mt * 8 + g, m - 1)) * lda + t * 8;
-    const int lo_off = (rt * kRows + g) * kLd + t * 8, hi_off = lo_off + 8 * kLd;
+    for (int mt = 0; mt < kMTiles; ++mt) x_row[mt] = x + static_cast<int64_t>(min(mt * 8 + g, m - 1)) * lda + t * kPer;
+    const int lo_off = (rt * kRows + g) * kLdB + t * 16, hi_off = lo_off + 8 * kLdB;
     int x_off[kMTiles];  // kXSmem: x's fragment rows in a stage
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) x_off[mt] = (kRowsCta + min(mt * 8 + g, m - 1)) * kLd + t * 8;
+    for (int mt = 0; mt < kMTiles; ++mt) x_off[mt] = (kRowsCta + min(mt * 8 + g, m - 1)) * kLdB + t * 16;
     (void)x_off;
+    // kScaleGroup: the scale rows of this thread's two weight rows.
+    const float* s_lo = scale + static_cast<int64_t>(min(n0 + rt * kRows + g, n - 1)) * lds;
+    const float* s_hi = scale + static_cast<int64_t>(min(n0 + rt * kRows + g + 8, n - 1)) * lds;
+    (void)s_lo;
+    (void)s_hi;
+    // One 64-byte chunk of 8-bit weights at k = kc (the chunk's first element); `in`: this
+    // thread's 16 elements lie inside K (else lo / hi are zeros, and so is x).
+    auto chunk8 = [&](const uint4& lo, const uint4& hi, int kc, bool in) {
+      const uint4 z = make_uint4(0, 0, 0, 0);
+      uint4 xv[kMTiles][2];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        xv[mt][0] = in ? __ldg(reinterpret_cast<const uint4*>(x_row[mt] + kc)) : z;
+        xv[mt][1] = in ? __ldg(reinterpret_cast<const uint4*>(x_row[mt] + kc + 8)) : z;
+      }
+      if constexpr (kScale == kScaleGroup) {
+        float part[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) part[mt][0] = part[mt][1] = part[mt][2] = part[mt][3] = 0.f;
+        mma_chunk_w8<T, W, kMTiles>(part, lo, hi, xv);
+        const float sl = __ldg(s_lo + kc / kScaleGroupK), sh = __ldg(s_hi + kc / kScaleGroupK);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          acc[mt][0] = fmaf(sl, part[mt][0], acc[mt][0]);
+          acc[mt][1] = fmaf(sl, part[mt][1], acc[mt][1]);
+          acc[mt][2] = fmaf(sh, part[mt][2], acc[mt][2]);
+          acc[mt][3] = fmaf(sh, part[mt][3], acc[mt][3]);
+        }
+      } else {
+        mma_chunk_w8<T, W, kMTiles>(acc, lo, hi, xv);
+      }
+    };
     for (int i = 0; i < my_tiles; ++i) {
       const int s = i % kStages;
       ::fray::mbar_wait(&full[s], (i / kStages) & 1);
       const int k0 = (tile_begin + i) * kTileK;
       const int valid = min(kTileK, k - k0);
-      const T* st = ring + s * kStageElems;
+      const unsigned char* st = ring + s * kStageBytes;
       if (valid == kTileK) {
 #pragma unroll
         for (int jj = 0; jj < kChunks / kGroups; ++jj) {
           const int j = grp + jj * kGroups;
-          const uint4 lo = *reinterpret_cast<const uint4*>(st + lo_off + j * kChunk);
-          const uint4 hi = *reinterpret_cast<const uint4*>(st + hi_off + j * kChunk);
-          if constexpr (kXSmem) {
+          const uint4 lo = *reinterpret_cast<const uint4*>(st + lo_off + j * 64);
+          const uint4 hi = *reinterpret_cast<const uint4*>(st + hi_off + j * 64);
+          if constexpr (k8) {
+            chunk8(lo, hi, k0 + j * kCh, true);
+          } else if constexpr (kXSmem) {
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
-              const uint4 xv = *reinterpret_cast<const uint4*>(st + x_off[mt] + j * kChunk);
+              const uint4 xv = *reinterpret_cast<const uint4*>(st + x_off[mt] + j * 64);
               mma16816<T>(acc[mt], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
               mma16816<T>(acc[mt], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
             }
           } else {
-            mma_chunk<T, kMTiles>(acc, lo, hi, x_row, k0 + j * kChunk);
+            mma_chunk<T, kMTiles>(acc, lo, hi, x_row, k0 + j * kCh);
           }
         }
       } else {
-        // The last tile of K: a thread's 8 elements are all inside or all past K (K % 8 == 0);
-        // past it the stage holds stale bytes, replaced by zeros in both operands.
+        // The last tile of K: a thread's kPer elements are all inside or all past K (K % kPer ==
+        // 0); past it the stage holds stale bytes, replaced by zeros in both operands.
         for (int jj = 0; jj < kChunks / kGroups; ++jj) {
           const int j = grp + jj * kGroups;
-          if (j * kChunk >= valid) break;
-          const bool in = j * kChunk + t * 8 < valid;
+          if (j * kCh >= valid) break;
+          const bool in = j * kCh + t * kPer < valid;
           const uint4 z = make_uint4(0, 0, 0, 0);
-          const uint4 lo = in ? *reinterpret_cast<const uint4*>(st + lo_off + j * kChunk) : z;
-          const uint4 hi = in ? *reinterpret_cast<const uint4*>(st + hi_off + j * kChunk) : z;
+          const uint4 lo = in ? *reinterpret_cast<const uint4*>(st + lo_off + j * 64) : z;
+          const uint4 hi = in ? *reinterpret_cast<const uint4*>(st + hi_off + j * 64) : z;
+          if constexpr (k8) {
+            chunk8(lo, hi, k0 + j * kCh, in);
+          } else {
 #pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            uint4 xv = z;
-            if (in) {
-              if constexpr (kXSmem) xv = *reinterpret_cast<const uint4*>(st + x_off[mt] + j * kChunk);
-              else xv = __ldg(reinterpret_cast<const uint4*>(x_row[mt] + k0 + j * kChunk));
+            for (int mt = 0; mt < kMTiles; ++mt) {
+              uint4 xv = z;
+              if (in) {
+                if constexpr (kXSmem) xv = *reinterpret_cast<const uint4*>(st + x_off[mt] + j * 64);
+                else xv = __ldg(reinterpret_cast<const uint4*>(x_row[mt] + k0 + j * kCh));
+              }
+              mma16816<T>(acc[mt], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
+              mma16816<T>(acc[mt], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
             }
-            mma16816<T>(acc[mt], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
-            mma16816<T>(acc[mt], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
           }
         }
       }
@@ -441,6 +570,12 @@ __global__ void __launch_bounds__((kConsumerWarps + 1) * 32, 1) small_m_bulk_ker
     }
   }
   __syncthreads();
+  // The fp32 sum of one output, scaled per channel (kScaleChannel) and biased.
+  auto finish = [&](float s, int col) {
+    if constexpr (kScale == kScaleChannel) s *= __ldg(scale + static_cast<int64_t>(col) * lds);
+    if constexpr (kBias) s += to_float(bias[col]);
+    return from_float<O>(s);
+  };
   const int m_cta = min(m, kM8);
   constexpr int kThreads = (kConsumerWarps + 1) * 32;
   if constexpr (kSplitK == 1) {
@@ -451,8 +586,7 @@ __global__ void __launch_bounds__((kConsumerWarps + 1) * 32, 1) small_m_bulk_ker
       float s = 0.f;
 #pragma unroll
       for (int gi = 0; gi < kGroups; ++gi) s += partial[gi * kRowTiles + r / kRows][r % kRows][col_m];
-      if constexpr (kBias) s += to_float(bias[col]);
-      out[static_cast<int64_t>(col_m) * ldo + col] = from_float<O>(s);
+      out[static_cast<int64_t>(col_m) * ldo + col] = finish(s, col);
     }
   } else {
     for (int idx = threadIdx.x; idx < kRowsCta * m_cta; idx += kThreads) {
@@ -474,8 +608,7 @@ __global__ void __launch_bounds__((kConsumerWarps + 1) * 32, 1) small_m_bulk_ker
       float s = 0.f;
 #pragma unroll
       for (int q = 0; q < kSplitK; ++q) s += *cluster.map_shared_rank(cta + idx, q);
-      if constexpr (kBias) s += to_float(bias[col]);
-      out[static_cast<int64_t>(col_m) * ldo + col] = from_float<O>(s);
+      out[static_cast<int64_t>(col_m) * ldo + col] = finish(s, col);
     }
     cluster.sync();  // no rank leaves while another still reads its shared memory
   }
@@ -495,6 +628,8 @@ struct SmallMConfig {
   using T = T_;
   using O = O_;
   static constexpr bool kBias = kBias_;
+  using W = T_;
+  static constexpr int kScale = kScaleNone;
   static constexpr int kMTiles = kMTiles_, kWarps = kWarps_, kUnroll = kUnroll_, kStages = kStages_;
   static constexpr int kPartialBytes = kWarps * kRows * kMTiles * 8 * 4;
   static constexpr int kRingBytes = ring_bytes<kStages, kUnroll, kWarps * 32>();
@@ -519,23 +654,29 @@ struct SmallMConfig {
 
 // The bulk-copy kernel: kRowTiles 16-row tiles of w per CTA, kConsumerWarps mma warps (plus one
 // producer warp), kTileK elements of each row per stage, kStages stages, kSplitK CTAs per row tile
-// (a cluster, reduced through distributed shared memory).
+// (a cluster, reduced through distributed shared memory). W8A16: W_ int8_t or __nv_fp8_e4m3 with
+// kScale_ kScaleChannel or kScaleGroup.
 template <class T_, class O_, bool kBias_, int kMTiles_, int kRowTiles_, int kConsumerWarps_, int kTileK_, int kStages_,
-          int kSplitK_, bool kXSmem_ = false>
+          int kSplitK_, bool kXSmem_ = false, class W_ = T_, int kScale_ = kScaleNone>
 struct SmallMBulkConfig {
   using T = T_;
   using O = O_;
+  using W = W_;
+  static constexpr int kScale = kScale_;
   static constexpr bool kBias = kBias_;
   static constexpr int kMTiles = kMTiles_, kRowTiles = kRowTiles_, kConsumerWarps = kConsumerWarps_;
   static constexpr int kTileK = kTileK_, kStages = kStages_, kSplitK = kSplitK_;
   static constexpr bool kXSmem = kXSmem_;
-  static constexpr int kSmemBytes = bulk_data_bytes<kMTiles, kRowTiles, kConsumerWarps, kTileK, kStages, kXSmem>() +
-                                    2 * kStages * 8;
+  static constexpr int kSmemBytes =
+      bulk_data_bytes<W, kMTiles, kRowTiles, kConsumerWarps, kTileK, kStages, kXSmem>() + 2 * kStages * 8;
   static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "x and w are bf16 or fp16");
   static_assert(std::is_same_v<O, T> || std::is_same_v<O, float>, "the output is the input dtype or fp32");
   static_assert(kMTiles >= 1 && kMTiles <= 8, "M <= 64");
   static_assert(kRowTiles >= 1 && kRowTiles <= 4, "16 to 64 rows of w per CTA");
-  static_assert(kTileK % kChunk == 0 && kTileK >= 64, "kTileK: whole 32-wide chunks, rows of 128 bytes or more");
+  static_assert(kTileK % (64 / static_cast<int>(sizeof(W))) == 0 && kTileK * static_cast<int>(sizeof(W)) >= 128,
+                "kTileK: whole 64-byte chunks, rows of 128 bytes or more");
+  static_assert(kScale != kScaleGroup || kTileK % kScaleGroupK == 0, "kScaleGroup: whole groups of 128 per stage");
+  static_assert((kScale != kScaleNone) == kIs8Bit<W>, "8-bit weights come with scales, 16-bit ones without");
   static_assert(kStages >= 2, "a ring of 2 or more stages");
   static_assert(kSplitK >= 1 && kSplitK <= 8, "kSplitK: a portable cluster size");
   static_assert(kSmemBytes <= (227 << 10), "shared memory per CTA");
@@ -547,22 +688,30 @@ struct SmallMBulkConfig {
   }
   static constexpr int kCluster = kSplitK;
   static constexpr auto kernel() {
-    return small_m_bulk_kernel<T, O, kBias, kMTiles, kRowTiles, kConsumerWarps, kTileK, kStages, kSplitK, kXSmem>;
+    return small_m_bulk_kernel<T, O, kBias, kMTiles, kRowTiles, kConsumerWarps, kTileK, kStages, kSplitK, kXSmem, W,
+                               kScale>;
   }
 
   static void describe(char* buf, size_t len) {
+    const char* w = !kIs8Bit<W> ? "" : std::is_same_v<W, int8_t> ? " w=int8" : " w=e4m3";
+    const char* sc = kScale == kScaleChannel ? " scale=channel" : kScale == kScaleGroup ? " scale=group128" : "";
     snprintf(buf, len,
-             "gemm_small_m bulk %s b=nk out=%s%s m<=%d rows=%d warps=1+%d tile_k=%d stages=%d split_k=%d x=%s",
-             name<T>(), name<O>(), kBias ? " bias" : "", kMTiles * 8, kRowTiles * kRows, kConsumerWarps, kTileK,
-             kStages, kSplitK, kXSmem ? "shared" : "global");
+             "gemm_small_m bulk %s%s%s b=nk out=%s%s m<=%d rows=%d warps=1+%d tile_k=%d stages=%d split_k=%d x=%s",
+             name<T>(), w, sc, name<O>(), kBias ? " bias" : "", kMTiles * 8, kRowTiles * kRows, kConsumerWarps,
+             kTileK, kStages, kSplitK, kXSmem ? "shared" : "global");
   }
 };
 
-// Slots, as gemm_sm90.cuh: ptrs = (a, b, bias or 0, out); ints = (M, N, K, lda, ldb, ldc).
+// Slots, as gemm_sm90.cuh: ptrs = (a, b, bias or 0, out); ints = (M, N, K, lda, ldb, ldc). W8A16
+// configurations add the fp32 weight scales: ptrs[4] = scale, ints[6] = its row stride (elements;
+// 0 broadcasts one scale to every channel).
 template <class Config>
 int launch(const FrayArgs* args, char* err, int32_t err_len) {
   using T = typename Config::T;
   using O = typename Config::O;
+  using W = typename Config::W;
+  constexpr bool kScaled = Config::kScale != kScaleNone;
+  constexpr int kAlign = kIs8Bit<W> ? 16 : 8;  // K and ldb: 16-byte weight rows
   if (args == nullptr || args->num_ptrs < 4 || args->num_ints < 6) {
     jit_set_err(err, err_len, "gemm_small_m: expected ptrs (a, b, bias, out) and ints (M, N, K, lda, ldb, ldc), got %d ptrs and %d ints",
             args ? args->num_ptrs : -1, args ? args->num_ints : -1);
@@ -575,9 +724,15 @@ int launch(const FrayArgs* args, char* err, int32_t err_len) {
             Config::kMTiles * 8, (long long)m, (long long)n, (long long)k);
     return 1;
   }
-  if (k % 8 || lda % 8 || ldb % 8 || lda < k || ldb < k || ldc < n) {
-    jit_set_err(err, err_len, "gemm_small_m: expected K, lda, ldb multiples of 8 with lda, ldb >= K and ldc >= N, got K=%lld lda=%lld ldb=%lld ldc=%lld N=%lld",
-            (long long)k, (long long)lda, (long long)ldb, (long long)ldc, (long long)n);
+  if (k % kAlign || lda % 8 || ldb % kAlign || lda < k || ldb < k || ldc < n) {
+    jit_set_err(err, err_len, "gemm_small_m: expected K and ldb multiples of %d, lda of 8, with lda, ldb >= K and ldc >= N, got K=%lld lda=%lld ldb=%lld ldc=%lld N=%lld",
+            kAlign, (long long)k, (long long)lda, (long long)ldb, (long long)ldc, (long long)n);
+    return 1;
+  }
+  if (kScaled && (args->num_ptrs < 5 || args->num_ints < 7 || args->ptrs[4] == 0 || (args->ptrs[4] & 3u) ||
+                  args->ints[6] < 0)) {
+    jit_set_err(err, err_len, "gemm_small_m: this W8A16 kernel expects ptrs[4] = fp32 scales (4-byte aligned) and ints[6] = their row stride >= 0, got %d ptrs and %d ints",
+                args->num_ptrs, args->num_ints);
     return 1;
   }
   if ((args->ptrs[0] | args->ptrs[1]) & 15u) {
@@ -607,14 +762,19 @@ int launch(const FrayArgs* args, char* err, int32_t err_len) {
     if (device < kMaxDevices) smem_set[device] = true;
   }
   const T* a_p = reinterpret_cast<const T*>(args->ptrs[0]);
-  const T* b_p = reinterpret_cast<const T*>(args->ptrs[1]);
+  const W* b_p = reinterpret_cast<const W*>(args->ptrs[1]);
+  const float* s_p = kScaled ? reinterpret_cast<const float*>(args->ptrs[4]) : nullptr;
+  const int64_t lds = kScaled ? args->ints[6] : 0;
   const T* bias_p = reinterpret_cast<const T*>(args->ptrs[2]);
   O* out_p = reinterpret_cast<O*>(args->ptrs[3]);
   const int m32 = static_cast<int>(m), n32 = static_cast<int>(n), k32 = static_cast<int>(k);
   const cudaStream_t stream = reinterpret_cast<cudaStream_t>(args->stream);
   cudaError_t e = cudaSuccess;
-  if constexpr (Config::kCluster == 1) {
+  if constexpr (!Config::kBulk) {
     kernel<<<Config::grid(n), Config::kThreads, kSmem, stream>>>(a_p, b_p, bias_p, out_p, m32, n32, k32, lda, ldb, ldc);
+  } else if constexpr (Config::kCluster == 1) {
+    kernel<<<Config::grid(n), Config::kThreads, kSmem, stream>>>(a_p, b_p, bias_p, out_p, m32, n32, k32, lda, ldb, ldc,
+                                                                 s_p, lds);
   } else {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -628,7 +788,7 @@ int launch(const FrayArgs* args, char* err, int32_t err_len) {
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    e = cudaLaunchKernelEx(&cfg, kernel, a_p, b_p, bias_p, out_p, m32, n32, k32, lda, ldb, ldc);
+    e = cudaLaunchKernelEx(&cfg, kernel, a_p, b_p, bias_p, out_p, m32, n32, k32, lda, ldb, ldc, s_p, lds);
   }
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) {

@@ -164,6 +164,9 @@ def dequantize(q: _A, scale: _A, *, granularity: QuantGranularity, block: Option
 def scaled_gemm(a: _A, b: _A, a_scale: _A, b_scale: _A, *, out_dtype: torch.dtype = torch.bfloat16,
                 bias: Optional[_A] = None, out: Optional[_A] = None, fast_accum: bool = False,
                 backend: Backend = "auto") -> _A: ...
+# out [M, N] = x @ (w * w_scale)^T (+ bias): x [M, K] bf16 / fp16, w [N, K] int8 / float8_e4m3fn (W8A16)
+def w8a16_gemm(x: _A, w: _A, w_scale: _A, *, bias: Optional[_A] = None, out: Optional[_A] = None,
+               backend: Backend = "auto") -> _A: ...
 
 # the seed's kernel timer: seconds per call (one float, or one per name)
 @overload

@@ -76,6 +76,8 @@ VALID = {
     "tanh": lambda: ((_r(64),), {}),
     "topk": lambda: ((_r(3, 50), 5), {}),
     "vector_add": lambda: ((_r(64), _r(64, seed=1)), {}),
+    "w8a16_gemm": lambda: ((_r(4, 64, dtype=bf16), torch.randint(-127, 128, (32, 64), dtype=torch.int8),
+                            _r(32, seed=1).abs() + 0.1), {}),
 }
 
 

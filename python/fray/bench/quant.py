@@ -20,6 +20,12 @@ scaled_gemm flops = 2·M·N·K, bytes (M <= 64 only, where the weight stream bou
             block-scaled GEMM of this layout).
   fray.cuda is the tuned JIT kernel (FRAY_PRINT_AUTOTUNE=1 prints the candidates), fray.triton the
   Triton kernel.
+
+w8a16_gemm bytes = N·K (the 8-bit weights: the stream that bounds a decode GEMM), flops 2·M·N·K;
+  shapes "<int8|fp8>-<channel|group>:<M>x<N>x<K>": bf16 x (randn), w [N, K] uniform int8 / e4m3 of
+  randn·64, fp32 scales per output channel or per channel and 128 of K. Peers: torch.mm bf16 (the
+  unquantized weight at the same shape: twice the bytes), torch dequant+mm (w.to(bf16) * scale,
+  then torch.mm: what a model file without a W8A16 kernel runs).
 """
 import re
 
@@ -32,18 +38,30 @@ SG = [("int8", 4096, 11008, 4096), ("int8", 8192, 8192, 8192), ("int8", 4096, 14
       ("block", 4096, 7168, 16384), ("block", 128, 7168, 16384), ("block", 64, 7168, 16384),
       ("block", 4096, 2112, 7168), ("block", 4096, 24576, 1536),
       ("int8", 1, 8192, 8192), ("int8", 16, 8192, 8192), ("fp8", 1, 4096, 4096), ("fp8", 16, 8192, 8192)]
-SHAPES = {"quantize": [("token", 16384, 8192), ("block1x128", 16384, 8192)], "scaled_gemm": SG}
+W8 = [("int8-channel", 1, 8192, 8192), ("int8-group", 1, 8192, 8192), ("fp8-channel", 1, 8192, 8192),
+      ("fp8-group", 1, 8192, 8192), ("int8-channel", 16, 8192, 8192), ("fp8-group", 16, 8192, 8192),
+      ("int8-channel", 1, 4096, 4096), ("fp8-channel", 4, 14336, 4096), ("int8-group", 8, 4096, 14336)]
+SHAPES = {"quantize": [("token", 16384, 8192), ("block1x128", 16384, 8192)], "scaled_gemm": SG, "w8a16_gemm": W8}
 OPS = tuple(SHAPES)
 QDTYPES = (torch.int8, torch.float8_e4m3fn)
 _SHAPE_RE = re.compile(r"^(token|block1x128):(\d+)x(\d+)$")
 
 
 _SG_RE = re.compile(r"^(int8|fp8|fp8fast|block):(\d+)x(\d+)x(\d+)$")
+_W8_RE = re.compile(r"^((?:int8|fp8)-(?:channel|group)):(\d+)x(\d+)x(\d+)$")
 
 
 def parse_shapes(op, text):
     """--shapes for this family: a comma list of "<token|block1x128>:<M>x<K>" (quantize) or
     "<int8|fp8|fp8fast|block>:<M>x<N>x<K>" (scaled_gemm)."""
+    if op == "w8a16_gemm":
+        out = []
+        for item in text.split(","):
+            m = _W8_RE.match(item.strip())
+            if not m:
+                raise ValueError("shapes: expected <int8|fp8>-<channel|group>:<M>x<N>x<K>, got %r" % item)
+            out.append((m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))))
+        return out
     if op == "scaled_gemm":
         out = []
         for item in text.split(","):
@@ -134,10 +152,47 @@ def sg_impls(inp):
     return out
 
 
+def w8_inputs(recipe, m, n, k, device="cuda"):
+    gen = torch.Generator(device=device).manual_seed(0)
+    wdt, kind = recipe.split("-")
+    x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
+    if wdt == "int8":
+        w = torch.randint(-127, 128, (n, k), device=device, generator=gen, dtype=torch.int8)
+    else:
+        w = (torch.randn(n, k, device=device, generator=gen) * 64).to(torch.float8_e4m3fn)
+    shape = (n, 1) if kind == "channel" else (n, -(-k // 128))
+    s = torch.rand(shape, device=device, generator=gen) / 64 + 1e-3
+    return dict(x=x, w=w, s=s, kind=kind, w16=torch.randn(n, k, device=device, generator=gen).to(torch.bfloat16))
+
+
+def w8_impls(inp):
+    x, w, s, kind, w16 = inp["x"], inp["w"], inp["s"], inp["kind"], inp["w16"]
+    k = x.shape[1]
+
+    def dequant_mm():
+        sf = s if kind == "channel" else s.repeat_interleave(128, 1)[:, :k]
+        return torch.mm(x, (w.to(torch.bfloat16) * sf).to(torch.bfloat16).t())
+
+    return {"fray.cuda": lambda: fray.w8a16_gemm(x, w, s, backend="cuda"),
+            "fray.triton": lambda: fray.w8a16_gemm(x, w, s, backend="triton"),
+            "torch.mm bf16": lambda: torch.mm(x, w16.t()),
+            "torch dequant+mm": dequant_mm}
+
+
 def run(op, recorder, shapes=None, graph=True, device="cuda", compile_fn=torch.compile):
     if op not in SHAPES:
-        raise ValueError("op: expected quantize or scaled_gemm, got %r" % op)
+        raise ValueError("op: expected quantize, scaled_gemm or w8a16_gemm, got %r" % op)
     from fray.bench import bench_impls
+    if op == "w8a16_gemm":
+        for recipe, m, n, k in shapes or SHAPES[op]:
+            inp = w8_inputs(recipe, m, n, k, device)
+            fray.w8a16_gemm(inp["x"], inp["w"], inp["s"], backend="cuda")  # tunes before the timing
+            bench_impls(recorder, op, "%s:%dx%dx%d" % (recipe, m, n, k),
+                        "bf16x%s->bf16" % ("int8" if recipe.startswith("int8") else "e4m3"), w8_impls(inp),
+                        nbytes=float(n * k), flops=2.0 * m * n * k, graph=graph)
+            del inp
+            torch.cuda.empty_cache()
+        return
     if op == "scaled_gemm":
         for recipe, m, n, k in shapes or SHAPES[op]:
             inp = sg_inputs(recipe, m, n, k, device)

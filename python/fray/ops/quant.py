@@ -37,8 +37,8 @@ from fray import backend as B
 from fray.reference import quant as ref
 
 FAMILY = "quant"
-OPS = ("quantize", "dequantize", "scaled_gemm")
-__all__ = ["quantize", "dequantize", "scaled_gemm"]
+OPS = ("quantize", "dequantize", "scaled_gemm", "w8a16_gemm")
+__all__ = ["quantize", "dequantize", "scaled_gemm", "w8a16_gemm"]
 B.register_preference("quantize", ("triton",))
 B.register_preference("dequantize", ("triton",))
 # No fray._C._quant extension yet: the family says itself why backend="cuda" cannot run.
@@ -794,6 +794,340 @@ def scaled_gemm(a, b, a_scale, b_scale, *, out_dtype=torch.bfloat16, bias=None, 
 
 
 # ---------------------------------------------------------------------------------------------
+# w8a16_gemm: out = x @ (w * w_scale)^T (+ bias), bf16 / fp16 activations and 8-bit weights
+
+_W8_X = (torch.bfloat16, torch.float16)
+_W8_CT = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half", torch.int8: "int8_t",
+          torch.float8_e4m3fn: "__nv_fp8_e4m3"}
+_W8_SCALE_CT = {"tensor": "kScaleChannel", "channel": "kScaleChannel", "group": "kScaleGroup"}
+W8A16_GROUP = ref.W8A16_GROUP
+W8A16_MAX_M = 16  # the CUDA kernel's rows of x (two m16n8k16 n-tiles); larger M runs Triton
+B.register_preference("w8a16_gemm", ("cuda", "triton"))
+CUDA_FAMILIES["w8a16_gemm"] = "gemm"
+
+
+def _w8(rowtiles, warps, tile_k, stages, split_k):
+    """A configuration of the bulk-copy small-M kernel on 8-bit weights (SmallMBulkConfig with W
+    int8 / e4m3): 16 * rowtiles weight rows a CTA, `warps` consumer warps plus one producer,
+    tile_k weights (bytes) of each row per stage, split_k CTAs of a cluster along K."""
+    return {"kernel": "small_m_bulk_w8", "rowtiles": rowtiles, "warps": warps, "tile_k": tile_k, "stages": stages,
+            "split_k": split_k}
+
+
+# Stage bytes around those of the bf16 kernel's best M = 1 configuration (16 rows x 2 KB x 3
+# stages, bench/NOTES.md, GEMM), deeper rings, 32-row CTAs and a 2-way split of K for N too small
+# to fill 132 SMs with 16-row CTAs. Every tile_k is a multiple of 128 (the scale groups).
+# The 32-row CTA (first) won every bucket of bench/quant/w8a16_gemm on the H200 (2026-12-04), by 7-12%
+# over the next; the last two are its neighbours (a deeper ring of shorter rows, fewer warps).
+W8A16_CANDIDATES = [_w8(2, 8, 1024, 3, 1), _w8(1, 8, 2048, 3, 1), _w8(1, 8, 1024, 4, 1), _w8(1, 4, 1024, 4, 1),
+                    _w8(1, 4, 1024, 6, 1), _w8(1, 8, 1024, 3, 2), _w8(1, 4, 2048, 4, 1), _w8(2, 8, 512, 6, 1),
+                    _w8(2, 4, 1024, 3, 1)]
+
+
+def w8a16_kernel_source(config, x_dtype, w_dtype, kind, bias, m):
+    """(name, translation unit) of one W8A16 configuration for M rows of x (the JIT contract's 3-line TU)."""
+    mtiles = 1 if m <= 8 else 2
+    name = "gemm_w8a16_%s_%s_%s%s_m%d_r%d_w%d_k%d_s%d_z%d" % (
+        V.DTYPE_NAMES[x_dtype], _SG_NAMES[w_dtype], "group" if kind == "group" else "channel", "_bias" if bias else "", mtiles * 8, config["rowtiles"] * 16,
+        config["warps"], config["tile_k"], config["stages"], config["split_k"])
+    src = ('#include "cuda/gemm/gemm_small_m.cuh"\n'
+           "using Config = fray::gemm::small_m::SmallMBulkConfig<%s, %s, %s, %d, %d, %d, %d, %d, %d, false, %s, "
+           "fray::gemm::small_m::%s>;\n"
+           "FRAY_GEMM_SMALL_M_ENTRY(Config)\n" % (
+               _W8_CT[x_dtype], _W8_CT[x_dtype], "true" if bias else "false", mtiles, config["rowtiles"],
+               config["warps"], config["tile_k"], config["stages"], config["split_k"], _W8_CT[w_dtype],
+               _W8_SCALE_CT[kind]))
+    return name, src
+
+
+def _w8a16_kind(w_scale, n, k):
+    """The scale kind from w_scale's shape (see w8a16_gemm's docstring), or ValueError."""
+    g = ref.cdiv(k, W8A16_GROUP)
+    shape = tuple(w_scale.shape)
+    if shape in ((n,), (n, 1)):
+        return "channel"
+    if shape == (n, g):
+        return "group"
+    if w_scale.numel() == 1 and len(shape) <= 2:
+        return "tensor"
+    raise ValueError("w_scale: expected one scale ([] or [1]), one per output channel ([%d] or [%d, 1]) or one per "
+                     "output channel and 128 of K ([%d, %d]), got shape %s" % (n, n, n, g, shape))
+
+
+def _check_w8a16(x, w, w_scale, bias, out):
+    for name, t in (("x", x), ("w", w), ("w_scale", w_scale)):
+        V.require_tensor(name, t)
+    V.require_tensor("bias", bias, allow_none=True)
+    V.require_tensor("out", out, allow_none=True)
+    V.require_device_family("x", x)
+    V.require_same_device([("x", x), ("w", w), ("w_scale", w_scale), ("bias", bias), ("out", out)])
+    if x.dtype not in _W8_X:
+        raise TypeError("x: expected dtype bfloat16 or float16, got %s" % _name(x.dtype))
+    if w.dtype not in _SG_IN:
+        raise TypeError("w: expected dtype int8 or float8_e4m3fn, got %s" % _name(w.dtype))
+    if w_scale.dtype != torch.float32:
+        raise TypeError("w_scale: expected float32 scales, got %s" % _name(w_scale.dtype))
+    if x.dim() != 2:
+        raise ValueError("x: expected a 2-d [M, K] operand, got shape %s" % (tuple(x.shape),))
+    if w.dim() != 2:
+        raise ValueError("w: expected a 2-d [N, K] operand, got shape %s" % (tuple(w.shape),))
+    m, k = x.shape
+    n = w.shape[0]
+    if w.shape[1] != k:
+        raise ValueError("w: expected [N, K] with K = %d (x's columns), got shape %s" % (k, tuple(w.shape)))
+    for name, t in (("x", x), ("w", w)):
+        if t.shape[1] > 1 and t.stride(1) != 1:
+            raise ValueError("%s: the last dimension must be contiguous (stride 1), got strides %s" % (name, t.stride()))
+        if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
+            raise ValueError("%s: rows overlap (row stride %d < row length %d)" % (name, t.stride(0), t.shape[1]))
+    kind = _w8a16_kind(w_scale, n, k)
+    if not w_scale.is_contiguous():
+        raise ValueError("w_scale: expected a contiguous (row-major) scale tensor, got strides %s" % (w_scale.stride(),))
+    if bias is not None:
+        if bias.dtype != x.dtype:
+            raise TypeError("bias: expected dtype %s (that of x), got %s" % (_name(x.dtype), _name(bias.dtype)))
+        V.require_shape("bias", bias, (n,))
+        if n > 1 and bias.stride(0) != 1:
+            raise ValueError("bias: expected a contiguous [N] vector, got stride %d" % bias.stride(0))
+    if out is not None:
+        if out.dtype != x.dtype:
+            raise TypeError("out: expected dtype %s (that of x), got %s" % (_name(x.dtype), _name(out.dtype)))
+        V.require_shape("out", out, (m, n))
+        if n > 1 and out.stride(1) != 1:
+            raise ValueError("out: the last dimension must be contiguous (stride 1), got strides %s" % (out.stride(),))
+        if m > 1 and out.stride(0) < n:
+            raise ValueError("out: rows overlap (row stride %d < row length %d)" % (out.stride(0), n))
+    return m, n, k, kind
+
+
+def _w8a16_lds(kind, w_scale):
+    """The scales' row stride in the kernels' indexing: 0 (one scale), 1 (per channel), G (per group)."""
+    return {"tensor": 0, "channel": 1}.get(kind) if kind != "group" else w_scale.stride(0)
+
+
+def _w8a16_cuda_takes(x, w):
+    """None when the CUDA kernel takes these operands as they are, else why not."""
+    m, k = x.shape
+    if m > W8A16_MAX_M:
+        return "M = %d rows of x: the CUDA kernel is the decode kernel (M <= %d)" % (m, W8A16_MAX_M)
+    if k % 16:
+        return "K = %d is not a multiple of 16 (16-byte rows of 8-bit weights)" % k
+    if x.data_ptr() % 16 or (m > 1 and x.stride(0) % 8):
+        return "x's base address or row stride is not a multiple of 16 bytes"
+    if w.data_ptr() % 16 or (w.shape[0] > 1 and w.stride(0) % 16):
+        return "w's base address or row stride is not a multiple of 16 bytes"
+    return None
+
+
+def w8a16_operands(m, n, k, x_dtype, w_dtype, kind, device="cpu", seed=0, bias=False):
+    """Test operands: x (randn, x_dtype), w (uniform int8, or e4m3 of randn * 64), fp32 scales of the
+    kind's shape in [0.5, 1.5) / 128, and a randn bias of x_dtype (or None)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(x_dtype)
+    if w_dtype == torch.int8:
+        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    else:
+        w = (torch.randn(n, k, generator=g) * 64).to(w_dtype)
+    shape = {"tensor": (), "channel": (n,), "group": (n, ref.cdiv(k, W8A16_GROUP))}[kind]
+    s = (torch.rand(shape, generator=g) + 0.5) / 128
+    b = torch.randn(n, generator=g).to(x_dtype) if bias else None
+    return [t.to(device) if t is not None else None for t in (x, w, s, b)]
+
+
+def assert_w8a16_close(out, x, w, w_scale, kind, bias=None, what=""):
+    """out against the float64 reference within gemm_bound (an fp32-accumulated GEMM; tests and `fray check`)."""
+    from fray import testing
+    args = [t.detach().cpu().double().numpy() for t in (x, w, w_scale)]
+    exp = ref.w8a16_gemm(*args, kind, None if bias is None else bias.detach().cpu().double().numpy())
+    terms = ref.w8a16_gemm_terms(*args, kind)
+    if bias is not None:
+        terms = terms + np.abs(bias.detach().cpu().double().numpy())[None, :]
+    testing.assert_gemm_close(out, exp, terms, out.dtype, x.shape[1], what)
+
+
+class _W8TuningInput:
+    """Fresh operands of one call's shape and kind, and the float64 reference the candidates are checked against."""
+
+    def __init__(self, m, n, k, x_dtype, w_dtype, kind, bias, device):
+        self.x, self.w, self.s, self.bias = w8a16_operands(m, n, k, x_dtype, w_dtype, kind, "cpu", seed=4321, bias=bias)
+        self.kind = kind
+        self.ref = None
+        self.x, self.w, self.s = self.x.to(device), self.w.to(device), self.s.to(device)
+        self.bias = None if self.bias is None else self.bias.to(device)
+        self.out = torch.empty(m, n, dtype=x_dtype, device=device)
+
+    def check(self, launch):
+        from fray import testing
+        self.out.fill_(float("nan"))
+        launch()
+        if self.ref is None:
+            s = self.s.double()
+            if self.kind == "group":
+                s = s.repeat_interleave(W8A16_GROUP, 1)[:, :self.x.shape[1]]
+            else:
+                s = s.reshape(-1, 1) if s.numel() > 1 else s.reshape(1, 1)
+            wd = self.w.double() * s
+            exp = self.x.double() @ wd.t()
+            terms = self.x.double().abs() @ wd.abs().t()
+            if self.bias is not None:
+                exp += self.bias.double()
+                terms += self.bias.double().abs()
+            self.ref = (exp, terms)
+        exp, terms = self.ref
+        testing.assert_gemm_close(self.out, exp, terms, self.out.dtype, self.x.shape[1], "w8a16 candidate")
+
+
+class _W8CudaPlan:
+    """The W8A16 kernel fray.tune chose for one call signature; __call__ launches it."""
+
+    __slots__ = ("launch", "ints", "dev")
+
+    def __init__(self, x, w, w_scale, kind, bias, out):
+        from fray import jit, tune
+        m, k = x.shape
+        n = w.shape[0]
+        self.dev = x.device.index
+        has_bias = bias is not None
+        lds = _w8a16_lds(kind, w_scale)
+        tuning = {}
+
+        def inputs():
+            if "x" not in tuning:
+                tuning["x"] = _W8TuningInput(m, n, k, x.dtype, w.dtype, kind, has_bias, x.device)
+            return tuning["x"]
+
+        def source(c):
+            return w8a16_kernel_source(c, x.dtype, w.dtype, kind, has_bias, m)
+
+        def build(configs):
+            return jit.build_many([source(c) + ((),) for c in configs], device=self.dev)
+
+        def runner(kern):
+            t = inputs()
+            ptrs = (t.x.data_ptr(), t.w.data_ptr(), t.bias.data_ptr() if has_bias else 0, t.out.data_ptr(),
+                    t.s.data_ptr())
+            ints = (m, n, k, k, k, n, _w8a16_lds(kind, t.s))
+            return lambda: kern.launch(ptrs, ints, (), self.dev, B.current_stream(x.device))
+
+        bucket = "%s%s->%s:m%d:n%d:k%d" % (kind, "+bias" if has_bias else "", V.DTYPE_NAMES[x.dtype],
+                                            1 << (m - 1).bit_length() if m > 1 else 1, n, k)
+        config = tune.choose("gemm_w8a16", bucket, _SG_NAMES[w.dtype], W8A16_CANDIDATES, build=build,
+                             run=lambda c, kern: runner(kern)(), check=lambda c, kern: inputs().check(runner(kern)),
+                             default=dict(W8A16_CANDIDATES[0]), flops=2.0 * m * n * k, bytes=float(n * k),
+                             device=self.dev)
+        tuning.clear()
+        name, src = source(config)
+        self.launch = jit.build(name, src, device=self.dev).launch
+        self.ints = (m, n, k, x.stride(0) if m > 1 else k, w.stride(0) if n > 1 else k, out.stride(0) if m > 1 else n,
+                     lds)
+
+    def __call__(self, x, w, w_scale, bias, out):
+        self.launch((x.data_ptr(), w.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
+                     w_scale.data_ptr()), self.ints, (), self.dev, B.current_stream(out.device))
+
+
+class _W8TritonPlan:
+    __slots__ = ("config", "lds", "group")
+
+    def __init__(self, x, w, w_scale, kind, bias, out):
+        from fray_triton import w8a16_gemm as tw
+        self.config = tw.config_for(x.shape[0])
+        self.lds, self.group = _w8a16_lds(kind, w_scale), kind == "group"
+
+    def __call__(self, x, w, w_scale, bias, out):
+        from fray_triton import w8a16_gemm as tw
+        with torch.cuda.device(x.device):
+            tw.w8a16_gemm(x, w, w_scale, self.lds, self.group, bias, out, self.config)
+
+
+def _w8a16_impl(x, w, w_scale, bias, out, backend):
+    m, k = x.shape
+    n = w.shape[0]
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        if bias is None:
+            out.zero_()
+        else:
+            out.copy_(bias.expand(m, n))
+        return
+    why = None
+    be = B.resolve("w8a16_gemm", "gemm", backend, x.device)
+    if be == "cuda":
+        why = _w8a16_cuda_takes(x, w)
+        if why is not None:
+            if backend == "cuda":
+                raise ValueError("backend='cuda' cannot take this call: %s (backend='triton' or 'auto' can)" % why)
+            be = "triton"
+    key = P.signature("w8a16_gemm:plan", be, (x, w, w_scale, bias, out), (why is None,))
+    plan = P.PLANS.get(key)
+    if plan is None:
+        kind = _w8a16_kind(w_scale, n, k)
+        plan = (_W8CudaPlan if be == "cuda" else _W8TritonPlan)(x, w, w_scale, kind, bias, out)
+        if P.capturing():
+            plan(x, w, w_scale, bias, out)
+            return
+        P.PLANS.put(key, plan)
+    plan(x, w, w_scale, bias, out)
+
+
+@P.custom_op("fray::w8a16_gemm", mutates_args=("out",))
+def _w8a16_op(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor],
+              out: torch.Tensor, backend: str) -> None:
+    _w8a16_impl(x, w, w_scale, bias, out, backend)
+
+
+_w8a16_op.register_fake(lambda *args, **kwargs: None)
+
+
+def w8a16_gemm(x, w, w_scale, *, bias=None, out=None, backend="auto"):
+    """out [M, N] = x @ (w * w_scale)^T (+ bias): bf16 / fp16 activations times 8-bit weights
+    (W8A16, the decode GEMM of weight-only quantized models), fp32 accumulation, one rounding to
+    x's dtype.
+
+    x [M, K] bf16 or fp16; w [N, K] (nn.Linear's layout) int8 or float8_e4m3fn, both with a
+    contiguous last dimension. w_scale, fp32 and contiguous, says by its shape what it scales
+    (fray.quantize's outputs fit as they are):
+
+      []  or [1]                 one scale for all of w
+      [N] or [N, 1]              one per output channel (quantize(w, granularity="token"))
+      [N, ceil(K / 128)]         one per output channel and 128 of K (quantize(w, granularity="block",
+                                 block=(1, 128)))
+
+    The weights convert exactly to x's dtype in registers (|q| <= 127 and every e4m3 value are
+    bf16 and fp16 numbers); a per-channel scale multiplies the fp32 sum once, a per-group scale
+    each 128-deep slice's fp32 partial sum. bias: [N] of x's dtype.
+
+    backend "cuda" (M <= 16, K a multiple of 16, 16-byte aligned bases and row strides of x and
+    w; ValueError otherwise): the weight-streaming kernel of cuda/gemm/gemm_small_m.cuh on
+    fray.jit (a cp.async.bulk ring of 8-bit weight rows, mma.sync m16n8k16; each weight byte read
+    once), its configuration chosen by fray.tune per shape bucket. "triton": a tiled tl.dot kernel
+    with masked loads (any shape). "auto": cuda, or triton for what cuda cannot take. CUDA tensors
+    run on the current stream without host synchronisation (CUDA-graph capturable after one eager
+    call; torch.compile traces the custom op fray::w8a16_gemm). CPU tensors run the float64
+    reference (fray.reference.quant.w8a16_gemm).
+    """
+    V.require_backend(backend, B.BACKENDS)
+    m, n, k, kind = _check_w8a16(x, w, w_scale, bias, out)
+    if x.device.type == "cpu":
+        V.require_cpu_backend(backend, "x")
+        c = ref.w8a16_gemm(x.double().numpy(), w.float().double().numpy(), w_scale.double().numpy(), kind,
+                           None if bias is None else bias.double().numpy())
+        c = torch.from_numpy(np.ascontiguousarray(c)).to(x.dtype)
+        if out is not None:
+            out.copy_(c)
+            return out
+        return c
+    if out is None:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if _compiling():
+        torch.ops.fray.w8a16_gemm(x, w, w_scale, bias, out, backend)
+        return out
+    _w8a16_impl(x, w, w_scale, bias, out, backend)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # `fray check` cases: (op, backend, dtype, shape, callable raising on a mismatch)
 
 CASES = [("tensor", None), ("token", None), ("channel", None), ("block", (1, 128)), ("block", (128, 128))]
@@ -867,13 +1201,30 @@ def check_cases(device):
             out = scaled_gemm(a, b, sa, sb, bias=bias, backend=backend)
         assert_scaled_gemm_close(out, a, b, sa, sb, kind, kind, bias, what="scaled_gemm %s %dx%dx%d" % (backend, m, n, k))
 
+    def w8(backend, wdt, kind, m, n, k, dev):
+        x, w, s_, b = w8a16_operands(m, n, k, torch.float16 if dev == "cpu" else torch.bfloat16, wdt, kind, dev,
+                                     seed=m + k, bias=True)
+        if backend == "triton-interpreter":
+            from fray_triton import w8a16_gemm as tw
+            out = torch.full((m, n), float("nan"), dtype=x.dtype)
+            tw.w8a16_gemm(x, w, s_, _w8a16_lds(kind, s_), kind == "group", b, out, tw.config_for(m))
+        else:
+            out = w8a16_gemm(x, w, s_, bias=b, backend=backend)
+        assert_w8a16_close(out, x, w, s_, kind, b, what="w8a16_gemm %s %s %dx%dx%d" % (backend, kind, m, n, k))
+
+    def w8_hand():
+        out = w8a16_gemm(torch.tensor([[1.0, -2.0], [3.0, 4.0]], dtype=torch.bfloat16),
+                         torch.tensor([[5, 6], [-7, 8], [1, 1]], dtype=torch.int8), torch.tensor([1.0, 2.0, 4.0]))
+        assert out.float().tolist() == [[-7.0, -46.0, -4.0], [39.0, 22.0, 28.0]], out
+
     def sg_hand():
         out = scaled_gemm(torch.tensor([[1, -2], [3, 4]], dtype=torch.int8), torch.tensor([[5, 6], [-7, 8]], dtype=torch.int8),
                           torch.tensor([[1.0], [0.5]]), torch.tensor(2.0), out_dtype=torch.float32)
         assert out.tolist() == [[-14.0, -46.0], [39.0, 11.0]], out
 
     if device.type != "cuda":
-        cases = [("quantize+dequantize", "reference", "fp64", "hand", hand), ("scaled_gemm", "reference", "fp64", "hand", sg_hand)]
+        cases = [("quantize+dequantize", "reference", "fp64", "hand", hand), ("scaled_gemm", "reference", "fp64", "hand", sg_hand),
+                 ("w8a16_gemm", "reference", "fp64", "hand", w8_hand)]
         for granularity, block in CASES:
             cases.append(("quantize", "triton-interpreter", "bf16->int8", "%s:37x200" % _gshape(granularity, block),
                           lambda g=granularity, b=block: quant("triton-interpreter", torch.int8, g, b, 37, 200,
@@ -881,11 +1232,20 @@ def check_cases(device):
         for kind in ("vector", "block"):  # the kernel's block path is dtype-blind: int8 runs it here
             cases.append(("scaled_gemm", "triton-interpreter", "int8->bf16", "%s:37x40x200" % kind,
                           lambda kd=kind: sg("triton-interpreter", torch.int8, kd, 37, 40, 200, "cpu")))
+        for kind in ("channel", "group"):
+            cases.append(("w8a16_gemm", "triton-interpreter", "fp16xint8->fp16", "%s:7x40x200" % kind,
+                          lambda kd=kind: w8("triton-interpreter", torch.int8, kd, 7, 40, 200, "cpu")))
         return cases
 
     def rows(op, backend):
         if op == "dequantize":
             return []  # quant() checks the round trip
+        if op == "w8a16_gemm":
+            return [(label, "%s:%dx%dx%d" % (kind, m, n, k),
+                     lambda b=backend, d=wdt, kd=kind, m_=m, n_=n, k_=k: w8(b, d, kd, m_, n_, k_, device))
+                    for label, wdt, kind in (("bf16xint8->bf16", torch.int8, "channel"),
+                                             ("bf16xe4m3->bf16", torch.float8_e4m3fn, "group"))
+                    for m, n, k in ((1, 4096, 4096), (16, 4096, 4096))]
         if op == "scaled_gemm":
             return [(label, "%s:%dx%dx%d" % (kind, m, n, k),
                      lambda b=backend, d=dtype, kd=kind, m_=m, n_=n, k_=k: sg(b, d, kd, m_, n_, k_, device))

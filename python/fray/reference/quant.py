@@ -146,3 +146,33 @@ def scaled_gemm_terms(a, b, a_scale, b_scale, kind_a, kind_b):
     return scaled_gemm(np.abs(np.asarray(a, np.float64)), np.abs(np.asarray(b, np.float64)),
                        np.abs(np.asarray(a_scale, np.float64)), np.abs(np.asarray(b_scale, np.float64)),
                        kind_a, kind_b)
+
+
+W8A16_GROUP = 128
+W8A16_KINDS = ("tensor", "channel", "group")
+
+
+def w8a16_gemm(x, w, w_scale, kind, bias=None):
+    """The W8A16 GEMM (float64): out[m, n] = sum_k x[m, k] w[n, k] s(n, k) + bias[n].
+
+    x [M, K] holds the activations, w [N, K] the 8-bit weight values (int8 integers or e4m3
+    values), both as float64; w_scale is fp32 held as float64. kind "tensor": one scale;
+    "channel": one per output channel ([N] or [N, 1]); "group": one per output channel and 128 of
+    K ([N, ceil(K / 128)], fray.quantize(w, granularity="block", block=(1, 128)))."""
+    x = np.asarray(x, np.float64)
+    w = np.asarray(w, np.float64)
+    n, k = w.shape
+    s = np.asarray(w_scale, np.float64)
+    if kind == "group":
+        out = x @ (w * np.repeat(s.reshape(n, -1), W8A16_GROUP, axis=1)[:, :k]).T
+    else:
+        out = (x @ w.T) * (s.reshape(1, n) if kind == "channel" else s.reshape(()))
+    if bias is not None:
+        out = out + np.asarray(bias, np.float64).reshape(1, n)
+    return out
+
+
+def w8a16_gemm_terms(x, w, w_scale, kind):
+    """sum_k |x| |w s|: the magnitude the accumulation error bound scales with."""
+    return w8a16_gemm(np.abs(np.asarray(x, np.float64)), np.abs(np.asarray(w, np.float64)),
+                      np.abs(np.asarray(w_scale, np.float64)), kind)
