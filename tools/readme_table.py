@@ -98,6 +98,10 @@ ROWS = [
     ("gemm", "scaled_gemm", "fp8:16x8192x8192:graph", "e4m3->bf16", "e4m3 row-wise 16x8192x8192:graph"),
     ("gemm", "scaled_gemm", "block:4096x7168x16384", "e4m3->bf16", "e4m3 block 4096x7168x16384"),
     ("gemm", "scaled_gemm", "block:128x7168x16384", "e4m3->bf16", "e4m3 block 128x7168x16384"),
+    ("gemm", "w8a16_gemm", "int8-channel:1x8192x8192:graph", "bf16xint8->bf16", "W8A16 int8 per channel 1x8192x8192:graph"),
+    ("gemm", "w8a16_gemm", "fp8-group:1x8192x8192:graph", "bf16xe4m3->bf16", "W8A16 e4m3 group-128 1x8192x8192:graph"),
+    ("gemm", "w8a16_gemm", "int8-channel:16x8192x8192:graph", "bf16xint8->bf16", "W8A16 int8 per channel 16x8192x8192:graph"),
+    ("gemm", "w8a16_gemm", "int8-channel:1x8192x8192", "bf16xint8->bf16", "W8A16 int8 per channel 1x8192x8192"),
 ]
 PEER_NAMES = {"torch.builtin": None, "torch.eager": "torch eager", "torch.compile": "torch.compile"}
 BUILTIN = {"gemm": "torch.mm", "rmsnorm": "F.rms_norm", "softmax": "torch.softmax", "online_softmax": "torch.softmax+amax+logsumexp", "layernorm": "F.layer_norm",
