@@ -44,38 +44,27 @@ W8 = [("int8-channel", 1, 8192, 8192), ("int8-group", 1, 8192, 8192), ("fp8-chan
 SHAPES = {"quantize": [("token", 16384, 8192), ("block1x128", 16384, 8192)], "scaled_gemm": SG, "w8a16_gemm": W8}
 OPS = tuple(SHAPES)
 QDTYPES = (torch.int8, torch.float8_e4m3fn)
-_SHAPE_RE = re.compile(r"^(token|block1x128):(\d+)x(\d+)$")
-
-
-_SG_RE = re.compile(r"^(int8|fp8|fp8fast|block):(\d+)x(\d+)x(\d+)$")
-_W8_RE = re.compile(r"^((?:int8|fp8)-(?:channel|group)):(\d+)x(\d+)x(\d+)$")
+# --shapes spellings per op: (pattern, what the error message says is expected)
+_SHAPE_FORMS = {
+    "quantize": (re.compile(r"^(token|block1x128):(\d+)x(\d+)$"), "<token|block1x128>:<M>x<K>"),
+    "scaled_gemm": (re.compile(r"^(int8|fp8|fp8fast|block):(\d+)x(\d+)x(\d+)$"),
+                    "<int8|fp8|fp8fast|block>:<M>x<N>x<K>"),
+    "w8a16_gemm": (re.compile(r"^((?:int8|fp8)-(?:channel|group)):(\d+)x(\d+)x(\d+)$"),
+                   "<int8|fp8>-<channel|group>:<M>x<N>x<K>"),
+}
 
 
 def parse_shapes(op, text):
-    """--shapes for this family: a comma list of "<token|block1x128>:<M>x<K>" (quantize) or
-    "<int8|fp8|fp8fast|block>:<M>x<N>x<K>" (scaled_gemm)."""
-    if op == "w8a16_gemm":
-        out = []
-        for item in text.split(","):
-            m = _W8_RE.match(item.strip())
-            if not m:
-                raise ValueError("shapes: expected <int8|fp8>-<channel|group>:<M>x<N>x<K>, got %r" % item)
-            out.append((m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))))
-        return out
-    if op == "scaled_gemm":
-        out = []
-        for item in text.split(","):
-            m = _SG_RE.match(item.strip())
-            if not m:
-                raise ValueError("shapes: expected <int8|fp8|fp8fast|block>:<M>x<N>x<K>, got %r" % item)
-            out.append((m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))))
-        return out
+    """--shapes for this family: a comma list of "<token|block1x128>:<M>x<K>" (quantize),
+    "<int8|fp8|fp8fast|block>:<M>x<N>x<K>" (scaled_gemm) or "<int8|fp8>-<channel|group>:<M>x<N>x<K>"
+    (w8a16_gemm)."""
+    pattern, spelling = _SHAPE_FORMS[op]
     out = []
     for item in text.split(","):
-        m = _SHAPE_RE.match(item.strip())
+        m = pattern.match(item.strip())
         if not m:
-            raise ValueError("shapes: expected <token|block1x128>:<M>x<K>, got %r" % item)
-        out.append((m.group(1), int(m.group(2)), int(m.group(3))))
+            raise ValueError("shapes: expected %s, got %r" % (spelling, item))
+        out.append((m.group(1),) + tuple(int(v) for v in m.groups()[1:]))
     return out
 
 

@@ -704,26 +704,40 @@ class _ScaledTritonPlan:
             ts.scaled_gemm(a, b, a_scale, b_scale, self.kinds[0], self.kinds[1], bias, out, self.config)
 
 
-def _scaled_gemm_impl(a, b, a_scale, b_scale, bias, out, fast_accum, backend):
-    m, k = a.shape
-    n = b.shape[0]
+def _trivial_product(m, n, k, bias, out):
+    """M or N = 0: nothing to write; K = 0: out = bias (or zeros). True when the call is done."""
     if m == 0 or n == 0:
-        return
+        return True
     if k == 0:
         if bias is None:
             out.zero_()
         else:
             out.copy_(bias.expand(m, n))
+        return True
+    return False
+
+
+def _pick_backend(op, backend, device, why_not):
+    """(backend, cuda fits): "cuda", or "triton" where why_not() names what the CUDA kernel cannot
+    take (a ValueError when backend="cuda" was asked for)."""
+    be = B.resolve(op, "gemm", backend, device)
+    if be != "cuda":
+        return be, False
+    why = why_not()
+    if why is None:
+        return be, True
+    if backend == "cuda":
+        raise ValueError("backend='cuda' cannot take this call: %s (backend='triton' or 'auto' can)" % why)
+    return "triton", False
+
+
+def _scaled_gemm_impl(a, b, a_scale, b_scale, bias, out, fast_accum, backend):
+    m, k = a.shape
+    n = b.shape[0]
+    if _trivial_product(m, n, k, bias, out):
         return
-    why = None
-    be = B.resolve("scaled_gemm", "gemm", backend, a.device)
-    if be == "cuda":
-        why = _cuda_takes(a, b, out, bias, a_scale, b_scale)
-        if why is not None:
-            if backend == "cuda":
-                raise ValueError("backend='cuda' cannot take this call: %s (backend='triton' or 'auto' can)" % why)
-            be = "triton"
-    key = P.signature("scaled_gemm:plan", be, (a, b, a_scale, b_scale, bias, out), (fast_accum, why is None))
+    be, fits = _pick_backend("scaled_gemm", backend, a.device, lambda: _cuda_takes(a, b, out, bias, a_scale, b_scale))
+    key = P.signature("scaled_gemm:plan", be, (a, b, a_scale, b_scale, bias, out), (fast_accum, fits))
     plan = P.PLANS.get(key)
     if plan is None:
         kind_a, kind_b = _scale_kinds(a_scale, b_scale, m, n, k)
@@ -1043,23 +1057,10 @@ class _W8TritonPlan:
 def _w8a16_impl(x, w, w_scale, bias, out, backend):
     m, k = x.shape
     n = w.shape[0]
-    if m == 0 or n == 0:
+    if _trivial_product(m, n, k, bias, out):
         return
-    if k == 0:
-        if bias is None:
-            out.zero_()
-        else:
-            out.copy_(bias.expand(m, n))
-        return
-    why = None
-    be = B.resolve("w8a16_gemm", "gemm", backend, x.device)
-    if be == "cuda":
-        why = _w8a16_cuda_takes(x, w)
-        if why is not None:
-            if backend == "cuda":
-                raise ValueError("backend='cuda' cannot take this call: %s (backend='triton' or 'auto' can)" % why)
-            be = "triton"
-    key = P.signature("w8a16_gemm:plan", be, (x, w, w_scale, bias, out), (why is None,))
+    be, fits = _pick_backend("w8a16_gemm", backend, x.device, lambda: _w8a16_cuda_takes(x, w))
+    key = P.signature("w8a16_gemm:plan", be, (x, w, w_scale, bias, out), (fits,))
     plan = P.PLANS.get(key)
     if plan is None:
         kind = _w8a16_kind(w_scale, n, k)
