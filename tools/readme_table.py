@@ -162,7 +162,8 @@ def table(name, data):
 HOST_PEERS = {"torch.builtin": None, "torch.eager": "torch composite", "flashinfer": "FlashInfer"}
 # bench/host's built-in peer where it is not the kernel benchmarks' (online_softmax's is torch.softmax
 # alone, without the statistics)
-HOST_BUILTIN = {"online_softmax": "torch.softmax", "prefill_attention": "SDPA (causal)", "scaled_gemm": "torch._scaled_mm"}
+HOST_BUILTIN = {"online_softmax": "torch.softmax", "prefill_attention": "SDPA (causal)", "scaled_gemm": "torch._scaled_mm",
+                "w8a16_gemm": "torch.mm bf16"}
 
 
 def host_table(data):

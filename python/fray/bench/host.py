@@ -264,6 +264,18 @@ def cases(device):
     impls["torch.builtin"] = lambda: torch._scaled_mm(a8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
     out.append(("scaled_gemm", "%dx%dx%d" % (BATCH, HIDDEN, HIDDEN), "e4m3->bf16", impls))
 
+    # w8a16_gemm at a decode batch: bf16 x int8 weights with per-channel scales, beside torch.mm on
+    # the same weights in bf16
+    xw = randn(BATCH, HIDDEN).to(torch.bfloat16)
+    wq = torch.randint(-127, 128, (HIDDEN, HIDDEN), device=device, dtype=torch.int8)
+    ws = torch.rand(HIDDEN, device=device) / 64 + 1e-3
+    w16 = randn(HIDDEN, HIDDEN).to(torch.bfloat16)
+    ow = torch.empty(BATCH, HIDDEN, device=device, dtype=torch.bfloat16)
+    impls = {}
+    _fray(impls, lambda b: fray.w8a16_gemm(xw, wq, ws, out=ow, backend=b))
+    impls["torch.builtin"] = lambda: torch.mm(xw, w16.t())
+    out.append(("w8a16_gemm", "%dx%dx%d" % (BATCH, HIDDEN, HIDDEN), "bf16xint8->bf16", impls))
+
     for name, peer in (("silu", F.silu), ("gelu", F.gelu), ("relu", torch.relu), ("tanh", torch.tanh),
                        ("sigmoid", torch.sigmoid)):
         impls = {}
