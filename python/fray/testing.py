@@ -82,6 +82,23 @@ def assert_gemm_close(actual, expected_f64, terms, out_dtype, k, what=""):
         what, out_dtype, k, int(bad.sum()), err.numel(), float(err[bad].max()), float(bound[bad][err[bad].argmax()]))
 
 
+def cuobjdump():
+    """The path of cuobjdump (Triton's package carries one under backends/nvidia/bin), else the PATH's."""
+    import pathlib
+    import shutil
+    import triton
+    tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    tool = str(tool) if tool.is_file() else shutil.which("cuobjdump")
+    assert tool, "cuobjdump not found (Triton's package carries one under backends/nvidia/bin)"
+    return tool
+
+
+def dump_sass(so):
+    """The SASS of a compiled .so (cuobjdump --dump-sass), for tests that check what ptxas emitted."""
+    import subprocess
+    return subprocess.run([cuobjdump(), "--dump-sass", str(so)], capture_output=True, text=True).stdout
+
+
 _SM90_COMPILE = r"""
 import json, pathlib, re, shutil, subprocess, sys, tempfile, traceback
 import importlib

@@ -5,10 +5,8 @@ side stream, tuning and a second process finding the cache warm (GPU)."""
 import ctypes
 import json
 import os
-import pathlib
 import random
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,6 +17,7 @@ import torch
 import triton
 
 import fray
+from fray import testing
 from fray import jit, tune
 from fray.ops import gemm as G
 from fray.reference import gemm as ref
@@ -301,10 +300,7 @@ def test_small_m_tu_compiles_for_sm90a(tmp_path, monkeypatch):
         assert hasattr(lib, sym), sym
     lib.fray_jit_describe.restype = ctypes.c_char_p
     assert lib.fray_jit_describe().decode() == "gemm_small_m bf16 b=nk out=bf16 bias m<=8 warps=16 unroll=4 stages=0"
-    tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    tool = str(tool) if tool.is_file() else shutil.which("cuobjdump")
-    assert tool, "cuobjdump not found (Triton's package carries one under backends/nvidia/bin)"
-    sass = subprocess.run([tool, "--dump-sass", str(so)], capture_output=True, text=True).stdout
+    sass = testing.dump_sass(so)
     assert set(re.findall(r"arch = (sm_\w+)", sass)) == {"sm_90a"}, sass[:500]
     assert "HMMA.16816.F32.BF16" in sass  # the tensor-core mma.sync, not a scalar fallback
     # The bulk-copy kernel's TU, one of the M <= 16 tuning candidates.

@@ -4,16 +4,14 @@ the GPU both backends against the float64 reference (int8 exact, e4m3 within the
 bound), every tuning candidate, CUDA graphs, side streams and torch.compile."""
 import ctypes
 import os
-import pathlib
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 import torch
 
 import fray
+from fray import testing
 from fray.ops import quant as Q
 from fray.reference import quant as ref
 
@@ -194,7 +192,6 @@ def test_kernel_sources_name_their_configuration():
 def test_block_scaled_tu_compiles_for_sm90a(tmp_path, monkeypatch):
     """The block-scaled e4m3 kernel (CUTLASS's blockwise FP8 mainloop and the bias epilogue) built
     for sm_90a without a GPU: the contract's exports, describe(), and fp8 wgmma (QGMMA) in its SASS."""
-    import triton
     from fray import jit
     monkeypatch.setenv("FRAY_CACHE_DIR", str(tmp_path / "cache"))
     name, src = Q.scaled_kernel_source(Q.PROMOTED_LARGE[0], E4M3, torch.bfloat16, "block", "block", True, False)
@@ -203,10 +200,7 @@ def test_block_scaled_tu_compiles_for_sm90a(tmp_path, monkeypatch):
     lib.fray_jit_describe.restype = ctypes.c_char_p
     assert lib.fray_jit_describe().decode().startswith(
         "scaled_gemm_sm90 e4m3 out=bf16 scales=block/block bias 128x128x128 c1x2 coop stages=auto:")
-    tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    tool = str(tool) if tool.is_file() else shutil.which("cuobjdump")
-    assert tool, "cuobjdump not found"
-    sass = subprocess.run([tool, "--dump-sass", str(so)], capture_output=True, text=True).stdout
+    sass = testing.dump_sass(so)
     assert set(re.findall(r"arch = (sm_\w+)", sass)) == {"sm_90a"}, sass[:500]
     assert re.search(r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3", sass), "no fp8 wgmma in the SASS"
 

@@ -5,16 +5,14 @@ every scale kind, bias), exactness, every tuning candidate, the fallbacks, CUDA 
 streams and torch.compile."""
 import ctypes
 import os
-import pathlib
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 import torch
 
 import fray
+from fray import testing
 from fray.ops import quant as Q
 from fray.reference import quant as ref
 
@@ -157,7 +155,6 @@ def test_kernel_sources_name_their_configuration():
 def test_tu_compiles_for_sm90a(tmp_path, monkeypatch, xdt, wdt, kind):
     """A W8A16 kernel built for sm_90a without a GPU: the contract's exports, describe(), and the
     16-bit mma (HMMA) fed by the in-register weight conversion in its SASS."""
-    import triton
     from fray import jit
     monkeypatch.setenv("FRAY_CACHE_DIR", str(tmp_path / "cache"))
     name, src = Q.w8a16_kernel_source(Q.W8A16_CANDIDATES[5], xdt, wdt, kind, False, 16)
@@ -168,10 +165,7 @@ def test_tu_compiles_for_sm90a(tmp_path, monkeypatch, xdt, wdt, kind):
     assert desc.startswith("gemm_small_m bulk %s w=%s scale=%s" % (
         "bf16" if xdt == BF16 else "fp16", "int8" if wdt == I8 else "e4m3",
         "group128" if kind == "group" else "channel")), desc
-    tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    tool = str(tool) if tool.is_file() else shutil.which("cuobjdump")
-    assert tool, "cuobjdump not found"
-    sass = subprocess.run([tool, "--dump-sass", str(so)], capture_output=True, text=True).stdout
+    sass = testing.dump_sass(so)
     assert set(re.findall(r"arch = (sm_\w+)", sass)) == {"sm_90a"}, sass[:500]
     assert re.search(r"HMMA\.16816\.F32", sass), "no m16n8k16 mma in the SASS"
     assert "UBLKCP" in sass or "BLKCP" in sass or "UTMALDG" in sass or "cp.async.bulk" in sass.lower(), \

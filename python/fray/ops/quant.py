@@ -447,6 +447,25 @@ def _scale_kinds(a_scale, b_scale, m, n, k):
     return kind_a, kind_b
 
 
+def _check_operands(an, a, bn, b):
+    """(M, N, K) of a [M, K] and b [N, K], both 2-d with a contiguous last dimension and rows that
+    do not overlap, or ValueError (scaled_gemm and w8a16_gemm)."""
+    if a.dim() != 2:
+        raise ValueError("%s: expected a 2-d [M, K] operand, got shape %s" % (an, tuple(a.shape)))
+    if b.dim() != 2:
+        raise ValueError("%s: expected a 2-d [N, K] operand, got shape %s" % (bn, tuple(b.shape)))
+    m, k = a.shape
+    n = b.shape[0]
+    if b.shape[1] != k:
+        raise ValueError("%s: expected [N, K] with K = %d (%s's columns), got shape %s" % (bn, k, an, tuple(b.shape)))
+    for name, t in ((an, a), (bn, b)):
+        if t.shape[1] > 1 and t.stride(1) != 1:
+            raise ValueError("%s: the last dimension must be contiguous (stride 1), got strides %s" % (name, t.stride()))
+        if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
+            raise ValueError("%s: rows overlap (row stride %d < row length %d)" % (name, t.stride(0), t.shape[1]))
+    return m, n, k
+
+
 def _check_scaled_gemm(a, b, a_scale, b_scale, out_dtype, bias, out, fast_accum):
     for name, t in (("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale)):
         V.require_tensor(name, t)
@@ -466,21 +485,9 @@ def _check_scaled_gemm(a, b, a_scale, b_scale, out_dtype, bias, out, fast_accum)
         raise TypeError("out_dtype: expected torch.bfloat16, torch.float16 or torch.float32, got %r" % (out_dtype,))
     if not isinstance(fast_accum, bool):
         raise TypeError("fast_accum: expected a bool, got %r" % (fast_accum,))
-    if a.dim() != 2:
-        raise ValueError("a: expected a 2-d [M, K] operand, got shape %s" % (tuple(a.shape),))
-    if b.dim() != 2:
-        raise ValueError("b: expected a 2-d [N, K] operand, got shape %s" % (tuple(b.shape),))
-    m, k = a.shape
-    n = b.shape[0]
-    if b.shape[1] != k:
-        raise ValueError("b: expected [N, K] with K = %d (a's columns), got shape %s" % (k, tuple(b.shape)))
+    m, n, k = _check_operands("a", a, "b", b)
     if a.dtype == torch.int8 and k > INT8_MAX_K:
         raise ValueError("a: int8 accumulates in int32, exact up to K = %d; got K = %d" % (INT8_MAX_K, k))
-    for name, t in (("a", a), ("b", b)):
-        if t.shape[1] > 1 and t.stride(1) != 1:
-            raise ValueError("%s: the last dimension must be contiguous (stride 1), got strides %s" % (name, t.stride()))
-        if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
-            raise ValueError("%s: rows overlap (row stride %d < row length %d)" % (name, t.stride(0), t.shape[1]))
     kind_a, kind_b = _scale_kinds(a_scale, b_scale, m, n, k)
     if kind_a == "block" and a.dtype != torch.float8_e4m3fn:
         raise TypeError("a: block scales are for float8_e4m3fn operands, got %s" % _name(a.dtype))
@@ -881,19 +888,7 @@ def _check_w8a16(x, w, w_scale, bias, out):
         raise TypeError("w: expected dtype int8 or float8_e4m3fn, got %s" % _name(w.dtype))
     if w_scale.dtype != torch.float32:
         raise TypeError("w_scale: expected float32 scales, got %s" % _name(w_scale.dtype))
-    if x.dim() != 2:
-        raise ValueError("x: expected a 2-d [M, K] operand, got shape %s" % (tuple(x.shape),))
-    if w.dim() != 2:
-        raise ValueError("w: expected a 2-d [N, K] operand, got shape %s" % (tuple(w.shape),))
-    m, k = x.shape
-    n = w.shape[0]
-    if w.shape[1] != k:
-        raise ValueError("w: expected [N, K] with K = %d (x's columns), got shape %s" % (k, tuple(w.shape)))
-    for name, t in (("x", x), ("w", w)):
-        if t.shape[1] > 1 and t.stride(1) != 1:
-            raise ValueError("%s: the last dimension must be contiguous (stride 1), got strides %s" % (name, t.stride()))
-        if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
-            raise ValueError("%s: rows overlap (row stride %d < row length %d)" % (name, t.stride(0), t.shape[1]))
+    m, n, k = _check_operands("x", x, "w", w)
     kind = _w8a16_kind(w_scale, n, k)
     if not w_scale.is_contiguous():
         raise ValueError("w_scale: expected a contiguous (row-major) scale tensor, got strides %s" % (w_scale.stride(),))
