@@ -50,12 +50,15 @@ def _randn(*shape, dtype=None, seed=0):
 _DTYPES = ("fp32", "fp16", "bf16")
 
 
-def _case(fn, size, race=True, race_s=0.0):
+def _case(fn, size, race=True, race_s=0.0, unfiltered=False):
     """A case: fn launches Fray kernels; size is about how many elements its kernels touch (the
     sweep's time estimate and order); race=False leaves it out of racecheck (kernels without
     shared memory, or a path racecheck covers at a smaller shape of the same instantiation);
-    race_s, the least racecheck takes over it whatever its size (kernels it costs per launch)."""
+    race_s, the least racecheck takes over it whatever its size (kernels it costs per launch);
+    unfiltered=True checks every kernel (no --kernel-name filter): CUTLASS's device_kernel<...>
+    names need not hold "fray"."""
     fn.size = size
+    fn.unfiltered = unfiltered
     fn.race = race
     fn.race_s = race_s
     return fn
@@ -302,6 +305,91 @@ def _attention_cases():
     return out
 
 
+def _jit_launch(kern, ptrs, ints):
+    """One launch of a loaded JIT kernel on the current stream, with its workspace if it asks one."""
+    torch = _torch()
+    stream = torch.cuda.current_stream().cuda_stream
+    ws = kern.workspace_bytes(ptrs, ints, (), 0, stream)
+    buf = torch.empty(max(ws, 1), dtype=torch.uint8, device="cuda")
+    kern.launch(ptrs + ((buf.data_ptr(),) if ws else ()), ints, (), 0, stream)
+    torch.cuda.synchronize()
+
+
+# The JIT families: one case per kernel template path (tuning candidate kinds, dtype, bias), each
+# launched directly by its configuration, so the sweep covers what the tuner may pick and not just
+# today's default. Shapes leave partial tiles in M, N and K. Pre-build the kernels (a run of the
+# cases without a tool) so that nvcc does not run under the sanitizer.
+
+def _gemm_cases():
+    from fray import jit
+    from fray.ops import gemm as G
+    torch = _torch()
+    out = {}
+
+    def launch(config, dt, m, n, k, bias=False, layout="nk", unfiltered=False):
+        def run():
+            a = _randn(m, k, dtype=dt)
+            b = _randn(*((n, k) if layout == "nk" else (k, n)), dtype=dt, seed=1)
+            bb = _randn(n, dtype=dt, seed=2) if bias else None
+            o = torch.empty(m, n, dtype=dt, device="cuda")
+            name, src = G.kernel_source(config, dt, dt, layout, bias)
+            kern = jit.build(name, src)
+            _jit_launch(kern, (a.data_ptr(), b.data_ptr(), bb.data_ptr() if bias else 0, o.data_ptr()),
+                        (m, n, k, a.stride(0), b.stride(0), o.stride(0)))
+        return _case(run, n * k + m * n, unfiltered=unfiltered)
+
+    for d in ("bf16", "fp16"):
+        dt = _dt(d)
+        for m in (1, 16):
+            for i, c in enumerate(G.small_m_candidates(m)):
+                # 200 x 1040: rows past the CTA's last full tile, K past the last full chunk
+                out["gemm_%s_%s%d_m%d" % (d, c["kernel"], i, m)] = launch(c, dt, m if i else m - 1 or 1, 200, 1040,
+                                                                          bias=i == 0)
+    dt = _dt("bf16")
+    # The CUTLASS kernels: a ping-pong and a cooperative tile, a swap-AB stream-K tile and a split
+    # one, [K, N] weights (TMA wants 16-byte rows: N and K multiples of 8).
+    for tag, c, m, layout in (("pp128", G.SM90_SMALL[0], 100, "nk"), ("coop", G.SM90_LARGE[0], 264, "nk"),
+                              ("swap_sk", G.swap_candidates(16)[0], 13, "nk"),
+                              ("swap_z4", G.swap_candidates(16)[2], 16, "nk"), ("kn", G.SM90_SMALL[0], 72, "kn")):
+        out["gemm_bf16_sm90_%s" % tag] = launch(c, dt, m, 264, 520, bias=tag == "coop", layout=layout,
+                                                unfiltered=True)
+    return out
+
+
+def _quant_cases():
+    from fray import jit
+    from fray.ops import quant as Q
+    torch = _torch()
+    out = {}
+    bf16 = _dt("bf16")
+    # W8A16: every tuning candidate at M = 16 and 9 (int8, group scales), and each weight type,
+    # scale kind and activation dtype once with the first candidate.
+    combos = [(torch.int8, "group", bf16, i, m) for i in range(len(Q.W8A16_CANDIDATES)) for m in (16, 9)]
+    combos += [(w, kind, x, 0, 3) for w in Q._SG_IN for kind in ("tensor", "channel", "group")
+               for x in (bf16, _dt("fp16"))]
+    for wdt, kind, xdt, i, m in combos:
+        def w8(wdt=wdt, kind=kind, xdt=xdt, i=i, m=m):
+            n, k = 200, 1040
+            x, w, s, b = Q.w8a16_operands(m, n, k, xdt, wdt, kind, "cuda", seed=i, bias=i == 0)
+            o = torch.empty(m, n, dtype=xdt, device="cuda")
+            name, src = Q.w8a16_kernel_source(Q.W8A16_CANDIDATES[i], xdt, wdt, kind, i == 0, m)
+            _jit_launch(jit.build(name, src), (x.data_ptr(), w.data_ptr(), b.data_ptr() if i == 0 else 0,
+                                               o.data_ptr(), s.data_ptr()), (m, n, k, k, k, n, Q._w8a16_lds(kind, s)))
+        out["w8a16_%s_%s_%s_c%d_m%d" % (Q._SG_NAMES[wdt], kind, Q._SG_NAMES[xdt], i, m)] = _case(w8, 200 * 1040)
+    # scaled_gemm (CUTLASS): int8 and e4m3 with each scale kind pair, through the op's default
+    # configuration (FRAY_AUTOTUNE=0 in the sweep), at partial tiles.
+    for dt in Q._SG_IN:
+        for ka, kb in (("tensor", "tensor"), ("vector", "vector"), ("block", "block")):
+            if dt == torch.int8 and ka == "block":
+                continue
+            for m in (40, 200):
+                def sg(dt=dt, ka=ka, kb=kb, m=m):
+                    a, b, sa, sb, bias = Q.scaled_gemm_operands(m, 272, 528, dt, ka, kb, "cuda", bias_dtype=bf16)
+                    Q.scaled_gemm(a, b, sa, sb, bias=bias if ka == "vector" else None, backend="cuda")
+                out["scaled_gemm_%s_%s_%s_m%d" % (Q._SG_NAMES[dt], ka, kb, m)] = _case(sg, 272 * 528, unfiltered=True)
+    return out
+
+
 # The one place a family joins the sweep (its directory name under tests/).
 CASES = {
     "smoke": _smoke_cases,
@@ -312,6 +400,8 @@ CASES = {
     "rope": _rope_cases,
     "sampling": _sampling_cases,
     "attention": _attention_cases,
+    "gemm": _gemm_cases,
+    "quant": _quant_cases,
 }
 
 
@@ -400,7 +490,8 @@ def _command(san, tool, names):
     # inputs torch's own kernels wrote (randn, fills, copies) read as uninitialised in Fray's
     # (the sweep of da8da65: thousands of such reports in vector_add alone). Its reports are
     # attributed by device frame instead; only Fray frames count.
-    filt = [] if tool == "initcheck" else ["--kernel-name", "kns=fray"]
+    unfiltered = any(getattr(_lookup(n), "unfiltered", False) for n in names.split(","))
+    filt = [] if tool == "initcheck" or unfiltered else ["--kernel-name", "kns=fray"]
     extra = {"racecheck": ["--racecheck-report", "all"],
              "initcheck": ["--show-backtrace", "device", "--print-limit", "2000"]}.get(tool, ["--print-limit", "200"])
     if tool == "racecheck":
@@ -571,6 +662,36 @@ def _wall(work, est, jobs, tools):
     return max(_START[t] for t in tools) + max(heavy, sum(est.values()) / jobs)
 
 
+# Families whose cases build kernels through fray.jit: their cases run once without a tool before
+# the sweep (nvcc and CUTLASS's templates take seconds to minutes a kernel, and under a tool that
+# time would count against the process limit).
+JIT_FAMILIES = ("gemm", "quant")
+
+
+def warm(families, jobs, deadline):
+    """Runs every case of the JIT families once, a case per process, `jobs` at a time: the kernels
+    land in the JIT cache, which the sanitized processes then load."""
+    names = case_names([f for f in families if f in JIT_FAMILIES])
+    if not names:
+        return 0.0
+    t0 = time.time()
+    print("warm: building the kernels of %d JIT cases" % len(names), flush=True)
+
+    def one(n):
+        try:
+            p = subprocess.run([sys.executable, "-m", "fray.sanitize", "--case", n], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, timeout=max(60, deadline // 2))
+        except subprocess.TimeoutExpired:
+            return n, "timeout", ""
+        return n, p.returncode, p.stdout.decode(errors="replace")[-400:]
+    with cf.ThreadPoolExecutor(jobs) as ex:
+        for n, rc, tail in ex.map(one, names):
+            if rc:
+                print("warm: %s failed (rc %s): %s" % (n, rc, tail), flush=True)
+    print("warm: %.0f s" % (time.time() - t0), flush=True)
+    return time.time() - t0
+
+
 def sweep(families, out_dir, tools, jobs, timeout, deadline, chunk, command="", commit="unknown"):
     """Cases run `chunk` to a process (one family per process; the context is checked after
     each), the costliest processes first; a chunk that is not clean under a tool is re-run one case
@@ -578,6 +699,7 @@ def sweep(families, out_dir, tools, jobs, timeout, deadline, chunk, command="", 
     SANITIZE.md is rewritten after every process, so a sweep cut short still leaves its report."""
     san = _sanitizer()
     smoke, work, est, counts = plan(families, tools, chunk)
+    deadline -= warm(families, jobs, deadline)  # the deadline counts from the sweep's start
     estimate = ["%s %d cases, %d processes, ~%.0f s of process time (~%.0f s on %d jobs)" % (
         t, counts[t], sum(1 for w in work if w[0] == t), est[t], est[t] / jobs, jobs) for t in tools]
     for e in estimate:
@@ -650,6 +772,9 @@ def main(argv=None):
 
     def fams(s):
         return [f for f in CASES if f != "smoke"] if s == "all" else s.split(",")
+    # The JIT families' cases take the shipped or default configuration, never a tuning sweep (the
+    # warm-up and the sanitized processes must load the same kernels).
+    os.environ.setdefault("FRAY_AUTOTUNE", "0")
     if a.case:
         run_case(a.case)
         return 0
