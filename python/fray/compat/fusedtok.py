@@ -62,10 +62,15 @@ Where Fray's semantics differ from fusedtok's, they are Fray's, and they are:
 * quantize_int8 / dequantize_int8: per-tensor symmetric int8 through fray.quantize /
   fray.dequantize (granularity="tensor"): ties round to even, NaN / inf are left out of the
   scale, an all-zero x gets scale 1; the scale comes back as a float (a sync on the GPU).
+* qgemm / qgemm_perchannel: fray.scaled_gemm (int8, int32 accumulation exact up to K = 131072)
+  with the scale composed first, float32(a_scale * b_scale[s]), and applied once, as fusedtok;
+  float32 out. Operands must be int8 (fusedtok casts other dtypes to int8; Fray refuses them,
+  TypeError). Any M (fusedtok's M = 1 GEMV is the same kernel family here).
+* qadd_int8: fray.dequantize of both operands, a float32 add, fray.quantize per tensor; on every
+  path (fusedtok: CUDA only), same shape and device required.
 
 Not available yet (raise NotImplementedError naming the Fray issue that brings the operator):
-qadd_int8, qgemm, qgemm_perchannel (the quantized-inference issue) and attention_prefill (the
-prefill-attention issue).
+attention_prefill (the prefill-attention issue).
 
 Errors follow fusedtok's (and Fray's) contract: ValueError for shapes and values, TypeError for
 dtypes and device families (a host operand next to a CUDA primary input, or the reverse),
@@ -89,7 +94,6 @@ __all__ = [
 
 Array = Union[np.ndarray, Any]
 
-QUANTIZED_ISSUE = "Fray's quantized-inference issue (INT8 quantize / dequantize / GEMM operators)"
 PREFILL_ISSUE = "Fray's prefill-attention issue"
 
 
@@ -714,29 +718,103 @@ def dequantize_int8(q: Array, scale: float) -> Array:
     return fray.dequantize(rows, s, granularity="tensor", dtype=torch.float32).reshape(q.shape)
 
 
+def _int8_operand(v, name, like):
+    """An int8 operand where the primary operand `like` lives: the CUDA tensor itself (checked to
+    be on CUDA), or a CPU int8 tensor (numpy arrays and CPU tensors; other dtypes are refused, since
+    a silent cast would wrap or truncate)."""
+    if _is_cuda(like):
+        _require_cuda_operand(v, name)
+        t = v
+    else:
+        if _is_cuda(v):
+            raise TypeError("%s: expected a host array or CPU tensor like the primary input, got a CUDA tensor" % name)
+        t = v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(np.asarray(v)))
+    if t.dtype != torch.int8:
+        raise TypeError("%s: expected int8 values, got %s" % (name, str(t.dtype).replace("torch.", "")))
+    if t.ndim != 2:
+        raise ValueError("%s: expected 2 dimensions [rows, K], got shape %s" % (name, tuple(t.shape)))
+    return t
+
+
+def _f32_scale(v, like, name):
+    """A float32 scale tensor where `like` lives (a float, or a vector for b_scales)."""
+    if isinstance(v, torch.Tensor):
+        if v.is_cuda != like.is_cuda:
+            raise TypeError("%s: expected it on %s like the operands, got a tensor on %s" % (name, like.device, v.device))
+        return v.to(device=like.device, dtype=torch.float32)
+    return torch.as_tensor(np.asarray(v, np.float32), device=like.device)
+
+
+def _qgemm(a_q, b_q, scales, cuda):
+    """float32 out [M, N] = (a_q [M, K] @ b_q [N, K]^T, exact in int32) * scales, one rounding:
+    fray.scaled_gemm with a_scale 1 and b_scale the composed float32 scale (per tensor or per
+    output channel), so the epilogue's fp32(acc) * b_scale * 1 is fusedtok's acc * (a_scale * b_scale)."""
+    a = _int8_operand(a_q, "a_q", a_q)
+    b = _int8_operand(b_q, "b_q", a_q)
+    if a.shape[1] != b.shape[1]:
+        raise ValueError("b_q: expected [N, %d] (the K of a_q [M, K]), got shape %s" % (a.shape[1], tuple(b.shape)))
+    s = scales(a)
+    if not _is_cuda(a_q) and cuda:
+        dev = _gpu()
+        a, b, s = a.to(dev), b.to(dev), s.to(dev)
+    one = torch.ones((), dtype=torch.float32, device=a.device)
+    y = fray.scaled_gemm(a, b, one, s, out_dtype=torch.float32)
+    if _is_cuda(a_q):
+        return y
+    return _back(y, isinstance(a_q, torch.Tensor))
+
+
+def qgemm(a_q: Array, a_scale: float, b_q: Array, b_scale: float, *, cuda: bool = False) -> Array:
+    """INT8 GEMM (fray.scaled_gemm): float32 y [M, N] = (a_q [M, K] @ b_q [N, K]^T) * float32(a_scale *
+    b_scale), the int32 accumulation exact (K <= 131072), the composed scale applied once. a_q and
+    b_q int8 (numpy arrays, CPU or CUDA tensors; other dtypes are refused, not cast); numpy in runs
+    Fray's reference, CUDA tensors (or cuda=True) the tensor-core kernels."""
+    def scales(a):
+        return _f32_scale(np.float32(a_scale) * np.float32(b_scale), a, "b_scale")
+    return _qgemm(a_q, b_q, scales, cuda)
+
+
+def qgemm_perchannel(a_q: Array, a_scale: float, b_q: Array, b_scales: Array, *, cuda: bool = False) -> Array:
+    """W8A8 INT8 GEMM with a weight scale per output channel (fray.scaled_gemm): float32 y[i, j] =
+    (a_q @ b_q^T)[i, j] * float32(a_scale * b_scales[j]), one rounding of the composed scale and one
+    of the product. b_scales: N float32 values (numpy or a tensor on the operands' device)."""
+    n = b_q.shape[0] if hasattr(b_q, "shape") and len(b_q.shape) == 2 else None
+
+    def scales(a):
+        s = _f32_scale(b_scales, a, "b_scales")
+        if s.ndim != 1 or (n is not None and s.shape[0] != n):
+            raise ValueError("b_scales: expected one scale per output channel ([%s]), got shape %s" % (
+                n, tuple(s.shape)))
+        return (s * torch.tensor(np.float32(a_scale), device=s.device)).contiguous()  # one fp32 rounding
+    return _qgemm(a_q, b_q, scales, cuda)
+
+
+def qadd_int8(qa: Array, sa: float, qb: Array, sb: float) -> Tuple[Array, float]:
+    """Dequantize, add, requantize (fray.dequantize twice, fray.quantize): y = float32(qa * sa) +
+    float32(qb * sb), then per-tensor symmetric int8 of y (its own scale, max |y| / 127). Returns
+    (qy, scale) with the scale a float (a sync on the GPU). qa and qb int8 of one shape, on one
+    device."""
+    qa_, a = _as_rows(qa, "qa")
+    qb_, b = _as_rows(qb, "qb")
+    for name, t in (("qa", a), ("qb", b)):
+        dt = t.dtype
+        if (dt != torch.int8) if isinstance(t, torch.Tensor) else (dt != np.int8):
+            raise TypeError("%s: expected int8 values, got %s" % (name, str(dt).replace("torch.", "")))
+    if tuple(qa_.shape) != tuple(qb_.shape):
+        raise ValueError("qb: expected the shape of qa %s, got %s" % (tuple(qa_.shape), tuple(qb_.shape)))
+    if _is_cuda(qa_) != _is_cuda(qb_):
+        raise TypeError("qb: expected it on the device of qa")
+    ya = dequantize_int8(qa_, sa)
+    yb = dequantize_int8(qb_, sb)
+    return quantize_int8(ya + yb)
+
+
 # ---------------------------------------------------------------------------------------------
 # not in Fray yet
 
 def _missing(name, issue):
     raise NotImplementedError("fray.compat.fusedtok.%s: Fray has no such operator yet; it comes with %s" % (
         name, issue))
-
-
-
-
-def qadd_int8(qa: Array, sa: float, qb: Array, sb: float) -> Tuple[Array, float]:
-    """Not available yet: comes with Fray's quantized-inference issue."""
-    _missing("qadd_int8", QUANTIZED_ISSUE)
-
-
-def qgemm(a_q: Array, a_scale: float, b_q: Array, b_scale: float, *, cuda: bool = False) -> Array:
-    """Not available yet: comes with Fray's quantized-inference issue."""
-    _missing("qgemm", QUANTIZED_ISSUE)
-
-
-def qgemm_perchannel(a_q: Array, a_scale: float, b_q: Array, b_scales: Array, *, cuda: bool = False) -> Array:
-    """Not available yet: comes with Fray's quantized-inference issue."""
-    _missing("qgemm_perchannel", QUANTIZED_ISSUE)
 
 
 def attention_prefill(q: Array, k: Array, v: Array, causal: bool = True, *, cuda: bool = False) -> Array:
