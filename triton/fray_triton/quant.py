@@ -29,7 +29,7 @@ ROUND_MAGIC = 12582912.0  # 1.5 * 2**23
 
 
 @triton.jit
-def _to_q(y, qmax, FP8: tl.constexpr):
+def to_q(y, qmax, FP8: tl.constexpr):
     nan = y != y
     y = tl.minimum(tl.maximum(y, -qmax), qmax)
     # One return after a compile-time branch: Triton refuses a function whose returns differ in
@@ -43,13 +43,13 @@ def _to_q(y, qmax, FP8: tl.constexpr):
 
 
 @triton.jit
-def _finite_abs(x):
+def finite_abs(x):
     a = tl.abs(x)
     return tl.where(a < float("inf"), a, 0.0)  # NaN compares false: left out as well
 
 
 @triton.jit
-def _scale_of(a, qmax):
+def scale_of(a, qmax):
     s = tl.math.div_rn(a, qmax)
     return tl.where(s == 0.0, 1.0, s)
 
@@ -70,19 +70,19 @@ def _quant_groups_kernel(
         cols = c + tl.arange(0, CK)
         msk = rmask[:, None] & (cols[None, :] < k1)
         x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=msk, other=0.0).to(tl.float32)
-        a = tl.maximum(a, tl.max(_finite_abs(x), axis=1))
+        a = tl.maximum(a, tl.max(finite_abs(x), axis=1))
     if SHARED:
-        s_one = _scale_of(tl.max(a, axis=0), qmax)
+        s_one = scale_of(tl.max(a, axis=0), qmax)
         tl.store(S + pr * stride_s + pc, s_one)
         s = tl.zeros([BM], dtype=tl.float32) + s_one
     else:
-        s = _scale_of(a, qmax)
+        s = scale_of(a, qmax)
         tl.store(S + rows * stride_s + pc, s, mask=rmask)
     for c in range(k0, k1, CK):
         cols = c + tl.arange(0, CK)
         msk = rmask[:, None] & (cols[None, :] < k1)
         x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=msk, other=0.0).to(tl.float32)
-        q = _to_q(tl.math.div_rn(x, s[:, None]), qmax, FP8)
+        q = to_q(tl.math.div_rn(x, s[:, None]), qmax, FP8)
         tl.store(Q + rows[:, None] * stride_q + cols[None, :], q, mask=msk)
 
 
@@ -92,7 +92,7 @@ def _amax_kernel(X, A, M, K, stride_x, CHANNEL: tl.constexpr, BM: tl.constexpr, 
     cols = tl.program_id(1) * BK + tl.arange(0, BK)
     msk = (rows[:, None] < M) & (cols[None, :] < K)
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=msk, other=0.0).to(tl.float32)
-    a = tl.max(_finite_abs(x), axis=0)
+    a = tl.max(finite_abs(x), axis=0)
     if CHANNEL:
         tl.atomic_max(A + cols, a.to(tl.int32, bitcast=True), mask=cols < K)
     else:
@@ -110,13 +110,13 @@ def _quant_scaled_kernel(
     sidx = (rows[:, None] // gm) * ss0 + (cols[None, :] // gk) * ss1
     if FROM_AMAX:
         a = tl.load(A + sidx, mask=msk, other=0).to(tl.float32, bitcast=True)
-        s = _scale_of(a, qmax)
+        s = scale_of(a, qmax)
         first = (rows[:, None] % gm == 0) & (cols[None, :] % gk == 0)
         tl.store(S + sidx, s, mask=msk & first)  # one writer per group
     else:
         s = tl.load(S + sidx, mask=msk, other=1.0)
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=msk, other=0.0).to(tl.float32)
-    q = _to_q(tl.math.div_rn(x, s), qmax, FP8)
+    q = to_q(tl.math.div_rn(x, s), qmax, FP8)
     tl.store(Q + rows[:, None] * stride_q + cols[None, :], q, mask=msk)
 
 
@@ -172,3 +172,27 @@ def dequantize(q, scale, out, granularity, block):
     gm, gk, ss0, ss1 = _index(granularity, m, k, block, scale)
     _dequant_kernel[(cdiv(m, TM), cdiv(k, TK))](q, scale, out, m, k, q.stride(0), out.stride(0), gm, gk, ss0, ss1,
                                                 BM=TM, BK=TK)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-row quantization of values already in registers: the tail the fused producers
+# (fray_triton.rmsnorm_quant, fray_triton.silu_mul_quant) share. y: fp32 [R, N], its masked lanes
+# 0 (they never raise an amax).
+
+@triton.jit
+def row_scales(y, S, rows64, row_ok, stride_s, qmax, STATIC: tl.constexpr):
+    """Each row's scale: static (loaded from S) or dynamic (amax / qmax over the row's finite
+    values, stored to S)."""
+    if STATIC:
+        s = tl.load(S + rows64 * stride_s, mask=row_ok, other=1.0)
+    else:
+        s = scale_of(tl.max(finite_abs(y), axis=1), qmax)
+        tl.store(S + rows64 * stride_s, s, mask=row_ok)
+    return s
+
+
+@triton.jit
+def quant_rows(y, s, qmax, FP8: tl.constexpr):
+    """y [R, N] / s [R], rounded and saturated to int8 or e4m3."""
+    return to_q(tl.math.div_rn(y, s[:, None]), qmax, FP8)
+

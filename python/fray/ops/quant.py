@@ -37,12 +37,13 @@ from fray import backend as B
 from fray.reference import quant as ref
 
 FAMILY = "quant"
-OPS = ("quantize", "dequantize", "scaled_gemm", "w8a16_gemm")
-__all__ = ["quantize", "dequantize", "scaled_gemm", "w8a16_gemm"]
+OPS = ("quantize", "dequantize", "rmsnorm_quant", "silu_mul_quant", "scaled_gemm", "w8a16_gemm")
+__all__ = ["quantize", "dequantize", "rmsnorm_quant", "silu_mul_quant", "scaled_gemm", "w8a16_gemm"]
 B.register_preference("quantize", ("triton",))
 B.register_preference("dequantize", ("triton",))
 # No fray._C._quant extension yet: the family says itself why backend="cuda" cannot run.
-B.register_cuda_check(FAMILY, lambda device: "quantize and dequantize have no CUDA C++ kernels yet (use 'triton')")
+B.register_cuda_check(FAMILY, lambda device: "quantize, dequantize, rmsnorm_quant and silu_mul_quant have no CUDA C++ "
+                                             "kernels yet (use 'triton')")
 
 GRANULARITIES = ref.GRANULARITIES
 BLOCKS = ((1, 128), (128, 128))
@@ -340,6 +341,229 @@ def dequantize(q, scale, *, granularity, block=None, dtype=torch.bfloat16, out=N
         return res
     launch = _dequantize_launch(q, granularity, blk, backend)
     return P.PLANS.put(key, _DequantizePlan(launch, dtype))(q, scale, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# rmsnorm_quant / silu_mul_quant: the norm or the gated activation writing 8-bit values and their
+# per-token scales in one pass (fray_triton.rmsnorm_quant, fray_triton.silu_mul_quant)
+
+B.register_preference("rmsnorm_quant", ("triton",))
+B.register_preference("silu_mul_quant", ("triton",))
+
+
+def _check_fused(x, dtype, scale, out, out_shape):
+    """The quantized output's checks shared by rmsnorm_quant and silu_mul_quant (x already checked
+    as the norm / activation input): dtype, a static scale (fp32: one value, or one per row of
+    shape out_shape[:-1] + (1,), contiguous) and out. Returns (static, the scale's row stride)."""
+    if dtype not in Q_DTYPES:
+        raise TypeError("dtype: expected torch.int8 or torch.float8_e4m3fn, got %r" % (dtype,))
+    row_shape = tuple(out_shape[:-1]) + (1,)
+    static = scale is not None
+    stride = 1
+    if static:
+        V.require_tensor("scale", scale)
+        V.require_same_device([("x", x), ("scale", scale)])
+        if scale.dtype != torch.float32:
+            raise TypeError("scale: expected dtype float32, got %s" % _name(scale.dtype))
+        if scale.numel() == 1 and scale.dim() <= 1:
+            stride = 0
+        elif tuple(scale.shape) != row_shape or not scale.is_contiguous():
+            raise ValueError("scale: expected one static scale ([] or [1]) or a contiguous one per row %s, got "
+                             "shape %s" % (row_shape, tuple(scale.shape)))
+    if out is not None:
+        V.require_tensor("out", out)
+        V.require_same_device([("x", x), ("out", out)])
+        if out.dtype != dtype:
+            raise TypeError("out: expected dtype %s, got %s" % (_name(dtype), _name(out.dtype)))
+        V.require_shape("out", out, tuple(out_shape))
+        V.row_stride("out", out, writable=True)
+    return static, stride
+
+
+def _fused_outputs(out_shape, dtype, scale, out, device):
+    q = out if out is not None else torch.empty(out_shape, dtype=dtype, device=device)
+    s = scale if scale is not None else torch.empty(tuple(out_shape[:-1]) + (1,), dtype=torch.float32, device=device)
+    return q, s
+
+
+def _cpu_quantized(qv, sc, x, dtype, scale, out, out_shape):
+    """The reference's (q values, scales) as tensors of the op's shapes (written into out if given)."""
+    q = torch.from_numpy(np.ascontiguousarray(qv)).to(dtype).reshape(out_shape)
+    if out is not None:
+        out.copy_(q)
+        q = out
+    if scale is not None:
+        return q, scale
+    return q, torch.from_numpy(np.asarray(sc, np.float32)).reshape(tuple(out_shape[:-1]) + (1,))
+
+
+def _rmsnorm_quant_launch(x, residual, q, s, eps, weight_offset, static, s_stride, backend):
+    """The launch plan taking (x, weight, residual or None, q, scale)."""
+    from fray.ops.norm import _rows
+    rows, hidden = _rows(x)
+    if rows == 0:
+        return P.NOOP
+    B.resolve("rmsnorm_quant", FAMILY, backend, x.device)
+    from fray_triton import rmsnorm_quant as tk
+    sx, sq = V.row_stride("x", x), V.row_stride("out", q, writable=True)
+    sr = 0 if residual is None else V.row_stride("residual", residual, writable=True)
+    qmax, fp8 = QMAX[q.dtype], q.dtype == torch.float8_e4m3fn
+    return P.TritonPlan(lambda x_, w_, r_, q_, s_: tk.rmsnorm_quant(
+        x_, r_, w_, q_, s_, eps, weight_offset, qmax, fp8, static, sx, sr, sq, s_stride, rows, hidden), x.device)
+
+
+def _rmsnorm_quant_impl(x, weight, residual, q, scale, eps, weight_offset, static, backend):
+    tensors = (x, weight, residual, q, scale)
+    s_stride = 0 if static and scale.numel() == 1 else 1
+    key = P.signature("rmsnorm_quant:op", backend, tensors, (eps, weight_offset, static))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, _rmsnorm_quant_launch(x, residual, q, scale, eps, weight_offset,
+                                                                      static, s_stride, backend))
+    plan(tensors)
+
+
+@P.custom_op("fray::rmsnorm_quant", mutates_args=("residual", "q", "scale"))
+def _rmsnorm_quant_op(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor], q: torch.Tensor,
+                      scale: torch.Tensor, eps: float, weight_offset: float, static: bool, backend: str) -> None:
+    _rmsnorm_quant_impl(x, weight, residual, q, scale, eps, weight_offset, static, backend)
+
+
+def _silu_mul_quant_launch(x, up, q, static, s_stride, backend):
+    """The launch plan taking (x, up or None, q, scale)."""
+    d = q.shape[-1]
+    if d == 0 or q.numel() == 0:
+        return P.NOOP
+    rows = q.numel() // d
+    B.resolve("silu_mul_quant", FAMILY, backend, x.device)
+    from fray_triton import silu_mul_quant as tk
+    sx, sq = V.row_stride("x", x), V.row_stride("out", q, writable=True)
+    su = sx if up is None else V.row_stride("up", up)
+    qmax, fp8 = QMAX[q.dtype], q.dtype == torch.float8_e4m3fn
+    return P.TritonPlan(lambda x_, u_, q_, s_: tk.silu_mul_quant(
+        x_, x_.narrow(-1, d, d) if u_ is None else u_, q_, s_, qmax, fp8, static, sx, su, sq, s_stride, rows, d),
+        x.device)
+
+
+def _silu_mul_quant_impl(x, up, q, scale, static, backend):
+    tensors = (x, up, q, scale)
+    s_stride = 0 if static and scale.numel() == 1 else 1
+    key = P.signature("silu_mul_quant:op", backend, tensors, (static,))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, _silu_mul_quant_launch(x, up, q, static, s_stride, backend))
+    plan(tensors)
+
+
+@P.custom_op("fray::silu_mul_quant", mutates_args=("q", "scale"))
+def _silu_mul_quant_op(x: torch.Tensor, up: Optional[torch.Tensor], q: torch.Tensor, scale: torch.Tensor,
+                       static: bool, backend: str) -> None:
+    _silu_mul_quant_impl(x, up, q, scale, static, backend)
+
+
+for _op in (_rmsnorm_quant_op, _silu_mul_quant_op):
+    _op.register_fake(lambda *args, **kwargs: None)
+
+
+def rmsnorm_quant(x, weight, eps=1e-6, *, dtype=torch.int8, residual=None, scale=None, weight_offset=0.0, out=None,
+                  backend="auto"):
+    """(q, scale): RMSNorm of x, quantized to 8 bits per token, in one pass.
+
+    y = fray.rmsnorm(x, weight, eps, weight_offset=weight_offset) (fp32 math), rounded to x's dtype
+    (the value the unfused rmsnorm stores), then quantized as fray.quantize(y, dtype,
+    granularity="token") does: per row, scale = amax / qmax over the row's finite values (qmax 127
+    for int8, 448 for e4m3; a zero scale becomes 1), q = round-to-nearest-even(fp32(y / scale)),
+    saturated (int8 never -128; NaN gives 0 in int8, NaN in e4m3). The result is the unfused
+    rmsnorm -> quantize pair's up to the one rounding of y (an fp32 rstd a few ulps apart can move
+    an element of y by one ulp of its dtype).
+
+    x: [..., hidden] fp32/fp16/bf16, last dim contiguous, leading dims any evenly strided rows;
+    weight: [hidden], x's dtype or fp32. dtype: torch.int8 or torch.float8_e4m3fn. q has x's shape;
+    scale is fp32 [..., 1] (x's leading dims). residual (x's shape and dtype): s = x + residual,
+    rounded to x's dtype, is written into residual in place and is what gets normalised (vLLM's
+    fused_add_rms_norm data flow; residual must not be x). scale=... quantizes by static fp32
+    scales instead (one value, [] or [1], or one per row, [..., 1]) and returns that tensor. out:
+    the q tensor to write into.
+
+    CUDA tensors run one Triton launch on the current stream without host synchronisation (custom
+    op fray::rmsnorm_quant: CUDA-graph capturable, torch.compile-traceable); the row stays in
+    registers up to 16384 elements (one read of x, one write of q). CPU tensors run the float64
+    reference. There is no CUDA C++ kernel yet (backend="cuda" is refused).
+    """
+    if not _compiling():
+        key = P.signature("rmsnorm_quant", backend, (x, weight, residual, scale, out), (eps, weight_offset, dtype))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            q, s = _fused_outputs(x.shape, dtype, scale, out, x.device)
+            plan((x, weight, residual, q, s))
+            return q, s
+    from fray.ops import norm as N
+    V.require_backend(backend, B.BACKENDS)
+    eps, weight_offset = N._check_eps(eps), N._check_offset(weight_offset)
+    N._check_tensors(x, weight, [("residual", residual, True)])
+    if residual is not None and residual.data_ptr() == x.data_ptr() and x.numel():
+        raise ValueError("residual: must not be x itself (it receives x + residual)")
+    static, s_stride = _check_fused(x, dtype, scale, out, x.shape)
+    if x.device.type == "cpu":
+        V.require_cpu_backend(backend, "x")
+        from fray.reference import convert as C
+        hidden = x.shape[-1]
+        x2 = C.to_f64(x).reshape(-1, hidden)
+        qv, sc, sm = ref.rmsnorm_quant(x2, C.to_f64(weight), eps, _REF_NAME[dtype], lambda v: C.round_to(v, x),
+                                       weight_offset, None if residual is None else C.to_f64(residual).reshape(-1, hidden),
+                                       None if scale is None else scale.numpy())
+        if residual is not None:
+            residual.copy_(torch.from_numpy(sm).to(x.dtype).reshape(x.shape))
+        return _cpu_quantized(qv, sc, x, dtype, scale, out, x.shape)
+    q, s = _fused_outputs(x.shape, dtype, scale, out, x.device)
+    if _compiling():
+        torch.ops.fray.rmsnorm_quant(x, weight, residual, q, s, eps, weight_offset, static, backend)
+        return q, s
+    P.PLANS.put(key, _rmsnorm_quant_launch(x, residual, q, s, eps, weight_offset, static, s_stride, backend))(
+        (x, weight, residual, q, s))
+    return q, s
+
+
+def silu_mul_quant(x, up=None, *, dtype=torch.int8, scale=None, out=None, backend="auto"):
+    """(q, scale): silu(gate) * up quantized to 8 bits per token, in one pass.
+
+    y = fray.silu_mul(x, up) (fp32 math), rounded to x's dtype (the value the unfused silu_mul
+    stores), then quantized as fray.quantize(y, dtype, granularity="token") does (see
+    rmsnorm_quant: per-row amax / qmax scales, round to nearest even, saturation, NaN).
+    silu_mul_quant(x): x = [..., 2 d] holds gate and up halves (a fused gate_up projection's
+    output); silu_mul_quant(gate, up): two [..., d] tensors. fp32/fp16/bf16, last dim contiguous,
+    leading dims any evenly strided rows. q: [..., d] of dtype; scale: fp32 [..., 1]. scale=...:
+    static fp32 scales (one value, [] or [1], or one per row, [..., 1]), returned as given. out:
+    the q tensor to write into.
+
+    CUDA tensors run one Triton launch (custom op fray::silu_mul_quant; no host synchronisation,
+    CUDA-graph capturable, torch.compile-traceable); rows up to 16384 outputs stay in registers.
+    CPU tensors run the float64 reference. No CUDA C++ kernel yet (backend="cuda" is refused).
+    """
+    if not _compiling():
+        key = P.signature("silu_mul_quant", backend, (x, up, scale, out), (dtype,))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            n = x.shape[-1] if up is not None else x.shape[-1] // 2
+            q, s = _fused_outputs(tuple(x.shape[:-1]) + (n,), dtype, scale, out, x.device)
+            plan((x, up, q, s))
+            return q, s
+    from fray.ops import activation as A
+    V.require_backend(backend, B.BACKENDS)
+    d = A._check_tensors(x, up, None)
+    out_shape = tuple(x.shape[:-1]) + (d,)
+    static, s_stride = _check_fused(x, dtype, scale, out, out_shape)
+    if x.device.type == "cpu":
+        V.require_cpu_backend(backend, "x")
+        from fray.reference import activation as ref_act
+        from fray.reference import convert as C
+        xf = C.to_f64(x)
+        gate, u = ref_act.split(xf) if up is None else (xf, C.to_f64(up))
+        qv, sc = ref.silu_mul_quant(gate.reshape(-1, d), u.reshape(-1, d), _REF_NAME[dtype],
+                                    lambda v: C.round_to(v, x), None if scale is None else scale.numpy())
+        return _cpu_quantized(qv, sc, x, dtype, scale, out, out_shape)
+    q, s = _fused_outputs(out_shape, dtype, scale, out, x.device)
+    if _compiling():
+        torch.ops.fray.silu_mul_quant(x, up, q, s, static, backend)
+        return q, s
+    P.PLANS.put(key, _silu_mul_quant_launch(x, up, q, static, s_stride, backend))((x, up, q, s))
+    return q, s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -954,6 +1178,68 @@ def assert_w8a16_close(out, x, w, w_scale, kind, bias=None, what=""):
     testing.assert_gemm_close(out, exp, terms, out.dtype, x.shape[1], what)
 
 
+# One ulp of each input dtype, relative (the rounding of y to x's dtype can land on either
+# neighbour of the exact value when the kernel's fp32 y is a few fp32 ulps from it).
+_ULP_REL = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float32: 2.0 ** -23}
+
+
+def fused_quant_reference(op, x, weight=None, up=None, residual=None, eps=1e-6, weight_offset=0.0):
+    """float64 [rows, d] of the exact norm / activation value (before any rounding to x's dtype) of
+    rmsnorm_quant (op "rmsnorm") or silu_mul_quant (op "silu_mul"); with a residual, the sum is
+    rounded to x's dtype first (as the op stores it)."""
+    from fray.reference import activation as ref_act
+    from fray.reference import convert as C
+    from fray.reference import norm as ref_norm
+    xf = C.to_f64(x.detach().cpu())
+    if op == "rmsnorm":
+        if residual is not None:
+            xf = C.round_to(xf + C.to_f64(residual.detach().cpu()), x.detach().cpu())
+        y = ref_norm.rmsnorm(xf, C.to_f64(weight.detach().cpu()), eps, weight_offset)
+    else:
+        gate, u = ref_act.split(xf) if up is None else (xf, C.to_f64(up.detach().cpu()))
+        y = ref_act.silu_mul(gate, u)
+    return y.reshape(-1, y.shape[-1])
+
+
+def assert_fused_quant_close(q, scale, y, x_dtype, static=None, what=""):
+    """(q, scale) of rmsnorm_quant / silu_mul_quant against y, the float64 exact value
+    (fused_quant_reference), within the roundings the op performs: y_k = y rounded to x's dtype
+    after fp32 math (within one ulp of y, rho relative), a dynamic scale = fp32(amax(|y_k|) / qmax)
+    (within rho of amax(|y|) / qmax), then q = round(y_k / scale) (int8: within scale / 2; e4m3:
+    within half an e4m3 ulp, 2^-4 relative, or 2^-10 scale below the normals). Exact: each row
+    with a finite non-zero amax takes +-qmax somewhere (dynamic scales)."""
+    fp8 = q.dtype == torch.float8_e4m3fn
+    qmax = QMAX[q.dtype]
+    rho = _ULP_REL[x_dtype] + 1e-5
+    qv = q.detach().cpu().float().double().numpy().reshape(y.shape)
+    if static is None:
+        sv = scale.detach().cpu().double().numpy().reshape(-1, 1)
+        fin = np.where(np.isfinite(y), np.abs(y), 0.0)
+        amax = fin.max(axis=1, keepdims=True) if y.shape[1] else np.zeros((y.shape[0], 1))
+        want = np.where(amax > 0, amax / qmax, 1.0)
+        bad = np.abs(sv - want) > (rho + 2.0 ** -23) * want
+        assert not bad.any(), "%s: %d row scales off (first row %d: %r vs %r)" % (
+            what, int(bad.sum()), int(np.argmax(bad)), float(sv[bad][0]), float(want[bad][0]))
+        rows = (amax[:, 0] > 0) & np.isfinite(y).all(axis=1)
+        peak = np.abs(np.where(np.isnan(qv), 0.0, qv)).max(axis=1) if y.shape[1] else np.zeros(y.shape[0])
+        assert (peak[rows] == qmax).all(), "%s: a row's largest |q| is not %g" % (what, qmax)
+    else:
+        sv = np.broadcast_to(static.detach().cpu().double().numpy().reshape(-1, 1), (y.shape[0], 1))
+    ok = np.isfinite(y)
+    yk_err = rho * np.abs(y)  # |y_k - y|
+    yc = np.clip(y, -qmax * sv, qmax * sv)  # what the saturation keeps (static scales can clip)
+    if fp8:
+        tol = np.maximum(2.0 ** -4 * (np.abs(yc) + yk_err), 2.0 ** -10 * sv) + yk_err + 1e-6 * sv
+    else:
+        tol = (0.5 + 1e-6) * sv + yk_err
+    err = np.abs(qv * sv - yc)
+    bad = ok & ~(err <= tol)
+    assert not bad.any(), "%s: %d of %d values off (first at %s: q %r scale %r, exact %r)" % (
+        what, int(bad.sum()), bad.size, np.unravel_index(np.argmax(bad), bad.shape), float(qv[bad][0]),
+        float(np.broadcast_to(sv, y.shape)[bad][0]), float(y[bad][0]))
+    assert (np.abs(qv[~np.isnan(qv)]) <= qmax).all(), "%s: |q| above %g" % (what, qmax)
+
+
 class _W8TuningInput:
     """Fresh operands of one call's shape and kind, and the float64 reference the candidates are checked against."""
 
@@ -1218,9 +1504,33 @@ def check_cases(device):
                           torch.tensor([[1.0], [0.5]]), torch.tensor(2.0), out_dtype=torch.float32)
         assert out.tolist() == [[-14.0, -46.0], [39.0, 11.0]], out
 
+    def fused(op, backend, qdtype, m, h, dev):
+        x = _case_x(m, 2 * h if op == "silu_mul_quant" else h, torch.bfloat16, dev)
+        w = (torch.rand(h, generator=torch.Generator().manual_seed(h)) + 0.5).to(torch.bfloat16).to(dev)
+        r = _case_x(m, h, torch.bfloat16, dev, seed=1) if op == "rmsnorm_quant" else None
+        r0 = None if r is None else r.clone()
+        if backend == "triton-interpreter":
+            from fray_triton import rmsnorm_quant as trq
+            from fray_triton import silu_mul_quant as tsq
+            q = torch.empty(m, h, dtype=qdtype)
+            s = torch.full((m, 1), -1.0)
+            if op == "rmsnorm_quant":
+                trq.rmsnorm_quant(x, r, w, q, s, 1e-6, 0.0, QMAX[qdtype], False, False, h, h, h, 1, m, h)
+            else:
+                tsq.silu_mul_quant(x, x.narrow(-1, h, h), q, s, QMAX[qdtype], False, False, 2 * h, 2 * h, h, 1, m, h)
+        elif op == "rmsnorm_quant":
+            q, s = rmsnorm_quant(x, w, dtype=qdtype, residual=r, backend=backend)
+        else:
+            q, s = silu_mul_quant(x, dtype=qdtype, backend=backend)
+        y = fused_quant_reference("rmsnorm" if op == "rmsnorm_quant" else "silu_mul", x, weight=w, residual=r0)
+        assert_fused_quant_close(q, s, y, x.dtype, what="%s %s %dx%d" % (op, backend, m, h))
+
     if device.type != "cuda":
         cases = [("quantize+dequantize", "reference", "fp64", "hand", hand), ("scaled_gemm", "reference", "fp64", "hand", sg_hand),
                  ("w8a16_gemm", "reference", "fp64", "hand", w8_hand)]
+        for op in ("rmsnorm_quant", "silu_mul_quant"):
+            cases.append((op, "triton-interpreter", "bf16->int8", "37x200",
+                          lambda o=op: fused(o, "triton-interpreter", torch.int8, 37, 200, "cpu")))
         for granularity, block in CASES:
             cases.append(("quantize", "triton-interpreter", "bf16->int8", "%s:37x200" % _gshape(granularity, block),
                           lambda g=granularity, b=block: quant("triton-interpreter", torch.int8, g, b, 37, 200,
@@ -1236,6 +1546,10 @@ def check_cases(device):
     def rows(op, backend):
         if op == "dequantize":
             return []  # quant() checks the round trip
+        if op in ("rmsnorm_quant", "silu_mul_quant"):
+            return [("bf16->%s" % _name(qdtype), "%dx%d" % (m, h),
+                     lambda b=backend, o=op, d=qdtype, m_=m, h_=h: fused(o, b, d, m_, h_, device))
+                    for qdtype in Q_DTYPES for m, h in ((1, 4096), (333, 1000), (64, 20000))]
         if op == "w8a16_gemm":
             return [(label, "%s:%dx%dx%d" % (kind, m, n, k),
                      lambda b=backend, d=wdt, kd=kind, m_=m, n_=n, k_=k: w8(b, d, kd, m_, n_, k_, device))

@@ -176,3 +176,39 @@ def w8a16_gemm_terms(x, w, w_scale, kind):
     """sum_k |x| |w s|: the magnitude the accumulation error bound scales with."""
     return w8a16_gemm(np.abs(np.asarray(x, np.float64)), np.abs(np.asarray(w, np.float64)),
                       np.abs(np.asarray(w_scale, np.float64)), kind)
+
+
+# The fused producers: the norm / activation value rounded to the input dtype (what the unfused op
+# stores), then quantized per row (or by a static scale), as fray.quantize(granularity="token").
+
+def _quantize_rows(y, dtype, scale):
+    """(q, scale) of y [m, k] (float64 values of the input dtype): dynamic per-row scales, or a
+    static fp32 scale (one value, or one per row)."""
+    if scale is None:
+        return quantize(y, dtype, "token")
+    scale = np.asarray(scale, np.float32)
+    if scale.size == 1 and y.shape[0] != 1:
+        q, _ = quantize(y, dtype, "tensor", scale=scale.reshape(()))
+        return q, scale
+    q, _ = quantize(y, dtype, "token", scale=scale.reshape(-1, 1))
+    return q, scale
+
+
+def rmsnorm_quant(x, weight, eps, dtype, round_to, weight_offset=0.0, residual=None, scale=None):
+    """(q, scale, sum): x, residual [m, k] and weight [k] float64; round_to rounds float64 values
+    to the input dtype. sum = round_to(x + residual) (None without a residual) is what is
+    normalised; y = round_to(rmsnorm(sum or x)); (q, scale) = the rows of y quantized to dtype."""
+    from fray.reference import norm
+    s = None
+    if residual is not None:
+        s = round_to(x + residual)
+        x = s
+    y = round_to(norm.rmsnorm(x, weight, eps, weight_offset))
+    q, sc = _quantize_rows(y, dtype, scale)
+    return q, sc, s
+
+
+def silu_mul_quant(gate, up, dtype, round_to, scale=None):
+    """(q, scale): y = round_to(silu(gate) * up) (float64 [m, k] inputs) quantized per row."""
+    from fray.reference import activation
+    return _quantize_rows(round_to(activation.silu_mul(gate, up)), dtype, scale)
