@@ -247,6 +247,18 @@ def cases(device):
     impls["torch.eager"] = lambda: bq.eager_quantize(xq, torch.int8, "token")
     out.append(("quantize", "%dx%d" % (BATCH, HIDDEN), "bf16->int8", impls))
 
+    wq_n = (torch.rand(HIDDEN, device=device) + 0.5).to(torch.bfloat16)
+    impls = {}
+    impls["fray.triton"] = lambda: fray.rmsnorm_quant(xq, wq_n, backend="triton")  # Triton only
+    impls["torch.eager"] = lambda: bq.eager_rmsnorm_quant(xq, wq_n, torch.int8)
+    out.append(("rmsnorm_quant", "%dx%d" % (BATCH, HIDDEN), "bf16->int8", impls))
+
+    xg2 = randn(BATCH, 2 * HIDDEN)
+    impls = {}
+    impls["fray.triton"] = lambda: fray.silu_mul_quant(xg2, backend="triton")  # Triton only
+    impls["torch.eager"] = lambda: bq.eager_silu_mul_quant(xg2, torch.int8)
+    out.append(("silu_mul_quant", "%dx%d" % (BATCH, HIDDEN), "bf16->int8", impls))
+
     qq, sq = bq.eager_quantize(xq, torch.int8, "token")
     impls = {}
     impls["fray.triton"] = lambda: fray.dequantize(qq, sq, granularity="token", backend="triton")

@@ -1,6 +1,12 @@
 """Quant-family benchmarks, in one process: fray.quantize's Triton kernels against the torch
 composite a model file writes, and fray.scaled_gemm against cuBLAS(Lt)'s 8-bit GEMMs.
 
+rmsnorm_quant / silu_mul_quant bytes: read x (and the residual, and write the sum) + write q + the
+  fp32 scales; shapes "<plain|residual>:<M>x<H>" and "fused:<M>x<D>" (x = [M, 2 D]), bf16 in, int8
+  and e4m3 out. Peers: fray unfused (fray.rmsnorm / add_rmsnorm / silu_mul, then fray.quantize),
+  torch.eager (the composite in fp32, rounded to bf16, then quantize's composite), torch.compile
+  (that composite compiled, fullgraph=True: Inductor fuses it into one or two kernels).
+
 quantize bytes: read x + write q + write the fp32 scales = M·K·s(x) + M·K·s(q) + 4·groups
   shapes "<granularity>:<M>x<K>" for granularity in token, block1x128 at 16384x8192, bf16 x to
   int8 and float8_e4m3fn (the dtype column says which), fixed-seed standard normal.
@@ -41,7 +47,12 @@ SG = [("int8", 4096, 11008, 4096), ("int8", 8192, 8192, 8192), ("int8", 4096, 14
 W8 = [("int8-channel", 1, 8192, 8192), ("int8-group", 1, 8192, 8192), ("fp8-channel", 1, 8192, 8192),
       ("fp8-group", 1, 8192, 8192), ("int8-channel", 16, 8192, 8192), ("fp8-group", 16, 8192, 8192),
       ("int8-channel", 1, 4096, 4096), ("fp8-channel", 4, 14336, 4096), ("int8-group", 8, 4096, 14336)]
-SHAPES = {"quantize": [("token", 16384, 8192), ("block1x128", 16384, 8192)], "scaled_gemm": SG, "w8a16_gemm": W8}
+# The fused producers: (variant, rows, hidden) for rmsnorm_quant ("plain", or "residual": the sum
+# written back in place), (variant, rows, d) for silu_mul_quant ("fused": x = [rows, 2 d]).
+RQ = [("plain", 16384, 8192), ("residual", 16384, 8192), ("plain", 4096, 4096), ("plain", 64, 8192)]
+SQ = [("fused", 16384, 14336), ("fused", 4096, 11008), ("fused", 64, 14336)]
+SHAPES = {"quantize": [("token", 16384, 8192), ("block1x128", 16384, 8192)], "rmsnorm_quant": RQ,
+          "silu_mul_quant": SQ, "scaled_gemm": SG, "w8a16_gemm": W8}
 OPS = tuple(SHAPES)
 QDTYPES = (torch.int8, torch.float8_e4m3fn)
 # --shapes spellings per op: (pattern, what the error message says is expected)
@@ -51,11 +62,14 @@ _SHAPE_FORMS = {
                     "<int8|fp8|fp8fast|block>:<M>x<N>x<K>"),
     "w8a16_gemm": (re.compile(r"^((?:int8|fp8)-(?:channel|group)):(\d+)x(\d+)x(\d+)$"),
                    "<int8|fp8>-<channel|group>:<M>x<N>x<K>"),
+    "rmsnorm_quant": (re.compile(r"^(plain|residual):(\d+)x(\d+)$"), "<plain|residual>:<M>x<H>"),
+    "silu_mul_quant": (re.compile(r"^(fused):(\d+)x(\d+)$"), "fused:<M>x<D>"),
 }
 
 
 def parse_shapes(op, text):
     """--shapes for this family: a comma list of "<token|block1x128>:<M>x<K>" (quantize),
+    "<plain|residual>:<M>x<H>" (rmsnorm_quant), "fused:<M>x<D>" (silu_mul_quant),
     "<int8|fp8|fp8fast|block>:<M>x<N>x<K>" (scaled_gemm) or "<int8|fp8>-<channel|group>:<M>x<N>x<K>"
     (w8a16_gemm)."""
     pattern, spelling = _SHAPE_FORMS[op]
@@ -79,6 +93,70 @@ def eager_quantize(x, dtype, granularity):
     y = (xf / s).clamp(-qmax, qmax)
     q = (torch.round(y).to(dtype) if dtype == torch.int8 else y.to(dtype)).view(m, k)
     return q, s.view(m, -1)
+
+
+def eager_rmsnorm_quant(x, w, dtype, residual=None, eps=1e-6):
+    """The torch composite: (x + residual), RMSNorm in fp32 rounded to x's dtype, per-token quantize."""
+    if residual is not None:
+        x = x + residual
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+    q, s = eager_quantize(y, dtype, "token")
+    return (q, s, x) if residual is not None else (q, s)
+
+
+def eager_silu_mul_quant(x, dtype):
+    """The torch composite: silu(gate) * up in fp32 rounded to x's dtype, per-token quantize."""
+    d = x.shape[-1] // 2
+    xf = x.float()
+    y = (torch.nn.functional.silu(xf[:, :d]) * xf[:, d:]).to(x.dtype)
+    return eager_quantize(y, dtype, "token")
+
+
+def fused_inputs(op, variant, m, h, device="cuda"):
+    gen = torch.Generator(device=device).manual_seed(0)
+    if op == "silu_mul_quant":
+        return dict(x=torch.randn(m, 2 * h, device=device, generator=gen).to(torch.bfloat16), variant=variant)
+    x = torch.randn(m, h, device=device, generator=gen).to(torch.bfloat16)
+    w = (torch.rand(h, device=device, generator=gen) + 0.5).to(torch.bfloat16)
+    r = torch.randn(m, h, device=device, generator=gen).to(torch.bfloat16) if variant == "residual" else None
+    return dict(x=x, w=w, r=r, variant=variant)
+
+
+def fused_impls(op, inp, dtype, compile_fn=torch.compile):
+    """fray.triton (the fused kernel), fray unfused (the norm / activation kernel, then quantize), and
+    the torch composite eager and compiled."""
+    x = inp["x"]
+    if op == "silu_mul_quant":
+        compiled = compile_fn(eager_silu_mul_quant, fullgraph=True)
+        return {"fray.triton": lambda: fray.silu_mul_quant(x, dtype=dtype, backend="triton"),
+                "fray unfused": lambda: fray.quantize(fray.silu_mul(x), dtype, granularity="token"),
+                "torch.eager": lambda: eager_silu_mul_quant(x, dtype),
+                "torch.compile": lambda: compiled(x, dtype)}
+    w, r = inp["w"], inp["r"]
+    compiled = compile_fn(eager_rmsnorm_quant, fullgraph=True)
+    if r is None:
+        return {"fray.triton": lambda: fray.rmsnorm_quant(x, w, dtype=dtype, backend="triton"),
+                "fray unfused": lambda: fray.quantize(fray.rmsnorm(x, w), dtype, granularity="token"),
+                "torch.eager": lambda: eager_rmsnorm_quant(x, w, dtype),
+                "torch.compile": lambda: compiled(x, w, dtype)}
+    # residual: every implementation reads x and r and writes the sum once (in place for fray; the
+    # composites return a new one); the in-place sum changes r between runs, which no result depends on
+    return {"fray.triton": lambda: fray.rmsnorm_quant(x, w, dtype=dtype, residual=r, backend="triton"),
+            "fray unfused": lambda: (lambda y_s: fray.quantize(y_s[0], dtype, granularity="token"))(
+                fray.add_rmsnorm(x, r, w, inplace=False)),
+            "torch.eager": lambda: eager_rmsnorm_quant(x, w, dtype, r),
+            "torch.compile": lambda: compiled(x, w, dtype, r)}
+
+
+def fused_bytes(op, inp):
+    """Read the inputs, write q and the fp32 scales (and, with a residual, the sum)."""
+    x = inp["x"]
+    m = x.shape[0]
+    if op == "silu_mul_quant":
+        return m * x.shape[1] * 2 + m * (x.shape[1] // 2) + 4 * m
+    h = x.shape[1]
+    return m * h * 2 * (3 if inp["r"] is not None else 1) + m * h + 4 * m
 
 
 def _args(granularity):
@@ -170,8 +248,18 @@ def w8_impls(inp):
 
 def run(op, recorder, shapes=None, graph=True, device="cuda", compile_fn=torch.compile):
     if op not in SHAPES:
-        raise ValueError("op: expected quantize, scaled_gemm or w8a16_gemm, got %r" % op)
+        raise ValueError("op: expected one of %s, got %r" % (", ".join(SHAPES), op))
     from fray.bench import bench_impls
+    if op in ("rmsnorm_quant", "silu_mul_quant"):
+        for variant, m, h in shapes or SHAPES[op]:
+            inp = fused_inputs(op, variant, m, h, device)
+            for dtype in QDTYPES:
+                bench_impls(recorder, op, "%s:%dx%d" % (variant, m, h), "bf16->%s" % str(dtype).replace("torch.", ""),
+                            fused_impls(op, inp, dtype, compile_fn), fused_bytes(op, inp), graph=graph)
+            del inp
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        return
     if op == "w8a16_gemm":
         for recipe, m, n, k in shapes or SHAPES[op]:
             inp = w8_inputs(recipe, m, n, k, device)
