@@ -2,10 +2,14 @@
 
 Semantics are fray.reference.quant's; fray.ops.quant validates, these launchers trust their inputs.
 
-token / block (dynamic scales): one program per group (BM rows of one column group; the group of
-a (128, 128) block is the whole tile) reads its values twice, once for the amax and once to
-quantize; the second read is of the few KB the first one just brought into L2, so the group
-costs one pass over HBM without holding the whole row of a large K in registers.
+token and block (1, 128), dynamic scales, K <= ROW_MAX: whole rows stay in registers (short rows
+packed several to a program), so x is read once: the amax per row (token) or per 128 columns
+(block: the tile reshaped [rows, K / 128, 128]), the scales, then q. Wider rows, and block
+(128, 128): one program per group (BM rows of one column group; the group of a (128, 128) block
+is the whole tile) reads its values twice, once for the amax and once to quantize. The second
+read hits L2 only while the groups in flight fit it: a per-token group of 16 rows of 8192 bf16 is
+256 KB, and a wave of them is more than the H200's L2, which is why short-enough rows take the
+register path (bench/NOTES.md, quantize).
 tensor / channel (dynamic scales): the amax spans programs, so two launches: an amax kernel with
 an integer atomic max on the fp32 bits (non-negative floats order as their bit patterns do, and
 an integer max does not depend on the order of the atomics), then the generic quantize kernel,
@@ -22,7 +26,7 @@ makes the saturation explicit.
 import triton
 import triton.language as tl
 
-from fray_triton._host import cdiv
+from fray_triton._host import cdiv, next_power_of_2
 
 TM, TK = 32, 128        # the generic kernels' tile (4K elements: a few registers per thread)
 ROUND_MAGIC = 12582912.0  # 1.5 * 2**23
@@ -86,6 +90,44 @@ def _quant_groups_kernel(
         tl.store(Q + rows[:, None] * stride_q + cols[None, :], q, mask=msk)
 
 
+# Rows up to this many elements take the register-resident kernel (fray_triton.norm's limit: 16K
+# fp32 values over 16 warps, 32 registers a thread).
+ROW_MAX = 16384
+ROW_PACK = 4096  # elements a program holds at least, short rows stacked
+
+
+@triton.jit
+def _quant_rows_kernel(
+    X, Q, S, M, K, stride_x, stride_q, stride_s, qmax,
+    FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
+):
+    """Dynamic per-row (GROUP = 0) or per-(1, GROUP) scales of whole rows held in registers."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_K)
+    row_ok = rows < M
+    msk = row_ok[:, None] & (cols[None, :] < K)
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=msk, other=0.0).to(tl.float32)
+    if GROUP == 0:
+        sc = scale_of(tl.max(finite_abs(x), axis=1), qmax)
+        tl.store(S + rows * stride_s, sc, mask=row_ok)
+        q = to_q(tl.math.div_rn(x, sc[:, None]), qmax, FP8)
+    else:
+        NG: tl.constexpr = BLOCK_K // GROUP
+        xg = tl.reshape(x, (ROWS, NG, GROUP))
+        sc = scale_of(tl.max(finite_abs(xg), axis=2), qmax)  # [ROWS, NG]
+        g = tl.arange(0, NG)
+        tl.store(S + rows[:, None] * stride_s + g[None, :], sc, mask=row_ok[:, None] & (g[None, :] * GROUP < K))
+        q = tl.reshape(to_q(tl.math.div_rn(xg, sc[:, :, None]), qmax, FP8), (ROWS, BLOCK_K))
+    tl.store(Q + rows[:, None] * stride_q + cols[None, :], q, mask=msk)
+
+
+def _rows_config(k, group):
+    """(BLOCK_K, ROWS, num_warps) of the register-resident kernel."""
+    block = max(next_power_of_2(k), group, 16)
+    rows = max(1, ROW_PACK // block)
+    return block, rows, max(4, min(16, block * rows // 512))
+
+
 @triton.jit
 def _amax_kernel(X, A, M, K, stride_x, CHANNEL: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
@@ -147,6 +189,14 @@ def quantize(x, q, scale, granularity, block, qmax, fp8, static, amax=None):
     dynamic tensor / channel scales."""
     m, k = x.shape
     if m == 0 or k == 0:
+        return
+    rowwise = granularity == "token" or (granularity == "block" and block[0] == 1)
+    if not static and rowwise and k <= ROW_MAX:
+        group = 0 if granularity == "token" else block[1]
+        bk, rows, warps = _rows_config(k, group)
+        rows = min(rows, next_power_of_2(m))
+        _quant_rows_kernel[(cdiv(m, rows),)](x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0), qmax,
+                                             FP8=fp8, GROUP=group, BLOCK_K=bk, ROWS=rows, num_warps=warps)
         return
     if not static and granularity in ("token", "block"):
         shared = granularity == "block" and block[0] > 1
