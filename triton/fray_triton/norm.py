@@ -69,16 +69,13 @@ def _rmsnorm_tile(
     tl.store(Y + rows64[:, None] * stride_y + cols[None, :], _round(y, Y.dtype.element_ty), mask=mask)
 
 
-def _rmsnorm_loop(
-    X, R, W, Y, S,
-    stride_x, stride_r, stride_y, stride_s,
-    n_rows, n_cols, eps, w_offset,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
+@triton.jit
+def loop_rstd(X, R, S, row, stride_x, stride_r, stride_s, n_cols, eps, HAS_RESIDUAL: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    """Pass 1 of a looped row: rsqrt(mean(x^2) + eps), x = round(X + R) stored to S when fused
+    (S may be R itself: every chunk is read before it is written)."""
     cols = tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    # Pass 1: sum of squares (and the rounded sum, stored once).
     for start in range(0, n_cols, BLOCK_N):
         c = start + cols
         m = c < n_cols
@@ -91,7 +88,18 @@ def _rmsnorm_loop(
         else:
             xf = x.to(tl.float32)
         acc += xf * xf
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    return 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+
+
+def _rmsnorm_loop(
+    X, R, W, Y, S,
+    stride_x, stride_r, stride_y, stride_s,
+    n_rows, n_cols, eps, w_offset,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    rstd = loop_rstd(X, R, S, row, stride_x, stride_r, stride_s, n_cols, eps, HAS_RESIDUAL, BLOCK_N)
     # Pass 2: re-read (the rounded sum from S when fused, since X may be overwritten in place).
     for start in range(0, n_cols, BLOCK_N):
         c = start + cols

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from fray_triton._host import cdiv, next_power_of_2
-from fray_triton.norm import MAX_SINGLE_BLOCK, LOOP_BLOCK, ROW_PACK_ELEMS, _num_warps, _round
+from fray_triton.norm import MAX_SINGLE_BLOCK, LOOP_BLOCK, ROW_PACK_ELEMS, _num_warps, _round, loop_rstd
 from fray_triton.quant import finite_abs, quant_rows, row_scales, scale_of, to_q
 
 
@@ -58,21 +58,8 @@ def _loop_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    # Pass 1: sum of squares (and the rounded sum, stored once: passes 2 and 3 read it back from R).
-    for start in range(0, n_cols, BLOCK_N):
-        c = start + cols
-        m = c < n_cols
-        x = tl.load(X + row * stride_x + c, mask=m, other=0.0)
-        if HAS_RESIDUAL:
-            r = tl.load(R + row * stride_r + c, mask=m, other=0.0)
-            s = _round(x.to(tl.float32) + r.to(tl.float32), X.dtype.element_ty)
-            tl.store(R + row * stride_r + c, s, mask=m)
-            xf = s.to(tl.float32)
-        else:
-            xf = x.to(tl.float32)
-        acc += xf * xf
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    # Pass 1: sum of squares (and the rounded sum, written back into R: passes 2 and 3 read it there).
+    rstd = loop_rstd(X, R, R, row, stride_x, stride_r, stride_r, n_cols, eps, HAS_RESIDUAL, BLOCK_N)
     if HAS_RESIDUAL:
         src = R + row * stride_r
     else:
