@@ -41,6 +41,24 @@ def _round(v, dtype: tl.constexpr):
         return v.to(dtype)
 
 
+@triton.jit
+def tile_normed(X, R, W, S, rows64, cols, col_ok, mask, stride_x, stride_r, stride_s, n_cols, eps, w_offset,
+                HAS_RESIDUAL: tl.constexpr):
+    """The fp32 RMSNorm of a [rows, cols] tile (before its rounding); fused: x = round(X + R),
+    stored to S (S may be R itself: the tile is read before it is written)."""
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(R + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+        s = _round(x.to(tl.float32) + r.to(tl.float32), S.dtype.element_ty)
+        tl.store(S + rows64[:, None] * stride_s + cols[None, :], s, mask=mask)
+        xf = s.to(tl.float32)
+    else:
+        xf = x.to(tl.float32)
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + w_offset
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / n_cols + eps)
+    return xf * rstd[:, None] * w[None, :]
+
+
 def _rmsnorm_tile(
     X, R, W, Y, S,
     stride_x, stride_r, stride_y, stride_s,
@@ -54,18 +72,8 @@ def _rmsnorm_tile(
     col_ok = cols < n_cols
     mask = row_ok[:, None] & col_ok[None, :]
     rows64 = rows.to(tl.int64)
-
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        r = tl.load(R + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
-        s = _round(x.to(tl.float32) + r.to(tl.float32), S.dtype.element_ty)
-        tl.store(S + rows64[:, None] * stride_s + cols[None, :], s, mask=mask)
-        xf = s.to(tl.float32)
-    else:
-        xf = x.to(tl.float32)
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + w_offset
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / n_cols + eps)
-    y = xf * rstd[:, None] * w[None, :]
+    y = tile_normed(X, R, W, S, rows64, cols, col_ok, mask, stride_x, stride_r, stride_s, n_cols, eps, w_offset,
+                    HAS_RESIDUAL)
     tl.store(Y + rows64[:, None] * stride_y + cols[None, :], _round(y, Y.dtype.element_ty), mask=mask)
 
 

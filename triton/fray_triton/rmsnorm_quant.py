@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from fray_triton._host import cdiv, next_power_of_2
-from fray_triton.norm import MAX_SINGLE_BLOCK, LOOP_BLOCK, ROW_PACK_ELEMS, _num_warps, _round, loop_rstd
+from fray_triton.norm import MAX_SINGLE_BLOCK, LOOP_BLOCK, ROW_PACK_ELEMS, _num_warps, _round, loop_rstd, tile_normed
 from fray_triton.quant import finite_abs, quant_rows, row_scales, scale_of, to_q
 
 
@@ -34,17 +34,9 @@ def _tile_kernel(
     col_ok = cols < n_cols
     mask = row_ok[:, None] & col_ok[None, :]
     rows64 = rows.to(tl.int64)
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        r = tl.load(R + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
-        s = _round(x.to(tl.float32) + r.to(tl.float32), X.dtype.element_ty)
-        tl.store(R + rows64[:, None] * stride_r + cols[None, :], s, mask=mask)
-        xf = s.to(tl.float32)
-    else:
-        xf = x.to(tl.float32)
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + w_offset
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / n_cols + eps)
-    y = _round(xf * rstd[:, None] * w[None, :], X.dtype.element_ty).to(tl.float32)
+    y = tile_normed(X, R, W, R, rows64, cols, col_ok, mask, stride_x, stride_r, stride_r, n_cols, eps, w_offset,
+                    HAS_RESIDUAL)
+    y = _round(y, X.dtype.element_ty).to(tl.float32)
     sc = row_scales(y, S, rows64, row_ok, stride_s, qmax, STATIC)
     tl.store(Q + rows64[:, None] * stride_q + cols[None, :], quant_rows(y, sc, qmax, FP8), mask=mask)
 
