@@ -152,6 +152,24 @@ def moe_route(router_logits: _A, top_k: int, *, scoring: MoeScoring = "softmax",
               return_counts: Literal[True], backend: Backend = "auto") -> Tuple[_A, _A, _A]: ...
 def moe_dispatch(topk_ids: _A, num_experts: int, block_m: int, *, expert_map: Optional[_A] = None,
                  backend: Backend = "auto") -> _MoeDispatch: ...
+# grouped GEMM: rows of group g times b[g] (explicit offsets [G + 1]), or per route from a dispatch
+# ([T * k, N] in route order); MoE layers on it: out [T, N] / [T, H]
+MoeLayout = Literal["nk", "kn"]
+MoeCombine = Literal["auto", "atomic", "staged", "scatter"]
+def grouped_gemm(a: _A, b: _A, group_offsets: Optional[_A] = None, *, dispatch: Optional[_MoeDispatch] = None,
+                 top_k: Optional[int] = None, b_layout: MoeLayout = "nk", out: Optional[_A] = None,
+                 backend: Backend = "auto") -> _A: ...
+def routed_grouped_gemm(x: _A, expert_weights: _A, logits: _A, top_k: int, *, combine: MoeCombine = "auto",
+                        b_layout: MoeLayout = "nk", renormalize: bool = True, out: Optional[_A] = None,
+                        backend: Backend = "auto") -> _A: ...
+def fused_moe(x: _A, w13: _A, w2: _A, *, router_logits: Optional[_A] = None, topk_weights: Optional[_A] = None,
+              topk_ids: Optional[_A] = None, top_k: Optional[int] = None,
+              activation: Literal["silu", "gelu", "gelu_tanh"] = "silu", renormalize: bool = True,
+              scoring: MoeScoring = "softmax", num_expert_group: Optional[int] = None,
+              topk_group: Optional[int] = None, correction_bias: Optional[_A] = None,
+              routed_scaling_factor: float = 1.0, expert_map: Optional[_A] = None,
+              apply_router_weight_on_input: bool = False, w_layout: MoeLayout = "nk", combine: MoeCombine = "auto",
+              out: Optional[_A] = None, backend: Backend = "auto") -> _A: ...
 
 # quant: (q [M, K] int8 / float8_e4m3fn, fp32 scale of the group shape) and back
 QuantGranularity = Literal["tensor", "token", "channel", "block"]

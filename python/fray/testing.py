@@ -162,3 +162,35 @@ def compile_triton_sm90(specs):
         assert "error" not in r, "%s.%s %s does not compile for sm_90a:\n%s" % (
             spec["module"], spec["kernel"], spec["constexprs"], r["error"])
     return results
+
+
+def moe_bound(expected_f64, mag, terms, dtype):
+    """Elementwise bound of an MoE result against fray.reference.moe (which rounds where the
+    kernels round): a rounding the fp32 kernel takes the other way moves one contribution by up to
+    one ulp of its projection and one of its weighted value (2 rtol of mag, the sum of the
+    contributions' magnitudes), the final rounding half an ulp of the result, and ulp changes of a
+    few h_i inside a second GEMM move it by a random-signed sum over terms (the root-sum-square of
+    that GEMM's products): 2 rtol of terms is far beyond their spread (about rtol / 4 of terms when
+    one h_i in 16 flips) and far under what a wrong expert, a lost route or a misplaced weight does."""
+    tol = TOLERANCES[dtype]
+    e = expected_f64.abs() if isinstance(expected_f64, torch.Tensor) else np.abs(expected_f64)
+    return tol["atol"] + tol["rtol"] * (0.5 * e + 2.0 * mag + 2.0 * terms)
+
+
+def assert_moe_close(actual, expected_f64, mag, terms, dtype, what="", rows=None):
+    """actual [rows, N] vs fray.reference.moe's (expected, mag, terms), within moe_bound; rows: a
+    boolean mask of the rows to compare (the rest are not written by the op)."""
+    def f64(v):
+        return v.detach().to("cpu", torch.float64) if isinstance(v, torch.Tensor) else torch.from_numpy(
+            np.asarray(v, np.float64))
+    a, e, m, t = f64(actual), f64(expected_f64), f64(mag), f64(terms)
+    if rows is not None:
+        keep = torch.from_numpy(np.asarray(rows, bool))
+        a, e, m, t = a[keep], e[keep], m[keep], t[keep]
+    assert a.shape == e.shape, "%s: shape %s != %s" % (what, tuple(a.shape), tuple(e.shape))
+    assert torch.isfinite(a).all(), "%s: non-finite values in the result" % what
+    bound = moe_bound(e, m, t, dtype)
+    err = (a - e).abs()
+    bad = err > bound
+    assert not bad.any(), "%s (%s): %d of %d elements off; worst error %.3g where the bound is %.3g" % (
+        what, dtype, int(bad.sum()), err.numel(), float(err[bad].max()), float(bound[bad][err[bad].argmax()]))

@@ -9,6 +9,7 @@ from fray.ops import activation as _activation
 from fray.ops import attention as _attention
 from fray.ops import elementwise as _elementwise
 from fray.ops import gemm as _gemm
+from fray.ops import moe_gemm as _moe_gemm
 from fray.ops import norm as _norm
 from fray.ops import rope as _rope
 from fray.ops import sampling as _sampling
@@ -47,3 +48,23 @@ def attention_prefill(q_all, k_all, v_all, causal=True):
 def matmul(a, b):
     """a [M, K] @ b [K, N] (the seed's layout) on the Triton backend."""
     return _gemm.gemm(a, b, b_layout="kn", backend="triton")
+
+
+def fused_moe(x, router_logits, w13, w2, top_k=2, **kwargs):
+    """The seed's fused MoE: x [T, H], router_logits [T, E], the seed's layouts w13 [E, H, 2I] and
+    w2 [E, I, H] (fray.fused_moe with w_layout="kn"; pass w_layout="nk" for vLLM's), softmax top-k
+    routing renormalised, SiLU, on the Triton backend."""
+    kwargs.setdefault("w_layout", "kn")
+    return _moe_gemm.fused_moe(x, w13, w2, router_logits=router_logits, top_k=top_k, backend="triton", **kwargs)
+
+
+def grouped_gemm(a, b, group_offsets=None, **kwargs):
+    """The seed's explicit-metadata grouped GEMM (b as [G, K, N] by default, the seed's layout)."""
+    kwargs.setdefault("b_layout", "kn")
+    return _moe_gemm.grouped_gemm(a, b, group_offsets, backend="triton", **kwargs)
+
+
+def routed_grouped_gemm(x, expert_weights, logits, top_k, **kwargs):
+    """The seed's routed grouped GEMM (expert_weights as [E, K, N] by default, the seed's layout)."""
+    kwargs.setdefault("b_layout", "kn")
+    return _moe_gemm.routed_grouped_gemm(x, expert_weights, logits, top_k, backend="triton", **kwargs)

@@ -93,3 +93,127 @@ def moe_dispatch(topk_ids, num_experts, block_m, expert_map=None):
     for x in range(num_experts):
         tile_expert[offsets[x] // block_m:offsets[x + 1] // block_m] = x
     return sorted_ids, offsets, tile_expert, np.array([num_tiles], np.int64), inverse, counts.astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# the grouped GEMM, the routed GEMM and the whole MoE layer: float64 math with every rounding the
+# kernels make (each GEMM's output, the activation's, the weighted contribution's, the sum's) done
+# to `dtype` (a torch dtype) at the same places, so that a kernel off by one rounding differs from
+# this by about one ulp, and one computing something else differs by far more
+
+def round_to(v, dtype):
+    """float64 values rounded to the torch dtype (round to nearest even), back in float64."""
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(v, np.float64)).to(dtype).double().numpy()
+
+
+def _mat(b, g, b_layout):
+    """Group g's matrix as [K, N]."""
+    return b[g].T if b_layout == "nk" else b[g]
+
+
+def term_scale(a_rows, b, groups, b_layout):
+    """|a_i| @ |B_g(i)| per row (the GEMM bound's terms, fray.testing.gemm_bound); groups[i] < 0
+    leaves row i zero."""
+    n = b.shape[1] if b_layout == "nk" else b.shape[2]
+    out = np.zeros((a_rows.shape[0], n))
+    for i, g in enumerate(groups):
+        if g >= 0:
+            out[i] = np.abs(a_rows[i]) @ np.abs(_mat(b, g, b_layout))
+    return out
+
+
+def grouped_gemm(a, b, offsets, b_layout):
+    """Rows [offsets[g], offsets[g+1]) of a @ B_g, unrounded: (out [M, N], written rows mask)."""
+    m = a.shape[0]
+    n = b.shape[1] if b_layout == "nk" else b.shape[2]
+    out = np.zeros((m, n))
+    written = np.zeros(m, bool)
+    for g in range(b.shape[0]):
+        lo, hi = int(offsets[g]), int(offsets[g + 1])
+        if hi > lo:
+            out[lo:hi] = a[lo:hi] @ _mat(b, g, b_layout)
+            written[lo:hi] = True
+    return out, written
+
+
+def local_ids(topk_ids, expert_map=None):
+    ids = np.asarray(topk_ids, np.int64)
+    return ids if expert_map is None else np.asarray(expert_map, np.int64)[ids]
+
+
+def routes_gemm(x, b, topk_ids, b_layout, expert_map=None):
+    """Route r = t * k + j: x[t] @ B_{e(r)} (unrounded) as out [T * k, N] and the written-rows
+    mask (routes dropped by expert_map are not written)."""
+    t, k = np.asarray(topk_ids).shape
+    local = local_ids(topk_ids, expert_map).reshape(-1)
+    n = b.shape[1] if b_layout == "nk" else b.shape[2]
+    out = np.zeros((t * k, n))
+    for r in range(t * k):
+        if local[r] >= 0:
+            out[r] = x[r // k] @ _mat(b, local[r], b_layout)
+    return out, local >= 0
+
+
+def _act(g, activation):
+    from fray.reference import activation as ra
+    if activation == "silu":
+        return ra.silu(g)
+    return ra.gelu(g, "tanh" if activation == "gelu_tanh" else "none")
+
+
+def fused_moe(x, w13, w2, topk_weights, topk_ids, dtype, activation="silu", expert_map=None,
+              apply_router_weight_on_input=False, w_layout="nk"):
+    """The MoE layer per token: (out float64 [T, H] rounded to dtype, mag [T, H], terms [T, H]).
+
+    For each route (t, j) of a kept expert e: xin = x[t] (round(x[t] * w) when the weight goes on
+    the input), g = round(xin @ W13_e), h = round(act(g[:I]) * g[I:]), y = round(h @ W2_e),
+    y = round(y * w) (unless applied on the input); out[t] = round(sum_j y), the sum in rank order.
+    mag: sum_j |y|, the scale of a rounding taken the other way in one contribution; terms:
+    sqrt(sum_j sum_i (w_tj h_ji W2_e[i, :])^2), the root-sum-square of the second GEMM's products,
+    the scale of one-ulp changes in a few h_ji (fray.testing.assert_moe_close)."""
+    t, k = np.asarray(topk_ids).shape
+    local = local_ids(topk_ids, expert_map)
+    w = np.asarray(topk_weights, np.float64)
+    h_dim = x.shape[1]
+    out = np.zeros((t, h_dim))
+    mag = np.zeros((t, h_dim))
+    terms = np.zeros((t, h_dim))
+    for tok in range(t):
+        for j in range(k):
+            e = local[tok, j]
+            if e < 0:
+                continue
+            xin = round_to(x[tok] * w[tok, j], dtype) if apply_router_weight_on_input else x[tok]
+            g = round_to(xin @ _mat(w13, e, w_layout), dtype)
+            i = g.shape[0] // 2
+            h = round_to(_act(g[:i], activation) * g[i:], dtype)
+            m2 = _mat(w2, e, w_layout)
+            y = round_to(h @ m2, dtype)
+            scale = 1.0 if apply_router_weight_on_input else w[tok, j]
+            if not apply_router_weight_on_input:
+                y = round_to(y * scale, dtype)
+            out[tok] += y
+            mag[tok] += np.abs(y)
+            terms[tok] += (((scale * h)[:, None] * m2) ** 2).sum(axis=0)
+    return round_to(out, dtype), mag, np.sqrt(terms)
+
+
+def routed_gemm(x, b, topk_weights, topk_ids, dtype, b_layout="nk"):
+    """The one-matrix routed GEMM: (out, mag, terms) as fused_moe's, for
+    out[t] = round(sum_j round(round(x[t] @ B_e) * w_tj)); terms are zero (no rounded value feeds
+    a second GEMM here, and the fp32 sum's own error is far under mag's)."""
+    t, k = np.asarray(topk_ids).shape
+    ids = np.asarray(topk_ids, np.int64)
+    w = np.asarray(topk_weights, np.float64)
+    n = b.shape[1] if b_layout == "nk" else b.shape[2]
+    out = np.zeros((t, n))
+    mag = np.zeros((t, n))
+    terms = np.zeros((t, n))
+    for tok in range(t):
+        for j in range(k):
+            m = _mat(b, ids[tok, j], b_layout)
+            y = round_to(round_to(x[tok] @ m, dtype) * w[tok, j], dtype)
+            out[tok] += y
+            mag[tok] += np.abs(y)
+    return round_to(out, dtype), mag, terms
