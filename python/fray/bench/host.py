@@ -239,6 +239,35 @@ def cases(device):
     impls["torch.eager"] = lambda: bm.eager_dispatch(ids_r, 256, bm.BLOCK_M)
     out.append(("moe_dispatch", "deepseek_v3:T%d" % BATCH, "int32", impls))
 
+    # the MoE GEMMs at a decode batch (Triton only, no CUDA kernel): fused_moe prepared at Qwen3's
+    # layer, grouped_gemm at 8 groups of 4 rows, routed_grouped_gemm over 8 experts top-2; beside
+    # the torch._grouped_mm composites. Rows only for the ops this fray has (tests/bench checks
+    # this file's ops against fray.OPS; the three arrive together, in fray.ops.moe_gemm).
+    if "fused_moe" in fray.OPS:
+        qwen = bm.MODELS["qwen3"]
+        xf = randn(BATCH, qwen.hidden)
+        w13f = bm.randn_experts(qwen.experts, 2 * qwen.inter, qwen.hidden, bf16, g, device)
+        w2f = bm.randn_experts(qwen.experts, qwen.hidden, qwen.inter, bf16, g, device)
+        twf, idf = bm.eager_route(randn(BATCH, qwen.experts), qwen.top_k)
+        impls = {}
+        impls["fray.triton"] = lambda: fray.fused_moe(xf, w13f, w2f, topk_weights=twf, topk_ids=idf, backend="triton")
+        impls["torch.eager"] = lambda: bm.eager_experts(xf, w13f, w2f, twf, idf)
+        out.append(("fused_moe", "qwen3:T%d:prepared" % BATCH, "bf16", impls))
+    if "grouped_gemm" in fray.OPS:
+        ga, gb = randn(8 * 4, 1024), bm.randn_experts(8, 1024, 1024, bf16, g, device)
+        goffs = torch.arange(0, 8 * 4 + 1, 4, device=device, dtype=torch.int32)
+        gends, gbt = goffs[1:].contiguous(), gb.transpose(-2, -1)
+        impls = {}
+        impls["fray.triton"] = lambda: fray.grouped_gemm(ga, gb, goffs, b_layout="nk", backend="triton")
+        impls["torch.builtin"] = lambda: torch._grouped_mm(ga, gbt, offs=gends)
+        out.append(("grouped_gemm", "G8x4N1024K1024", "bf16", impls))
+    if "routed_grouped_gemm" in fray.OPS:
+        xr2, wr2, lr2 = randn(BATCH, 1024), bm.randn_experts(8, 1024, 1024, bf16, g, device), randn(BATCH, 8)
+        impls = {}
+        impls["fray.triton"] = lambda: fray.routed_grouped_gemm(xr2, wr2, lr2, 2, backend="triton")
+        impls["torch.eager"] = lambda: bm.eager_routed_grouped_gemm(xr2, wr2, lr2, 2)
+        out.append(("routed_grouped_gemm", "e8h1024n1024k2:T%d" % BATCH, "bf16", impls))
+
     # quant at a decode batch: bf16 activations to int8 with per-token scales, and back
     from fray.bench import quant as bq
     xq = randn(BATCH, HIDDEN)
