@@ -428,6 +428,33 @@ for _custom in (_grouped_gemm_op, _grouped_gemm_routes_op, _routed_gemm_op, _fus
     _custom.register_fake(lambda *args, **kwargs: None)
 
 
+class _FusedPlan:
+    """An eager fused_moe call whose arguments were validated once for this signature
+    (fray._plan): routing (moe_route's own plan), the output, the launches."""
+
+    __slots__ = ("route", "args", "shape", "trivial")
+
+    def __init__(self, route, args, shape, trivial):
+        self.route, self.args, self.shape, self.trivial = route, args, shape, trivial
+
+    def __call__(self, x, w13, w2, logits, w, ids, bias, emap, out):
+        if self.route is not None:
+            w, ids = M.moe_route(logits, correction_bias=bias, **self.route)
+        return self.launch(x, w13, w2, w, ids, emap, out)
+
+    def launch(self, x, w13, w2, w, ids, emap, out):
+        if out is None:
+            out = torch.empty(self.shape, dtype=x.dtype, device=x.device)
+        if self.trivial:
+            return out.zero_() if out.numel() else out
+        with torch.cuda.device(x.device):
+            _fused(x, w13, w2, w, ids, emap, out, *self.args)
+        return out
+
+
+_compiling = P.compiling
+
+
 # ---------------------------------------------------------------------------------------------
 # public API
 
@@ -582,6 +609,15 @@ def fused_moe(x, w13, w2, *, router_logits=None, topk_weights=None, topk_ids=Non
     act: "silu", "gelu" (erf) or "gelu_tanh". combine: as routed_grouped_gemm's ("auto": atomic
     for top_k <= 4, else staged; "staged" is bit-identical run to run).
     """
+    key = None
+    if not _compiling() and not env.check_indices():
+        key = P.signature("fused_moe", backend, (x, w13, w2, router_logits, topk_weights, topk_ids, correction_bias,
+                                                 expert_map, out),
+                          (top_k, activation, renormalize, scoring, num_expert_group, topk_group, routed_scaling_factor,
+                           apply_router_weight_on_input, w_layout, combine))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            return plan(x, w13, w2, router_logits, topk_weights, topk_ids, correction_bias, expert_map, out)
     V.require_backend(backend, B.BACKENDS)
     layout = _choice("w_layout", w_layout, LAYOUTS)
     activation = _choice("activation", activation, ACTIVATIONS)
@@ -640,13 +676,26 @@ def fused_moe(x, w13, w2, *, router_logits=None, topk_weights=None, topk_ids=Non
         res, _, _ = ref.fused_moe(_to64(x), _to64(w13), _to64(w2), w, ids, _ref_dtype(x), activation, emap,
                                   bool(apply_router_weight_on_input), layout)
         return _as_output(res, x, out)
-    out = torch.empty((t, hdim), dtype=x.dtype, device=x.device) if out is None else out
-    if t and hdim:
-        if inter == 0 or e == 0:
-            return out.zero_()
-        _fused_moe_op(x, w13, w2, topk_weights, topk_ids, expert_map, out, activation,
-                      bool(apply_router_weight_on_input), layout, combine, backend)
-    return out
+    if _compiling():
+        out = torch.empty((t, hdim), dtype=x.dtype, device=x.device) if out is None else out
+        if t and hdim:
+            if inter == 0 or e == 0:
+                return out.zero_()
+            _fused_moe_op(x, w13, w2, topk_weights, topk_ids, expert_map, out, activation,
+                          bool(apply_router_weight_on_input), layout, combine, backend)
+        return out
+    B.resolve("fused_moe", FAMILY, backend, x.device)
+    if env.check_indices():
+        _device_check("topk_ids / expert_map", lambda: M._check_dispatch_values(
+            topk_ids.cpu().numpy(), None if expert_map is None else expert_map.cpu().numpy(), e))
+    route = None
+    if router_logits is not None:
+        route = dict(top_k=top_k, scoring=scoring, renormalize=renormalize, num_expert_group=num_expert_group,
+                     topk_group=topk_group, routed_scaling_factor=routed_scaling_factor, backend=backend)
+    plan = _FusedPlan(route, (activation, bool(apply_router_weight_on_input), layout, combine), (t, hdim),
+                      not (t and hdim) or inter == 0 or e == 0)
+    # this call's routing ran above (validation needs its result): launch from there
+    return P.PLANS.put(key, plan).launch(x, w13, w2, topk_weights, topk_ids, expert_map, out)
 
 
 # ---------------------------------------------------------------------------------------------
