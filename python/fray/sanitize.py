@@ -390,6 +390,37 @@ def _quant_cases():
     return out
 
 
+def _moe_cases():
+    """The Triton grouped-GEMM kernels (unfiltered: Triton's kernel names do not hold "fray"), with
+    rows that gather past partial tiles, experts without routes and every epilogue: fused_moe per
+    combine mode and row tile, both weight layouts (the kn stack takes the pointer path when its
+    rows are not 16-byte multiples), the explicit grouped GEMM with an empty group."""
+    import fray
+    from fray.ops import moe_gemm as MG
+    torch = _torch()
+    out = {}
+    for combine in ("atomic", "staged", "scatter"):
+        for t, e, k in ((3, 8, 2), (300, 8, 2)):  # row tiles of 16 and 128
+            def fm(combine=combine, t=t, e=e, k=k):
+                x, w13, w2, logits = MG._case_inputs(t, 256, 136, e, k, _dt("bf16"), "cuda")
+                fray.fused_moe(x, w13, w2, router_logits=logits, top_k=k, combine=combine, backend="triton")
+            out["fused_moe_%s_T%d" % (combine, t)] = _case(fm, t * k * 256 * 272, unfiltered=True)
+
+    def kn():
+        x, w13, w2, logits = MG._case_inputs(40, 200, 100, 4, 2, _dt("fp16"), "cuda")
+        fray.fused_moe(x, w13.transpose(1, 2).contiguous(), w2.transpose(1, 2).contiguous(), router_logits=logits,
+                       top_k=2, w_layout="kn", apply_router_weight_on_input=True, activation="gelu", backend="triton")
+    out["fused_moe_kn_fp16"] = _case(kn, 40 * 2 * 200 * 200, unfiltered=True)
+
+    def explicit():
+        a = _randn(100, 264, dtype=_dt("bf16"))
+        b = _randn(3, 136, 264, dtype=_dt("bf16"), seed=1)
+        offs = torch.tensor([3, 40, 40, 97], dtype=torch.int32, device="cuda")
+        fray.grouped_gemm(a, b, offs, backend="triton")
+    out["grouped_gemm_explicit"] = _case(explicit, 100 * 264 * 4, unfiltered=True)
+    return out
+
+
 # The one place a family joins the sweep (its directory name under tests/).
 CASES = {
     "smoke": _smoke_cases,
@@ -402,6 +433,7 @@ CASES = {
     "attention": _attention_cases,
     "gemm": _gemm_cases,
     "quant": _quant_cases,
+    "moe": _moe_cases,
 }
 
 
