@@ -50,3 +50,16 @@ def test_no_graph_variant_for_slow_shapes(monkeypatch):
     rec = fb.Recorder()
     fb.bench_impls(rec, "op", "4x4", "fp32", {"a": lambda: None}, nbytes=None)
     assert [r["shape"] for r in rec.records] == ["4x4"] and rec.records[0]["gbps"] is None
+
+
+def test_impls_filter_times_only_the_matching_impls(monkeypatch):
+    import re
+    called = []
+    monkeypatch.setattr(fb, "time_us", lambda fn: fn() or 80.0)
+    monkeypatch.setattr(fb, "environment", lambda: {})
+    monkeypatch.setattr(fb, "IMPLS", re.compile(r"^fray|eager"))
+    rec = fb.Recorder()
+    impls = {name: (lambda n=name: called.append(n)) for name in ("fray.triton", "torch.eager", "torch.compile")}
+    fb.bench_impls(rec, "op", "4x4", "fp32", impls, graph=False)
+    assert {r["impl"] for r in rec.records} == {"fray.triton", "torch.eager"}
+    assert "torch.compile" not in called

@@ -6,6 +6,7 @@ from absl import app, flags
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "append JSON-lines records to this file")
 flags.DEFINE_bool("graph", True, "also time CUDA-graph replay for shapes under 50 us")
+flags.DEFINE_string("impls", None, "regex: time only the impls whose names match (fray.bench.IMPLS)")
 flags.DEFINE_string("shapes", None, "comma list of ROWSxCOLS[:dtype] overriding the default shapes "
                     "(attention and sampling: shape names as recorded, see their parse_shapes)")
 
@@ -29,6 +30,11 @@ def run_op(family, op, recorder=None):
             dims, _, dt = item.partition(":")
             rows, cols = (int(v) for v in dims.split("x"))
             shapes.append((rows, cols, dtypes[dt or "bf16"]))
+    if FLAGS.impls:
+        import re
+
+        import fray.bench
+        fray.bench.IMPLS = re.compile(FLAGS.impls)
     rec = Recorder(FLAGS.out) if recorder is None else recorder
     with torch.no_grad():
         module.run(op, rec, shapes=shapes, graph=FLAGS.graph)
