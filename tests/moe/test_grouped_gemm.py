@@ -227,6 +227,20 @@ def test_errors_name_the_argument():
         fray.grouped_gemm(a, b, dispatch=fray.moe_dispatch(ids, 2, 16), top_k=None)
     with pytest.raises(ValueError, match="backend: 'triton' needs CUDA tensors"):
         fray.grouped_gemm(a, b, offs, backend="triton")
+    # a dispatch's contents are what the kernels index with: checked on the CPU (on the GPU with
+    # FRAY_CHECK_INDICES=1)
+    d = fray.moe_dispatch(ids, 2, 16)
+    bad = d._replace(sorted_route_ids=d.sorted_route_ids.clone())
+    bad.sorted_route_ids[0] = 13
+    with pytest.raises(ValueError, match=r"dispatch: sorted_route_ids hold values in \[.*, 13\], expected \[0, 12\]"):
+        fray.grouped_gemm(a, b, dispatch=bad, top_k=2)
+    bad = d._replace(tile_expert=d.tile_expert.clone())
+    bad.tile_expert[0] = 2
+    with pytest.raises(ValueError, match=r"dispatch: tile_expert holds experts in \[.*, 2\]"):
+        fray.grouped_gemm(a, b, dispatch=bad, top_k=2)
+    bad = d._replace(num_tiles=torch.tensor([99], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"dispatch: num_tiles is 99"):
+        fray.grouped_gemm(a, b, dispatch=bad, top_k=2)
 
 
 def test_custom_ops_are_registered():
@@ -313,3 +327,7 @@ def test_gpu_check_indices(cuda, monkeypatch):
         fray.grouped_gemm(a, b, torch.tensor([0, 9, 8], dtype=torch.int32, device=cuda))
     with pytest.raises(RuntimeError, match="backend='cuda' cannot run grouped_gemm"):
         fray.grouped_gemm(a, b, torch.tensor([0, 4, 8], dtype=torch.int32, device=cuda), backend="cuda")
+    d = fray.moe_dispatch(torch.zeros(8, 1, dtype=torch.int32, device=cuda), 2, 16)
+    d.tile_expert[0] = 5
+    with pytest.raises(ValueError, match="dispatch: tile_expert holds experts"):
+        fray.grouped_gemm(a, b, dispatch=d, top_k=1)

@@ -214,6 +214,20 @@ def _check_dispatch(d, t, top_k, num_groups, like):
     return block_m
 
 
+def _check_dispatch_values(d, n_routes, num_groups):
+    """A dispatch's contents (numpy arrays): what the kernels index with must stay in range."""
+    routes, tiles, num = (np.asarray(v) for v in (d.sorted_route_ids, d.tile_expert, d.num_tiles))
+    if routes.size and (routes.min() < 0 or routes.max() > n_routes):
+        raise ValueError("dispatch: sorted_route_ids hold values in [%d, %d], expected [0, %d] (T * k the padding)"
+                         % (routes.min(), routes.max(), n_routes))
+    if not 0 <= int(num[0]) <= tiles.size:
+        raise ValueError("dispatch: num_tiles is %d, expected [0, %d]" % (int(num[0]), tiles.size))
+    used = tiles[:int(num[0])]
+    if used.size and (used.min() < 0 or used.max() >= num_groups):
+        raise ValueError("dispatch: tile_expert holds experts in [%d, %d] among the used tiles, expected [0, %d)"
+                         % (used.min(), used.max(), num_groups))
+
+
 def _check_routes(topk_weights, topk_ids, t, like):
     """Prepared routing: fp32 weights and int32 / int64 ids [T, k]; returns k."""
     if V.is_array(like):
@@ -520,6 +534,7 @@ def grouped_gemm(a, b, group_offsets=None, *, dispatch=None, top_k=None, b_layou
     _check_out(out, (t * top_k, n), a)
     if on_cpu:
         V.require_cpu_backend(backend, "a")
+        _check_dispatch_values(dispatch if array else M.MoeDispatch(*(v.numpy() for v in dispatch)), t * top_k, g)
         routes = np.asarray(dispatch.sorted_route_ids if array else dispatch.sorted_route_ids.numpy(), np.int64)
         tiles = np.asarray(dispatch.tile_expert if array else dispatch.tile_expert.numpy(), np.int64)
         ids = np.full(t * top_k, -1, np.int64)
@@ -528,6 +543,9 @@ def grouped_gemm(a, b, group_offsets=None, *, dispatch=None, top_k=None, b_layou
                 ids[r] = tiles[row // block_m]
         res, written = ref.routes_gemm(_to64(a), _to64(b), ids.reshape(t, top_k), layout, None)
         return _as_output(res, a, out, written)
+    if env.check_indices():
+        _device_check("dispatch", lambda: _check_dispatch_values(M.MoeDispatch(*(v.cpu().numpy() for v in dispatch)),
+                                                                 t * top_k, g))
     out = torch.empty((t * top_k, n), dtype=a.dtype, device=a.device) if out is None else out
     if t and n:
         _grouped_gemm_routes_op(a, b, dispatch.sorted_route_ids, dispatch.tile_expert, dispatch.num_tiles, out,
