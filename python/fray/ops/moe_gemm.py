@@ -331,28 +331,34 @@ def _combine_mode(combine, top_k):
     return combine
 
 
+def _launch_combined(a, b, out, mode, routes, inverse, top_k, common):
+    """A weighted grouped-GEMM launch (common: tg.launch's arguments but the output and its mode)
+    and the combine of each token's k weighted rows into out [T, N]."""
+    from fray_triton import moe_gemm as tg
+    t, n = out.shape
+    if mode == "atomic":
+        acc = torch.zeros((t, n), dtype=torch.float32, device=out.device)
+        tg.launch(a, b, acc, out_mode=tg.OUT_ATOMIC, **common)
+        out.copy_(acc)
+        return
+    staged = torch.empty((routes.shape[0], n), dtype=out.dtype, device=out.device)
+    tg.launch(a, b, staged, out_mode=tg.OUT_ROWS, **common)
+    if mode == "staged":
+        tg.combine_staged(staged, inverse, out, top_k)
+    else:
+        tg.scatter_combine(staged, routes, t * top_k, top_k, out)
+
+
 def _second_gemm(h, b, weights, routes, tile_expert, num_tiles, inverse, out, t, top_k, layout, combine,
                  weighted, block_m):
     """GEMM 2 over rows already in sorted order, the routing weight in the epilogue, and the
     combine into out [T, N]."""
     from fray_triton import moe_gemm as tg
     _, n, k = _matrix_dims("b", b, layout)
-    cfg = gemm_config(block_m, n, k)
-    mode = _combine_mode(combine, top_k)
-    common = dict(b_nk=layout == "nk", n=n, n_b=n, k=k, config=cfg, max_tiles=tile_expert.shape[0],
-                  num_tiles=num_tiles, tile_group=tile_expert, routes=routes, a_mode=tg.A_SORTED,
-                  weights=weights, n_routes=t * top_k, top_k=top_k, weighted=weighted)
-    if mode == "atomic":
-        acc = torch.zeros((t, n), dtype=torch.float32, device=out.device)
-        tg.launch(h, b, acc, out_mode=tg.OUT_ATOMIC, **common)
-        out.copy_(acc)
-        return
-    staged = torch.empty((routes.shape[0], n), dtype=out.dtype, device=out.device)
-    tg.launch(h, b, staged, out_mode=tg.OUT_ROWS, **common)
-    if mode == "staged":
-        tg.combine_staged(staged, inverse, out, top_k)
-    else:
-        tg.scatter_combine(staged, routes, t * top_k, top_k, out)
+    common = dict(b_nk=layout == "nk", n=n, n_b=n, k=k, config=gemm_config(block_m, n, k),
+                  max_tiles=tile_expert.shape[0], num_tiles=num_tiles, tile_group=tile_expert, routes=routes,
+                  a_mode=tg.A_SORTED, weights=weights, n_routes=t * top_k, top_k=top_k, weighted=weighted)
+    _launch_combined(h, b, out, _combine_mode(combine, top_k), routes, inverse, top_k, common)
 
 
 def _fused(x, w13, w2, weights, ids, emap, out, activation, weight_on_input, layout, combine):
@@ -380,21 +386,10 @@ def _routed(x, b, weights, ids, out, layout, combine):
     e, n, kdim = _matrix_dims("b", b, layout)
     block_m = block_m_for(max(1, t * top_k // e))
     sorted_ids, _, tile_expert, num_tiles, inverse, _ = _routing_dispatch(ids, None, e, block_m)
-    mode = _combine_mode(combine, top_k)
     common = dict(b_nk=layout == "nk", n=n, n_b=n, k=kdim, config=gemm_config(block_m, n, kdim),
                   max_tiles=tile_expert.shape[0], num_tiles=num_tiles, tile_group=tile_expert, routes=sorted_ids,
                   a_mode=tg.A_GATHER, weights=weights, n_routes=t * top_k, top_k=top_k, weighted=True)
-    if mode == "atomic":
-        acc = torch.zeros((t, n), dtype=torch.float32, device=x.device)
-        tg.launch(x, b, acc, out_mode=tg.OUT_ATOMIC, **common)
-        out.copy_(acc)
-        return
-    staged = torch.empty((sorted_ids.shape[0], n), dtype=x.dtype, device=x.device)
-    tg.launch(x, b, staged, out_mode=tg.OUT_ROWS, **common)
-    if mode == "staged":
-        tg.combine_staged(staged, inverse, out, top_k)
-    else:
-        tg.scatter_combine(staged, sorted_ids, t * top_k, top_k, out)
+    _launch_combined(x, b, out, _combine_mode(combine, top_k), sorted_ids, inverse, top_k, common)
 
 
 # The custom ops: what a torch.compile'd graph calls (and what eager calls run too).
