@@ -359,8 +359,13 @@ int run_kernel(const typename Gemm::Arguments& arguments, void* workspace, int d
                const char* tag, char* err, int32_t err_len) {
   if (GemmKernel::can_implement(arguments) != true) {
     const auto& ps = arguments.problem_shape;
-    jit_set_err(err, err_len, "%s: CUTLASS cannot implement the %d x %d x %d problem with this configuration", tag,
-                static_cast<int>(cute::get<0>(ps)), static_cast<int>(cute::get<1>(ps)), static_cast<int>(cute::get<2>(ps)));
+    if constexpr (cute::is_tuple<cute::remove_cvref_t<decltype(ps)>>::value) {
+      jit_set_err(err, err_len, "%s: CUTLASS cannot implement the %d x %d x %d problem with this configuration", tag,
+                  static_cast<int>(cute::get<0>(ps)), static_cast<int>(cute::get<1>(ps)),
+                  static_cast<int>(cute::get<2>(ps)));
+    } else {  // grouped: the shapes live on the device
+      jit_set_err(err, err_len, "%s: CUTLASS cannot implement the problem with this configuration", tag);
+    }
     return 1;
   }
   const size_t ws = GemmKernel::get_workspace_size(arguments);

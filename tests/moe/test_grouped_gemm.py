@@ -256,15 +256,52 @@ GPU_EXPLICIT = [  # (m, k, n, group sizes): empty groups, groups shorter than a 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m,k,n,sizes", GPU_EXPLICIT)
-def test_gpu_explicit(cuda, layout, dtype, m, k, n, sizes):
+def test_gpu_explicit(cuda, backend, layout, dtype, m, k, n, sizes, monkeypatch):
+    if backend == "cuda":
+        if (n % 8 or k % 8) or len(sizes) > 4:
+            pytest.skip("TMA rows (N, K multiples of 8); the CUTLASS build is covered by the smaller cases")
+        monkeypatch.setenv("FRAY_AUTOTUNE", "0")  # the default configuration: one JIT build per dtype x layout
     a, b = _operands(m, k, n, len(sizes), dtype, cuda, seed=m, layout=layout)
     offs = _offsets(m, sizes).to(cuda)
     out = torch.full((m, n), float("nan"), dtype=dtype, device=cuda)
-    fray.grouped_gemm(a, b, offs, b_layout=layout, out=out)
-    _check_explicit(a, b, offs, out, layout, "explicit %s" % sizes)
+    fray.grouped_gemm(a, b, offs, b_layout=layout, out=out, backend=backend)
+    _check_explicit(a, b, offs, out, layout, "explicit %s %s" % (backend, sizes))
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_every_candidate_and_graph_replay(cuda):
+    """Each CUTLASS configuration the tuner may choose, at groups with empty members and rows off the
+    tiles; then the default one under CUDA-graph replay with the groups changing."""
+    from fray import jit
+    from fray.ops import moe_gemm as mg
+    a, b = _operands(700, 264, 200, 5, torch.bfloat16, cuda, seed=3)
+    offs = _offsets(700, [0, 300, 1, 0, 390]).to(cuda) + 2
+    for config in mg.CUDA_CANDIDATES:
+        out = torch.full((700, 200), float("nan"), dtype=torch.bfloat16, device=cuda)
+        name, src = mg.cuda_kernel_source(config, torch.bfloat16, "nk")
+        kern = jit.build(name, src)
+        ints = (700, 200, 264, 5, a.stride(0), b.stride(1), b.stride(0), out.stride(0))
+        ptrs = (a.data_ptr(), b.data_ptr(), offs.data_ptr(), out.data_ptr())
+        stream = torch.cuda.current_stream().cuda_stream
+        ws = torch.empty(kern.workspace_bytes(ptrs, ints, (), 0, stream), dtype=torch.uint8, device=cuda)
+        kern.launch(ptrs + (ws.data_ptr(),), ints, (), 0, stream)
+        _check_explicit(a, b, offs, out, "nk", "candidate %s" % config)
+    out = torch.full((700, 200), float("nan"), dtype=torch.bfloat16, device=cuda)
+    fray.grouped_gemm(a, b, offs, out=out, backend="cuda")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fray.grouped_gemm(a, b, offs, out=out, backend="cuda")
+    for sizes in ([700, 0, 0, 0, 0], [1, 2, 3, 4, 5], [0, 0, 350, 0, 350]):
+        offs.copy_(_offsets(700, sizes))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check_explicit(a, b, offs, out, "nk", "cuda replay %s" % sizes)
 
 
 @pytest.mark.gpu
@@ -325,9 +362,33 @@ def test_gpu_check_indices(cuda, monkeypatch):
     monkeypatch.setattr(env, "check_indices", lambda: True)
     with pytest.raises(ValueError, match="group_offsets: expected nondecreasing values"):
         fray.grouped_gemm(a, b, torch.tensor([0, 9, 8], dtype=torch.int32, device=cuda))
-    with pytest.raises(RuntimeError, match="backend='cuda' cannot run grouped_gemm"):
-        fray.grouped_gemm(a, b, torch.tensor([0, 4, 8], dtype=torch.int32, device=cuda), backend="cuda")
     d = fray.moe_dispatch(torch.zeros(8, 1, dtype=torch.int32, device=cuda), 2, 16)
+    with pytest.raises(RuntimeError, match="backend='cuda' cannot run grouped_gemm's dispatch form"):
+        fray.grouped_gemm(a, b, dispatch=d, top_k=1, backend="cuda")
+    with pytest.raises(ValueError, match="the CUDA grouped GEMM reads and writes by TMA"):
+        fray.grouped_gemm(a[:, :60], b[:, :, :60], torch.tensor([0, 4, 8], dtype=torch.int32, device=cuda),
+                          backend="cuda")
     d.tile_expert[0] = 5
     with pytest.raises(ValueError, match="dispatch: tile_expert holds experts"):
         fray.grouped_gemm(a, b, dispatch=d, top_k=1)
+
+
+def test_cuda_tu_compiles_for_sm90a(tmp_path, monkeypatch):
+    """One real JIT build of the CUTLASS grouped GEMM (the default configuration) for sm_90a,
+    loaded by the dynamic linker without a GPU: the contract's exports are there, describe() names
+    the configuration, and the SASS holds wgmma (HGMMA) and the TMA loads (UTMALDG)."""
+    import ctypes
+    import re
+
+    from fray import jit, testing
+    monkeypatch.setenv("FRAY_CACHE_DIR", str(tmp_path / "cache"))
+    name, src = MG.cuda_kernel_source(MG.CUDA_CANDIDATES[0], torch.bfloat16, "nk")
+    so = jit.compile_only(name, src)
+    lib = ctypes.CDLL(str(so))
+    for sym in ("fray_jit_launch", "fray_jit_workspace_bytes", "fray_jit_describe"):
+        assert hasattr(lib, sym), sym
+    lib.fray_jit_describe.restype = ctypes.c_char_p
+    assert lib.fray_jit_describe().decode().startswith("grouped_gemm_sm90 bf16 b=nk 128x128x64 c1x1 coop stages=")
+    sass = testing.dump_sass(so)
+    assert set(re.findall(r"arch = (sm_\w+)", sass)) == {"sm_90a"}, sass[:500]
+    assert "HGMMA" in sass and "UTMALDG" in sass

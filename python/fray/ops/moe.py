@@ -13,7 +13,7 @@ moe_dispatch live on the GPU and are not checked there (a sync would be needed):
 (one host synchronisation). GPU entry points are torch custom ops (fray::moe_route,
 fray::moe_dispatch) with fake implementations, so torch.compile(fullgraph=True) traces through
 them. CPU tensors and numpy arrays run the reference (float64 scores, exact integer metadata).
-There is no CUDA C++ backend yet: "auto" runs Triton on CUDA tensors.
+Routing and dispatch have no CUDA C++ kernel yet: "auto" runs Triton on CUDA tensors.
 """
 import math
 from typing import Any, NamedTuple, Optional
@@ -30,10 +30,17 @@ from fray.reference import moe as ref
 FAMILY = "moe"
 OPS = ("moe_route", "moe_dispatch")
 __all__ = ["moe_route", "moe_dispatch"]
-B.register_preference("moe_route", ("triton",))
-B.register_preference("moe_dispatch", ("triton",))
-# No fray._C._moe extension yet: the family says itself why backend="cuda" cannot run.
-B.register_cuda_check(FAMILY, lambda device: "the moe family has no CUDA C++ kernels yet (use 'triton')")
+for _op in OPS:
+    B.register_preference(_op, ("triton",), missing={"cuda": "no CUDA kernel for %s yet (use 'triton')" % _op})
+
+
+def _cuda_reason(device):
+    """The family's CUDA kernels are JIT-compiled (cuda/moe, fray.jit): what gemm's need."""
+    from fray.ops import gemm
+    return gemm._cuda_reason(device)
+
+
+B.register_cuda_check(FAMILY, _cuda_reason)
 
 MAX_EXPERTS = 4096     # one routing program holds a token's whole row; the scan holds E counts
 MAX_TOP_K = 64         # the kernel unrolls its k argmax rounds

@@ -18,7 +18,8 @@ under torch.compile (custom ops fray::grouped_gemm, fray::grouped_gemm_routes, f
 and fray::fused_moe with fakes). Ids, offsets and dispatch tensors on the GPU are trusted
 (FRAY_CHECK_INDICES=1 checks ids and offsets with one synchronisation); numpy arrays and CPU
 tensors run the float64 reference and are always checked. The kernels are Triton's
-(fray_triton.moe_gemm); the CUDA backend is not built yet.
+(fray_triton.moe_gemm); the explicit grouped GEMM also has a CUDA kernel (CUTLASS's pointer-array
+grouped GEMM on fray.jit, cuda/moe/grouped_gemm_sm90.cuh), taken with backend="cuda".
 """
 import math
 from typing import Optional
@@ -37,8 +38,11 @@ FAMILY = "moe"
 OPS = ("grouped_gemm", "routed_grouped_gemm", "fused_moe")
 CUDA_FAMILIES = {op: FAMILY for op in OPS}
 __all__ = list(OPS)
-for _op in OPS:
-    B.register_preference(_op, ("triton",))
+# grouped_gemm's explicit form has a CUDA kernel (CUTLASS on fray.jit, cuda/moe): forced with
+# backend="cuda"; "auto" keeps Triton until the H200 has measured which is faster.
+B.register_preference("grouped_gemm", ("triton", "cuda"))
+for _op in ("routed_grouped_gemm", "fused_moe"):
+    B.register_preference(_op, ("triton",), missing={"cuda": "no CUDA kernel for %s yet (use 'triton')" % _op})
 
 LAYOUTS = ("nk", "kn")
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
@@ -294,6 +298,100 @@ def _routing_dispatch(ids, emap, num_experts, block_m):
     return outs[:6]
 
 
+# The CUDA explicit grouped GEMM (cuda/moe/grouped_gemm_sm90.cuh): CUTLASS's pointer-array kernel,
+# one configuration per JIT translation unit, chosen per bucket by fray.tune.
+_CT = {torch.bfloat16: "cutlass::bfloat16_t", torch.float16: "cutlass::half_t"}
+CUDA_CANDIDATES = [
+    {"tile": "128x128x64", "cluster": "1x1", "schedule": "coop"},
+    {"tile": "128x256x64", "cluster": "1x1", "schedule": "coop"},
+    {"tile": "128x128x64", "cluster": "2x1", "schedule": "coop"},
+    {"tile": "64x128x64", "cluster": "1x1", "schedule": "pingpong"},
+    {"tile": "64x256x64", "cluster": "1x1", "schedule": "pingpong"},
+]
+_TMA_ELEMS = 8  # 16 bytes of bf16 / fp16
+
+
+def cuda_kernel_source(config, dtype, layout):
+    """(name, translation unit) of one grouped-GEMM configuration."""
+    tm, tn, tk = (int(v) for v in config["tile"].split("x"))
+    cm, cn = (int(v) for v in config["cluster"].split("x"))
+    coop = config["schedule"] == "coop"
+    name = "grouped_gemm_sm90_%s_%s_%s_c%s_%s" % (V.DTYPE_NAMES[dtype], layout, config["tile"], config["cluster"],
+                                                 "coop" if coop else "pp")
+    src = ('#include "cuda/moe/grouped_gemm_sm90.cuh"\n'
+           "using Config = fray::moe::Sm90GroupedConfig<%s, fray::moe::kLayout%s, %d, %d, %d, %d, %d, "
+           "fray::gemm::%s>;\nFRAY_GROUPED_GEMM_ENTRY(Config)\n" % (
+               _CT[dtype], layout.upper(), tm, tn, tk, cm, cn, "kCooperative" if coop else "kPingpong"))
+    return name, src
+
+
+def cuda_ok(a, b, out, layout):
+    """Whether the TMA kernel takes these operands as they are (16-byte bases, rows and strides)."""
+    def aligned(t, *strides):
+        return t.data_ptr() % 16 == 0 and all(st % _TMA_ELEMS == 0 for st in strides)
+    g, n, k = _matrix_dims("b", b, layout)
+    inner_ok = b.stride(2) == 1
+    ldb = b.stride(1)
+    return (inner_ok and n % _TMA_ELEMS == 0 and k % _TMA_ELEMS == 0 and aligned(a, a.stride(0))
+            and aligned(b, ldb, b.stride(0)) and aligned(out, out.stride(0)))
+
+
+def _cuda_bucket(m, n, k, g, layout):
+    return "%s:rows_per_group%d:n%d:k%d" % (layout, 1 << max(0, (max(1, m // max(g, 1)) - 1).bit_length()), n, k)
+
+
+def _explicit_cuda(a, b, offsets, out, layout):
+    from fray import jit, tune
+    m, k = a.shape
+    g, n, _ = _matrix_dims("b", b, layout)
+    dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    if not cuda_ok(a, b, out, layout):
+        raise ValueError("a / b / out: the CUDA grouped GEMM reads and writes by TMA: it needs 16-byte aligned "
+                         "tensors, N and K multiples of 8, contiguous matrix rows and row strides multiples of 8 "
+                         "elements (use backend='triton' for other layouts)")
+    ints = (m, n, k, g, a.stride(0), b.stride(1), b.stride(0), out.stride(0))
+
+    def launcher(kern, a_, b_, offs_, out_):
+        ptrs = (a_.data_ptr(), b_.data_ptr(), offs_.data_ptr(), out_.data_ptr())
+        stream = B.current_stream(a_.device)
+        ws = torch.empty(kern.workspace_bytes(ptrs, ints, (), dev, stream), dtype=torch.uint8, device=a_.device)
+        return lambda: kern.launch(ptrs + (ws.data_ptr(),), ints, (), dev, B.current_stream(a_.device))
+
+    def build(configs):
+        return jit.build_many([cuda_kernel_source(c, a.dtype, layout) + ((),) for c in configs], device=dev)
+
+    tuning = {}
+
+    def scratch():
+        if "out" not in tuning:
+            tuning["out"] = torch.empty_like(out)
+            tuning["ref"] = torch.empty_like(out)
+            _explicit(a, b, offsets, tuning["ref"], layout)  # the Triton kernel's result: the check's oracle
+        return tuning["out"]
+
+    def run(config, kern):
+        launcher(kern, a, b, offsets, scratch())()
+
+    def check(config, kern):
+        o = scratch()
+        o.fill_(float("nan"))
+        launcher(kern, a, b, offsets, o)()
+        offs = offsets.cpu().tolist()
+        lo, hi = max(0, min(offs[0], m)), max(0, min(offs[-1], m))
+        got, want = o[lo:hi].float(), tuning["ref"][lo:hi].float()
+        # two roundings to the dtype apart at most (each kernel rounds its fp32 sum once)
+        bound = 2.0 ** -6 * want.abs() + 1e-3 * want.abs().max().clamp(min=1e-30)
+        if not bool(((got - want).abs() <= bound).all()):
+            raise AssertionError("grouped_gemm_sm90 %s differs from the Triton kernel" % config)
+
+    config = tune.choose("grouped_gemm_sm90", _cuda_bucket(m, n, k, g, layout), V.DTYPE_NAMES[a.dtype],
+                         CUDA_CANDIDATES, build=build, run=run, check=check, default=CUDA_CANDIDATES[0],
+                         flops=2.0 * m * n * k, bytes=float(g * n * k * a.element_size()), device=dev)
+    tuning.clear()
+    name, src = cuda_kernel_source(config, a.dtype, layout)
+    launcher(jit.build(name, src, device=dev), a, b, offsets, out)()
+
+
 def _explicit(a, b, offsets, out, layout):
     from fray_triton import moe_gemm as tg
     m, k = a.shape
@@ -397,16 +495,18 @@ def _routed(x, b, weights, ids, out, layout, combine):
 @P.custom_op("fray::grouped_gemm", mutates_args=("out",))
 def _grouped_gemm_op(a: torch.Tensor, b: torch.Tensor, group_offsets: torch.Tensor, out: torch.Tensor,
                      b_layout: str, backend: str) -> None:
-    B.resolve("grouped_gemm", FAMILY, backend, a.device)
+    be = B.resolve("grouped_gemm", FAMILY, backend, a.device)
     with torch.cuda.device(a.device):
-        _explicit(a, b, group_offsets, out, b_layout)
+        (_explicit_cuda if be == "cuda" else _explicit)(a, b, group_offsets, out, b_layout)
 
 
 @P.custom_op("fray::grouped_gemm_routes", mutates_args=("out",))
 def _grouped_gemm_routes_op(x: torch.Tensor, b: torch.Tensor, sorted_route_ids: torch.Tensor,
                             tile_expert: torch.Tensor, num_tiles: torch.Tensor, out: torch.Tensor, top_k: int,
                             b_layout: str, backend: str) -> None:
-    B.resolve("grouped_gemm", FAMILY, backend, x.device)
+    if B.resolve("grouped_gemm", FAMILY, backend, x.device) == "cuda":
+        raise RuntimeError("backend='cuda' cannot run grouped_gemm's dispatch form: no CUDA kernel gathers the token "
+                           "rows yet (use 'triton', or the explicit group_offsets form)")
     with torch.cuda.device(x.device):
         _routes(x, b, sorted_route_ids, tile_expert, num_tiles, out, top_k, b_layout)
 
