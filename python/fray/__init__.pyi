@@ -134,6 +134,17 @@ def prefill_attention(q: _A, k: _A, v: _A, *, causal: bool = True, cu_seqlens_q:
                       return_lse: Literal[True], out: Optional[_A] = None,
                       backend: Backend = "auto") -> Tuple[_A, _A]: ...
 
+# MLA decode (DeepSeek's latent attention): q [B, s_q, Hq, 576], kv_cache [num_blocks, block_size, 1, 576]
+# paged through block_table [B, max_blocks]; out [B, s_q, Hq, 512], lse [B, s_q, Hq]
+@overload
+def mla_decode(q: _A, kv_cache: _A, block_table: _A, lens: _A, *, head_dim_v: int = 512,
+               scale: Optional[float] = None, out: Optional[_A] = None, return_lse: Literal[False] = False,
+               num_splits: Optional[int] = None, backend: Backend = "auto") -> _A: ...
+@overload
+def mla_decode(q: _A, kv_cache: _A, block_table: _A, lens: _A, *, head_dim_v: int = 512,
+               scale: Optional[float] = None, out: Optional[_A] = None, return_lse: Literal[True],
+               num_splits: Optional[int] = None, backend: Backend = "auto") -> Tuple[_A, _A]: ...
+
 # gemm: C = a @ b.T (b_layout "nk": b is [N, K]) or a @ b ("kn": b is [K, N]), + bias[N]
 def gemm(a: _A, b: _A, *, b_layout: Literal["nk", "kn"] = "nk", bias: Optional[_A] = None,
          out: Optional[_A] = None, out_dtype: Optional[torch.dtype] = None, backend: Backend = "auto") -> _A: ...

@@ -37,6 +37,27 @@ def flash_decoding(Q, K, V, Output):
     return _attention.decode_attention(Q, K, V, lens, out=Output)
 
 
+def flash_mla(q, k_cache, block_table, cache_seqlens, head_dim_v=512, tile_scheduler_metadata=None, num_splits=None,
+              softmax_scale=None, causal=False):
+    """FlashMLA's flash_mla_with_kvcache, argument for argument, on fray.mla_decode: q [B, s_q, Hq,
+    576], k_cache [num_blocks, 64, 1, 576] paged, block_table int32 [B, max_blocks], cache_seqlens
+    int32 [B], head_dim_v 512, softmax_scale (None: 1/sqrt(576)). Returns (out [B, s_q, Hq, 512],
+    softmax_lse [B, Hq, s_q]): FlashMLA's lse layout, a transposed view of fray's [B, s_q, Hq].
+    tile_scheduler_metadata and num_splits (get_mla_metadata's GPU-side schedule) are accepted in
+    their positions for drop-in calls and not used: Fray plans its splits itself. causal: only
+    the causal form is implemented; causal=False (FlashMLA's default) is the same for s_q = 1
+    and refused for s_q > 1."""
+    del tile_scheduler_metadata, num_splits
+    if not isinstance(causal, bool):
+        raise TypeError("causal: expected a bool, got %s" % type(causal).__name__)
+    if not causal and len(q.shape) == 4 and q.shape[1] > 1:
+        raise ValueError("causal: fray.mla_decode is causal among the s_q query tokens; causal=False with s_q = %d "
+                         "is not implemented (pass causal=True)" % q.shape[1])
+    out, lse = _attention.mla_decode(q, k_cache, block_table, cache_seqlens, head_dim_v=head_dim_v,
+                                     scale=softmax_scale, return_lse=True)
+    return out, lse.swapaxes(1, 2)
+
+
 def _seed_gemm(a, b, c, dtype, name):
     for arg, t in (("a", a), ("b", b), ("c", c)):
         if isinstance(t, torch.Tensor) and t.dtype != dtype:

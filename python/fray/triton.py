@@ -36,6 +36,7 @@ vector_add = _forced(_elementwise.vector_add)
 decode_attention = _forced(_attention.decode_attention)
 paged_decode_attention = _forced(_attention.paged_decode_attention)
 prefill_attention = _forced(_attention.prefill_attention)
+mla_decode = _forced(_attention.mla_decode)
 topk = _forced(_sampling.topk)
 
 

@@ -173,6 +173,40 @@ def test_prefill_shapes_flops_and_peers():
         fns["fray.triton"]()
 
 
+def test_mla_shapes_work_and_parse():
+    names = [ba.shape_name(s) for s, _ in ba.SHAPES["mla_decode"]]
+    assert len(names) == 36 and len(set(names)) == 36
+    assert {"B128Hq16Sq1T16384", "B128Hq128Sq2T4096", "B1Hq16Sq2T1024"} <= set(names)  # the two bars, the smallest
+    assert ba.parse_shapes("mla_decode", "B2Hq4Sq2T128:fp16,B1Hq16Sq1T64") == [
+        (ba.Mla(2, 4, 2, 128), torch.float16), (ba.Mla(1, 16, 1, 64), torch.bfloat16)]
+    for bad in ("B2Hq4Sq2T100", "B2Hq4T128", "B2Hq4Sq2T128:fp32"):
+        with pytest.raises(ValueError, match="shapes"):
+            ba.parse_shapes("mla_decode", bad)
+    # bytes: every latent row once; flops: 2 Hq (576 + 512) per visible (query, token) pair
+    n, flops = ba.mla_work(ba.Mla(128, 16, 1, 16384), torch.bfloat16)
+    assert n == 128 * 16384 * 576 * 2 and flops == 2.0 * 16 * 1088 * 128 * 16384
+    assert ba.mla_work(ba.Mla(2, 4, 2, 128), torch.bfloat16)[1] == 2.0 * 4 * 1088 * 2 * (127 + 128)
+
+
+@pytest.mark.parametrize("name", ["B3Hq4Sq2T128", "B2Hq16Sq1T64"])
+def test_mla_peer_matches_reference(name):
+    (spec, _), = ba.parse_shapes("mla_decode", name)
+    inp = ba.mla_inputs(spec, torch.float32, "cpu")
+    assert inp["q"].shape == (spec.batch, spec.s_q, spec.hq, 576)
+    assert sorted(inp["block_table"].flatten().tolist()) == list(range(spec.batch * spec.seq // 64))
+    fns = ba.impls("mla_decode", spec, inp)
+    assert set(fns) == {"fray.triton", "torch.eager"}  # fray.cuda joins once a CUDA MLA kernel exists
+    want = fray.mla_decode(inp["q"], inp["kv_cache"], inp["block_table"], inp["lens"], backend="reference")
+    torch.testing.assert_close(fns["torch.eager"](), want, rtol=1e-4, atol=1e-5)
+    # shorter sequences too (the causal mask among s_q and the padding past lens)
+    lens = torch.tensor([spec.s_q, spec.seq - 1, 65][:spec.batch], dtype=torch.int32)
+    want = fray.mla_decode(inp["q"], inp["kv_cache"], inp["block_table"], lens, scale=0.1, backend="reference")
+    got = ba.eager_mla(inp["q"], inp["kv_cache"], inp["block_table"], lens, 0.1)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="CUDA"):
+        fns["fray.triton"]()
+
+
 def _fake_timers(monkeypatch):
     monkeypatch.setattr(fb, "time_us", lambda fn: (fn(), 10.0)[1])
     monkeypatch.setattr(fb, "graph_us", lambda fn: (fn(), 2.0)[1])
@@ -184,7 +218,7 @@ def test_run_end_to_end_leaves_error_rows_for_fray_on_cpu(monkeypatch):
     rec = fb.Recorder()
     for op, shapes in (("decode_attention", "B2Hq4Hkv2Tvar32D64"), ("paged_decode_attention", "B2Hq4Hkv2T32D64P16"),
                        ("kv_append", "B2Hkv2T32D64"), ("kv_append_paged", "B2Hkv2T32D64P16"),
-                       ("prefill_attention", "B1Hq4Hkv2S16D64:causal")):
+                       ("prefill_attention", "B1Hq4Hkv2S16D64:causal"), ("mla_decode", "B2Hq4Sq2T64")):
         ba.run(op, rec, shapes=ba.parse_shapes(op, shapes), device="cpu")
     for op, shapes in (("topk", "2x300k5"), ("argmax", "2x300"), ("sample", "2x300"), ("decode_step", "2x300"),
                        ("apply_penalties", "2x300")):

@@ -54,6 +54,8 @@ VALID = {
                           dict(router_logits=_r(4, 4, seed=3), top_k=2)),
     "grouped_gemm": lambda: ((_r(10, 32, dtype=bf16), _r(3, 16, 32, dtype=bf16, seed=1),
                               torch.tensor([0, 4, 4, 10], dtype=i32)), {}),
+    "mla_decode": lambda: ((_r(2, 2, 16, 576), _r(5, 16, 1, 576, seed=1), torch.tensor([[3, 0], [4, 1]], dtype=i32),
+                            _lens(17, 1)), dict(head_dim_v=512, scale=0.05)),
     "moe_dispatch": lambda: ((torch.tensor([[0, 1], [2, 3], [1, 7], [4, 0]], dtype=i32), 8, 16), {}),
     "moe_route": lambda: ((_r(4, 8), 2), {}),
     "mul": lambda: ((_r(64), _r(64, seed=1)), {}),

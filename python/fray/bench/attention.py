@@ -30,6 +30,19 @@ the paged kernel would be without pages), torch.eager gathers the pages by the b
 [B, Hkv, T, D] and then calls SDPA (varlen: boolean mask). Appends: torch.eager is the indexing
 composite, k_cache[arange(B), :, lens] = k_new (paged: k_pages[block_table[arange(B), lens // P],
 lens % P] = k_new), the same for v.
+mla_decode (DeepSeek's latent attention, issue 21): "B<batch>Hq<heads>Sq<s_q>T<len>", bf16, for
+B {1, 32, 128} x Hq {16, 128} x T {1024, 4096, 16384} x s_q {1, 2}: q [B, s_q, Hq, 576], a paged
+latent cache [B·T/64, 64, 1, 576] (FlashMLA's block size) behind a random page permutation (seed
+SEED + 2), every lens[b] = T, default scale. gbps counts the latent bytes read, sum(lens) · 576 ·
+s (each cached row once: its 576 columns are the key and its first 512 the value); tflops the
+MLA FLOPs, 2 · Hq · (576 + 512) · sum over sequences and queries of the tokens the query sees
+(QK^T over 576, PV over 512; causal among the s_q). Bars: >= 3.6 TB/s at B128Hq16Sq1T16384
+(memory-bound), >= 550 TFLOP/s at B128Hq128Sq2T4096 (compute-bound). Impls: fray.triton, fray.cuda
+once it exists (no CUDA MLA kernel yet: no row), and torch.eager, the absorbed-MLA composite:
+gather the latent rows through the block table ([B, T, 576]), scores = one bmm per batch over
+576 columns, the causal mask, softmax in fp32, P (in bf16) @ the first 512 columns. Its
+torch.compile is not timed: a compile per shape (36 shapes) would take longer than the whole
+table (the lease budgets ~3 minutes for it).
 """
 import collections
 import re
@@ -45,6 +58,7 @@ DTYPE = torch.bfloat16
 Decode = collections.namedtuple("Decode", "batch hq hkv capacity head_dim varlen page")
 Append = collections.namedtuple("Append", "batch hkv capacity head_dim page")
 Prefill = collections.namedtuple("Prefill", "batch hq hkv seq head_dim causal")
+Mla = collections.namedtuple("Mla", "batch hq s_q seq")
 
 _DECODE = [
     Decode(32, 32, 8, 4096, 128, False, None),
@@ -58,13 +72,18 @@ SHAPES = {
     "kv_append": [(Append(64, 8, 4096, 128, None), DTYPE)],
     "kv_append_paged": [(Append(64, 8, 4096, 128, 16), DTYPE)],
     "prefill_attention": [(Prefill(2, 32, 8, s, 128, c), DTYPE) for s in (1024, 4096, 8192) for c in (False, True)],
+    "mla_decode": [(Mla(b, h, s, t), DTYPE) for b in (1, 32, 128) for h in (16, 128) for t in (1024, 4096, 16384)
+                   for s in (1, 2)],
 }
+MLA_DIM, MLA_DIM_V, MLA_PAGE = 576, 512, 64
 SDPA_BACKENDS = ("flash", "efficient", "cudnn")
 OPS = tuple(SHAPES)
 NHD_BATCH = 32  # the decode shape that also gets the NHD-layout rows
 
 
 def shape_name(spec):
+    if isinstance(spec, Mla):
+        return "B%dHq%dSq%dT%d" % spec
     if isinstance(spec, Prefill):
         return "B%dHq%dHkv%dS%dD%d%s" % (spec.batch, spec.hq, spec.hkv, spec.seq, spec.head_dim,
                                          ":causal" if spec.causal else "")
@@ -79,6 +98,7 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _DECODE_RE = re.compile(r"B(\d+)Hq(\d+)Hkv(\d+)T(var)?(\d+)D(\d+)(?:P(\d+))?$")
 _APPEND_RE = re.compile(r"B(\d+)Hkv(\d+)(?:T(\d+))?D(\d+)(?:P(\d+))?$")
 _PREFILL_RE = re.compile(r"B(\d+)Hq(\d+)Hkv(\d+)S(\d+)D(\d+)$")
+_MLA_RE = re.compile(r"B(\d+)Hq(\d+)Sq(\d+)T(\d+)$")
 
 
 def parse_shapes(op, text):
@@ -87,6 +107,8 @@ def parse_shapes(op, text):
     out = []
     if op == "prefill_attention":
         return [_parse_prefill(item) for item in text.split(",")]
+    if op == "mla_decode":
+        return [_parse_mla(item) for item in text.split(",")]
     for item in text.split(","):
         name, _, dt = item.strip().partition(":")
         if dt and dt not in _DTYPES:
@@ -123,6 +145,16 @@ def _parse_prefill(item):
     return Prefill(b, hq, hkv, seq, d, "causal" in tags), _DTYPES[dts[-1] if dts else "bf16"]
 
 
+def _parse_mla(item):
+    """B<b>Hq<hq>Sq<s_q>T<len>, optionally ":bf16" / ":fp16"; T a multiple of the block size 64."""
+    name, _, dt = item.strip().partition(":")
+    m = _MLA_RE.match(name)
+    if not m or (dt and dt not in ("bf16", "fp16")) or int(m.group(4)) % MLA_PAGE:
+        raise ValueError("shapes: expected B<b>Hq<hq>Sq<s_q>T<len>[:bf16|fp16] with len a multiple of %d for "
+                         "mla_decode, got %r" % (MLA_PAGE, item))
+    return Mla(*(int(g) for g in m.groups())), _DTYPES[dt or "bf16"]
+
+
 # ---------------------------------------------------------------------------------------------
 # peers
 
@@ -152,6 +184,21 @@ def _eager_append_paged(k_pages, v_pages, block_table, k_new, v_new, bidx, lens)
     slots = lens % page
     k_pages[blocks, slots] = k_new
     v_pages[blocks, slots] = v_new
+
+
+def eager_mla(q, kv_cache, block_table, lens, scale):
+    """Absorbed MLA as a user would write it in torch: every head attends over the same gathered
+    latent rows. q [B, s_q, Hq, 576] -> [B, s_q, Hq, 512] in q's dtype (a query that sees no
+    token gives NaN: softmax of nothing)."""
+    batch, s_q, hq, d = q.shape
+    rows = kv_cache[block_table].view(batch, -1, d)                              # [B, T, 576]
+    t = torch.arange(rows.shape[1], device=q.device)
+    seen = lens[:, None] - s_q + 1 + torch.arange(s_q, device=q.device)          # [B, s_q]
+    mask = t[None, None, None, :] < seen[:, :, None, None]                       # [B, s_q, 1, T]
+    scores = torch.bmm(q.reshape(batch, s_q * hq, d), rows.transpose(1, 2)).float() * scale
+    scores = scores.view(batch, s_q, hq, -1).masked_fill(~mask, float("-inf"))
+    p = torch.softmax(scores, dim=-1).to(q.dtype).view(batch, s_q * hq, -1)
+    return torch.bmm(p, rows[:, :, :MLA_DIM_V]).view(batch, s_q, hq, MLA_DIM_V)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,6 +261,25 @@ def prefill_inputs(spec, dtype, device):
     return inp
 
 
+def mla_inputs(spec, dtype, device):
+    """q, the paged latent cache, its block table (a fixed-seed page permutation) and lens = T."""
+    g = torch.Generator(device=device).manual_seed(SEED)
+    blocks = spec.seq // MLA_PAGE
+    inp = {"q": _randn((spec.batch, spec.s_q, spec.hq, MLA_DIM), dtype, device, g),
+           "kv_cache": _randn((spec.batch * blocks, MLA_PAGE, 1, MLA_DIM), dtype, device, g),
+           "block_table": _block_table(Decode(spec.batch, spec.hq, 1, spec.seq, MLA_DIM, False, MLA_PAGE)).to(device),
+           "lens": torch.full((spec.batch,), spec.seq, dtype=torch.int32, device=device)}
+    inp["kv_tokens"] = spec.batch * spec.seq
+    return inp
+
+
+def mla_work(spec, dtype):
+    """(latent bytes read, MLA FLOPs) of one shape with every lens[b] = T."""
+    s = torch.tensor([], dtype=dtype).element_size()
+    seen = sum(max(0, spec.seq - spec.s_q + 1 + i) for i in range(spec.s_q))
+    return spec.batch * spec.seq * MLA_DIM * s, 2.0 * spec.hq * (MLA_DIM + MLA_DIM_V) * spec.batch * seen
+
+
 def _sdpa_with(backend, q, k, v, causal):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     with sdpa_kernel(getattr(SDPBackend, {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
@@ -248,6 +314,16 @@ def append_inputs(spec, dtype, device):
 def impls(op, spec, inp):
     """{impl name: zero-argument callable} for one shape."""
     out = {}
+    if op == "mla_decode":
+        from fray import backend as B
+        q, kv, bt, lens = inp["q"], inp["kv_cache"], inp["block_table"], inp["lens"]
+        o = torch.empty(q.shape[:3] + (MLA_DIM_V,), dtype=q.dtype, device=q.device)
+        for backend in ("cuda", "triton"):
+            if not B.missing_reason(op, backend):
+                out["fray." + backend] = lambda b=backend: fray.mla_decode(q, kv, bt, lens, out=o, backend=b)
+        scale = 1.0 / MLA_DIM ** 0.5
+        out["torch.eager"] = lambda: eager_mla(q, kv, bt, lens, scale)
+        return out
     if op == "prefill_attention":
         o = torch.empty_like(inp["q"])
         out["fray.triton"] = lambda: fray.prefill_attention(inp["q"], inp["k"], inp["v"], causal=spec.causal, out=o,
@@ -308,6 +384,10 @@ def nbytes(op, spec, dtype, inp):
 
 
 def _notes(op, spec):
+    if op == "mla_decode":
+        return ("lens = T; block size %d, block table a random page permutation seed %d; default scale; fray out "
+                "preallocated; gbps: latent bytes read, tflops: 2 Hq (576 + 512) per visible token"
+                % (MLA_PAGE, SEED + 2))
     if op == "prefill_attention":
         return "batched [B, S, H, D], %s; default scale; fray out preallocated; SDPA on [B, H, S, D] views" % (
             "causal (flops halved)" if spec.causal else "non-causal")
@@ -324,6 +404,16 @@ def run(op, recorder, shapes=None, graph=True, device="cuda"):
         raise ValueError("op: expected one of %s, got %r" % (", ".join(OPS), op))
     from fray import bench
     for spec, dtype in shapes or SHAPES[op]:
+        if isinstance(spec, Mla):
+            inp = mla_inputs(spec, dtype, device)
+            fns = impls(op, spec, inp)
+            n, flops = mla_work(spec, dtype)
+            bench.bench_impls(recorder, op, shape_name(spec), dtype, fns, n, flops, graph=graph,
+                              notes=_notes(op, spec), kv_tokens=inp["kv_tokens"])
+            del fns, inp
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            continue
         if isinstance(spec, Prefill):
             inp = prefill_inputs(spec, dtype, device)
             fns = impls(op, spec, inp)

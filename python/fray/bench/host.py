@@ -190,6 +190,19 @@ def cases(device):
     impls["torch.builtin"] = lambda: F.scaled_dot_product_attention(*views, is_causal=True, enable_gqa=True)
     out.append(("prefill_attention", "B%dHq%dHkv%dS%dD%d" % (BATCH, hq, hkv, sp, dh), "bf16", impls))
 
+    # MLA decode at DeepSeek's latent width: BATCH sequences of t tokens in 64-token blocks, 16
+    # heads (a tensor-parallel shard of 128), one query each; beside the absorbed torch composite
+    from fray.bench import attention as ba
+    mla = ba.Mla(BATCH, 16, 1, t)
+    mi = ba.mla_inputs(mla, bf16, device)
+    om = torch.empty(BATCH, 1, 16, ba.MLA_DIM_V, device=device, dtype=bf16)
+    impls = {}
+    _fray(impls, lambda b: fray.mla_decode(mi["q"], mi["kv_cache"], mi["block_table"], mi["lens"], out=om, backend=b),
+          "mla_decode")
+    impls["torch.eager"] = lambda: ba.eager_mla(mi["q"], mi["kv_cache"], mi["block_table"], mi["lens"],
+                                                ba.MLA_DIM ** -0.5)
+    out.append(("mla_decode", ba.shape_name(mla), "bf16", impls))
+
     kn, vn = randn(BATCH, hkv, dh), randn(BATCH, hkv, dh)
     impls = {}
     _fray(impls, lambda b: fray.kv_append(kc, vc, kn, vn, lens, kv_layout="HND", backend=b))

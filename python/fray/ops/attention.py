@@ -1,26 +1,28 @@
 """The attention family: single-token (decode) attention over contiguous and paged KV caches, the
-KV-cache appends that precede it, and multi-token (prefill) attention over packed varlen or
-batched sequences (prefill_attention: Triton only so far, see its docstring).
+KV-cache appends that precede it, multi-token (prefill) attention over packed varlen or batched
+sequences, and DeepSeek's latent attention decode over a paged latent cache (prefill_attention
+and mla_decode: Triton only so far, see their docstrings).
 
 Backends: the CUDA C++ kernels (cuda/attention, fray._C._attention: tensor-core split-KV decode
 for 16-bit caches, CUDA-core for fp32, one kv_append kernel) and the Triton kernels
-(fray_triton.attention); "auto" tries CUDA first. Both implement the same contract (split count
-from T, B * Hkv and the SM count; deterministic combine; the same clamping of lens). The CUDA
-decode kernels copy K/V rows with 16-byte cp.async: caches whose pointer or strides are not
-16-byte multiples run on Triton under "auto" (backend="cuda" raises ValueError for them).
+(fray_triton.attention, .prefill_attention, .mla_decode); "auto" tries CUDA first. Both implement
+the same contract (split count from T, B * Hkv and the SM count; deterministic combine; the same
+clamping of lens). The CUDA decode kernels copy K/V rows with 16-byte cp.async: caches whose
+pointer or strides are not 16-byte multiples run on Triton under "auto" (backend="cuda" raises
+ValueError for them).
 
 Validation happens here, once; the kernels trust their inputs. GPU entry points are torch custom
 ops (fray::decode_attention, fray::paged_decode_attention, fray::kv_append, fray::kv_append_paged,
-fray::prefill_attention) with fake implementations, so torch.compile(fullgraph=True) traces
-through them; in eager mode a call validates its signature once and launches from the cached plan
-after that (fray._plan; the split plan is part of it), checking per call only the caches' address
-alignment and FRAY_CHECK_INDICES. CPU tensors and numpy arrays run the float64 reference and
-come back in the input's dtype.
+fray::prefill_attention, fray::mla_decode) with fake implementations, so
+torch.compile(fullgraph=True) traces through them; in eager mode a call validates its signature
+once and launches from the cached plan after that (fray._plan; the split plan is part of it),
+checking per call only the caches' address alignment and FRAY_CHECK_INDICES. CPU tensors and
+numpy arrays run the float64 reference and come back in the input's dtype.
 
 Trust boundary: lens, block_table and cu_seqlens live on the device and are never read on the
 host (a read would synchronise and break CUDA-graph replay with new lengths). The kernels clamp
-lens[b] to [0, T] (decode), skip appends at positions outside [0, T) and clamp cu_seqlens offsets
-into the packed rows (prefill), so a bad length cannot read or write outside the tensors;
+lens[b] to [0, T] (decode, MLA), skip appends at positions outside [0, T) and clamp cu_seqlens
+offsets into the packed rows (prefill), so a bad length cannot read or write outside the tensors;
 block-table entries are used as given. FRAY_CHECK_INDICES=1 checks them all with a host
 synchronisation and raises ValueError (RuntimeError while a CUDA graph is capturing).
 CPU calls always check them (the reference reads them on the host anyway).
@@ -28,7 +30,8 @@ CPU calls always check them (the reference reads them on the host anyway).
 Layouts: contiguous caches are HND [B, Hkv, T, D] (the seed's [B, H, T, D]) or NHD [B, T, Hkv, D];
 paged caches are NHD pages [num_blocks, block_size, Hkv, D] (vLLM's and FlashInfer's NHD paged
 layout) with an int32 block_table [B, max_blocks]: token t of sequence b is in page
-block_table[b, t // block_size], slot t % block_size.
+block_table[b, t // block_size], slot t % block_size. The MLA latent cache is the same with one
+576-wide row per token, [num_blocks, block_size, 1, 576] (FlashMLA's).
 """
 import functools
 import math
@@ -45,11 +48,12 @@ from fray.reference import attention as ref
 from fray.reference import convert as C
 
 FAMILY = "attention"
-OPS = ("decode_attention", "paged_decode_attention", "kv_append", "kv_append_paged", "prefill_attention")
+OPS = ("decode_attention", "paged_decode_attention", "kv_append", "kv_append_paged", "prefill_attention", "mla_decode")
 __all__ = list(OPS)
-for _op_name in OPS[:-1]:
+for _op_name in OPS[:4]:
     B.register_preference(_op_name, ("cuda", "triton"))
 B.register_preference("prefill_attention", ("triton",), missing={"cuda": "the CUDA prefill kernel is not built yet"})
+B.register_preference("mla_decode", ("triton",), missing={"cuda": "there is no CUDA MLA decode kernel yet"})
 
 LAYOUTS = ("HND", "NHD")
 HEAD_DIMS = (64, 128, 256)
@@ -994,6 +998,206 @@ def _cpu_result(q, out, return_lse, y, lse):
 
 
 # ---------------------------------------------------------------------------------------------
+# MLA decode: DeepSeek's latent attention over a paged latent cache
+
+MLA_HEAD_DIM = 576       # the 512-wide compressed latent, then 64 rotary dims
+MLA_HEAD_DIM_V = 512
+MLA_MAX_HEADS = 128
+MLA_MAX_QUERIES = 8      # s_q: speculative decoding verifies a few draft tokens at once
+# 16 and up: a kernel tile (16..64 tokens) never crosses a page (FlashMLA's block size is 64)
+MLA_PAGE_SIZES = (16, 32, 64, 128)
+
+
+def _check_head_dim_v(head_dim_v):
+    if isinstance(head_dim_v, bool) or not isinstance(head_dim_v, int):
+        raise TypeError("head_dim_v: expected an int, got %s" % type(head_dim_v).__name__)
+    if head_dim_v != MLA_HEAD_DIM_V:
+        raise ValueError("head_dim_v: expected %d (the values are the first %d of the %d cached columns; the "
+                         "kernels are built for DeepSeek's 512 + 64), got %d"
+                         % (MLA_HEAD_DIM_V, MLA_HEAD_DIM_V, MLA_HEAD_DIM, head_dim_v))
+
+
+def _mla_shapes(q, kv, block_table, lens):
+    """(capacity, block_size) after the shape checks."""
+    if len(q.shape) != 4:
+        raise ValueError("q: expected shape [B, s_q, Hq, %d], got %s" % (MLA_HEAD_DIM, tuple(q.shape)))
+    batch, s_q, hq, d = q.shape
+    if d != MLA_HEAD_DIM:
+        raise ValueError("q: expected head dim %d (512 latent + 64 rotary), got %d" % (MLA_HEAD_DIM, d))
+    if not 1 <= s_q <= MLA_MAX_QUERIES:
+        raise ValueError("q: s_q (dim 1, query tokens per sequence) must lie in 1..%d, got %d" % (MLA_MAX_QUERIES, s_q))
+    if not 1 <= hq <= MLA_MAX_HEADS:
+        raise ValueError("q: Hq (dim 2) must lie in 1..%d, got %d" % (MLA_MAX_HEADS, hq))
+    if len(kv.shape) != 4:
+        raise ValueError("kv_cache: expected [num_blocks, block_size, 1, %d], got shape %s"
+                         % (MLA_HEAD_DIM, tuple(kv.shape)))
+    _, page, hkv, dk = kv.shape
+    if hkv != 1:
+        raise ValueError("kv_cache: MLA caches one latent row per token shared by every head: dim 2 must be 1, "
+                         "got %d" % hkv)
+    if dk != d:
+        raise ValueError("kv_cache: head dim %d differs from q's %d" % (dk, d))
+    if page not in MLA_PAGE_SIZES:
+        raise ValueError("kv_cache: block size (dim 1) must be one of %s, got %d" % (MLA_PAGE_SIZES, page))
+    if len(block_table.shape) != 2 or block_table.shape[0] != batch:
+        raise ValueError("block_table: expected shape [B=%d, max_blocks], got %s" % (batch, tuple(block_table.shape)))
+    V.require_shape("lens", lens, (batch,))
+    return block_table.shape[1] * page, page
+
+
+def _check_mla_out(out, q):
+    if out is None:
+        return
+    shape = tuple(q.shape[:3]) + (MLA_HEAD_DIM_V,)
+    if V.is_array(out):
+        V.require_shape("out", out, shape)
+        return
+    if out.dtype != q.dtype:
+        raise TypeError("out: expected dtype %s (that of q), got %s" % (_name(q.dtype), _name(out.dtype)))
+    V.require_shape("out", out, shape)
+    if out.stride(-1) != 1:
+        raise ValueError("out: the last dimension must be contiguous (stride 1), got stride %d" % out.stride(-1))
+    V.require_distinct_elements("out", out)
+
+
+class _MlaPlan:
+    """One MLA signature's Triton launch with every host-side argument fixed (strides, the
+    kernel configuration and the split plan); per call only FRAY_CHECK_INDICES and the data."""
+
+    __slots__ = ("capacity", "page", "scale", "dev", "launch", "q_strides", "kv_strides", "bt_stride",
+                 "out_strides", "lse_strides", "lse_shape")
+
+    def __call__(self, q, kv, block_table, lens, out, lse):
+        if env.check_indices():  # here rather than in the wrapper: compiled graphs check too
+            _device_check_indices(lens, self.capacity, block_table, self.page, kv.shape[0])
+        if self.capacity == 0:  # no token can be seen: zero rows, lse -inf, no launch
+            out.zero_()
+            lse.fill_(float("-inf"))
+            return
+        from fray_triton import mla_decode as tmla
+        with torch.cuda.device(self.dev):
+            tmla.decode(q, kv, block_table, lens, out, lse, self.scale, q_strides=self.q_strides,
+                        kv_strides=self.kv_strides, bt_stride=self.bt_stride, out_strides=self.out_strides,
+                        lse_strides=self.lse_strides, capacity=self.capacity, page_size=self.page, launch=self.launch)
+
+
+def _mla_plan(q, kv, block_table, out, lse, scale, num_splits, backend):
+    if q.shape[0] == 0:
+        return _no_mla
+    be = B.resolve("mla_decode", FAMILY, backend, q.device)
+    _refuse_missing("mla_decode", be)  # FRAY_BACKEND=cuda
+    from fray_triton import mla_decode as tmla
+    p = _MlaPlan()
+    p.page = kv.shape[1]
+    p.capacity = block_table.shape[1] * p.page
+    p.scale = scale
+    p.dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    batch, s_q, hq = q.shape[:3]
+    p.launch = tmla.plan(batch, s_q, hq, kv.dtype, p.capacity, p.page, num_splits or None, B.num_sms(p.dev))
+    p.q_strides, p.out_strides, p.lse_strides = q.stride()[:3], out.stride()[:3], lse.stride()
+    p.kv_strides, p.bt_stride = (kv.stride(0), kv.stride(1)), block_table.stride(0)
+    p.lse_shape = tuple(lse.shape)
+    return p
+
+
+def _no_mla(q, kv, block_table, lens, out, lse):
+    """The plan of an MLA call over an empty batch."""
+
+
+def _mla_impl(q, kv, block_table, lens, out, lse, scale, num_splits, backend):
+    key = P.signature("mla_decode:op", backend, (q, kv, block_table, lens, out, lse), (scale, num_splits))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, _mla_plan(q, kv, block_table, out, lse, scale, num_splits, backend))
+    plan(q, kv, block_table, lens, out, lse)
+
+
+@P.custom_op("fray::mla_decode", mutates_args=("out", "lse"))
+def _mla_op(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, lens: torch.Tensor,
+            out: torch.Tensor, lse: torch.Tensor, scale: float, num_splits: int, backend: str) -> None:
+    _mla_impl(q, kv_cache, block_table, lens, out, lse, scale, num_splits, backend)
+
+
+_mla_op.register_fake(lambda *args, **kwargs: None)
+
+
+def _mla_launch(plan, q, kv, block_table, lens, out, return_lse):
+    """A cached MLA plan's call: allocate what the caller did not pass, launch."""
+    if out is None:
+        out = torch.empty(q.shape[:3] + (MLA_HEAD_DIM_V,), dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    plan(q, kv, block_table, lens, out, lse)
+    return (out, lse) if return_lse else out
+
+
+def mla_decode(q, kv_cache, block_table, lens, *, head_dim_v=512, scale=None, out=None, return_lse=False,
+               num_splits=None, backend="auto"):
+    """DeepSeek-style multi-head latent attention (MLA) decode over a paged latent cache.
+
+    The up-projections are absorbed into q (and later into the output projection), so every
+    head attends over the same cached latent rows: q [B, s_q, Hq, 576] (512 latent + 64 rotary
+    dims per head; s_q in 1..8 query tokens per sequence, > 1 for speculative decoding; Hq in
+    1..128); kv_cache [num_blocks, block_size, 1, 576] (FlashMLA's layout, block size 64 there;
+    16, 32, 64 or 128 here), q's dtype (bf16, fp16, fp32; FP8 refused), last dims contiguous,
+    other strides free. block_table int32 [B, max_blocks]: token t of sequence b is
+    kv_cache[block_table[b, t // block_size], t % block_size]; lens int32 [B] on q's device; the
+    capacity T is max_blocks * block_size. The key is the whole 576-wide row, the value its first
+    head_dim_v = 512 columns (the only value supported).
+    Causal among the s_q: the new tokens are the sequence's last s_q positions, so query i
+    (0-based) sees positions j <= lens[b] - s_q + i (the last query sees all lens[b] tokens); a
+    query that sees nothing (lens[b] = 0, or lens[b] < s_q for the early queries) gets a zero row
+    and lse = -inf. scale: the softmax scale applied to q.k (FlashMLA's softmax_scale); None means
+    1/sqrt(576). Softmax in fp32, one rounding to q's dtype.
+    Returns out [B, s_q, Hq, 512] in q's dtype (`out` if given) or (out, lse) with return_lse:
+    lse fp32 [B, s_q, Hq], the natural log of sum_j exp(scale q.k_j).
+    num_splits: KV splits per sequence (None: chosen on the host from B, Hq, s_q, T and the SM
+    count, never from lens; at most 128, each a whole number of 64-token tiles; splits that start
+    at or past lens[b] exit at once). Deterministic.
+    Trust boundary: lens and block_table are not read on the host, so one launch is CUDA-graph
+    capturable and replays with new lengths; the kernel clamps lens[b] to [0, T] and block-table
+    entries below lens[b] are used as given. FRAY_CHECK_INDICES=1 checks both with a host sync
+    (ValueError; RuntimeError during CUDA-graph capture); CPU calls always check them.
+    Backends: Triton only; backend="cuda" raises RuntimeError (there is no CUDA MLA kernel yet).
+    Seed name: fray.jit_kernels.flash_mla (FlashMLA's argument order).
+    """
+    if not _compiling():
+        key = P.signature("mla_decode", backend, (q, kv_cache, block_table, lens, out),
+                          (head_dim_v, scale, return_lse, num_splits))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            return _mla_launch(plan, q, kv_cache, block_table, lens, out, return_lse)
+    V.require_backend(backend, B.BACKENDS)
+    _refuse_missing("mla_decode", backend)
+    if not isinstance(return_lse, bool):
+        raise TypeError("return_lse: expected a bool, got %s" % type(return_lse).__name__)
+    _check_head_dim_v(head_dim_v)
+    splits = _check_num_splits(num_splits)
+    floats, ints = [("q", q), ("kv_cache", kv_cache)], [("block_table", block_table), ("lens", lens)]
+    if V.is_array(q):
+        _check_arrays(floats, ints, out)
+    else:
+        V.require_tensor("out", out, allow_none=True)
+        _check_tensors(floats, ints, out)
+    capacity, page = _mla_shapes(q, kv_cache, block_table, lens)
+    _check_mla_out(out, q)
+    scale = _check_scale(scale, MLA_HEAD_DIM)
+    if V.is_array(q) or q.device.type == "cpu":
+        if not V.is_array(q):
+            _cpu_backend(backend, q.device)
+        _index_values(lens, capacity, block_table, page, kv_cache.shape[0])
+        y, lse, _ = ref.mla_decode(C.to_f64(q), C.to_f64(kv_cache), C.to_f64(block_table).astype(np.int64),
+                                   C.to_f64(lens).astype(np.int64), head_dim_v, scale)
+        return _cpu_result(q, out, return_lse, y, lse)
+    if out is None:
+        out = torch.empty(q.shape[:3] + (MLA_HEAD_DIM_V,), dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    if _compiling():
+        torch.ops.fray.mla_decode(q, kv_cache, block_table, lens, out, lse, scale, splits, backend)
+        return (out, lse) if return_lse else out
+    plan = P.PLANS.put(key, _mla_plan(q, kv_cache, block_table, out, lse, scale, splits, backend))
+    plan(q, kv_cache, block_table, lens, out, lse)
+    return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------------------------------------
 # `fray check` cases: (op, backend, dtype, shape, callable raising on a mismatch)
 
 def _random_case(dtype, dev, batch=2, hq=4, hkv=2, capacity=37, d=64, page=16, lens=(37, 16), seed=0):
@@ -1016,11 +1220,24 @@ def _random_case(dtype, dev, batch=2, hq=4, hkv=2, capacity=37, d=64, page=16, l
     return q, k, v, kp, vp, bt, torch.tensor(lens, dtype=torch.int32, device=dev)
 
 
+def _mla_case(dtype, dev, batch=3, s_q=2, hq=16, lens=(0, 65, 130), page=64, max_blocks=None, seed=0):
+    """Random q [B, s_q, Hq, 576] and a paged latent cache with a shuffled block table (3 spare
+    pages that no sequence uses); lens as given. max_blocks: default just enough for max(lens)."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    if max_blocks is None:
+        max_blocks = max(1, -(-max(lens) // page))
+    num_pages = batch * max_blocks + 3
+    q = torch.randn(batch, s_q, hq, MLA_HEAD_DIM, device=dev, generator=g).to(dtype)
+    kv = torch.randn(num_pages, page, 1, MLA_HEAD_DIM, device=dev, generator=g).to(dtype)
+    bt = torch.randperm(num_pages, device=dev, generator=g)[: batch * max_blocks].view(batch, max_blocks)
+    return q, kv, bt.to(torch.int32), torch.tensor(lens, dtype=torch.int32, device=dev)
+
+
 def check_cases(device):
     """On a GPU: CUDA and Triton x dtype x layout (contiguous HND/NHD, paged) against the
     reference, kv_append(_paged) of both backends, and prefill_attention (varlen, chunked, empty
-    sequences) of each backend it has. On the CPU: the references against hand-computed values
-    and the Triton kernels under the interpreter."""
+    sequences) and mla_decode (s_q 2, lens 0 / 65 / 130) of each backend they have. On the CPU:
+    the references against hand-computed values and the Triton kernels under the interpreter."""
     from fray.testing import assert_close
 
     def run(dtype, paged, nhd, dev, interpreter, backend="triton"):
@@ -1100,11 +1317,49 @@ def check_cases(device):
                                    return_lse=True)
         assert (y == 0).all() and (lse == -np.inf).all()
 
+    def mla_run(dtype, dev, interpreter, backend="triton"):
+        q, kv, bt, lens = _mla_case(dtype, dev)
+        e, el, mag = ref.mla_decode(C.to_f64(q), C.to_f64(kv), bt.cpu(), lens.cpu(), MLA_HEAD_DIM_V, 0.05)
+        if interpreter:
+            from fray_triton import mla_decode as tmla
+            out = torch.full(q.shape[:3] + (MLA_HEAD_DIM_V,), float("nan"), dtype=dtype)
+            lse = torch.full(q.shape[:3], float("nan"))
+            tmla.decode(q, kv, bt, lens, out, lse, 0.05, q_strides=q.stride()[:3], kv_strides=kv.stride()[:2],
+                        bt_stride=bt.stride(0), out_strides=out.stride()[:3], lse_strides=lse.stride(),
+                        capacity=bt.shape[1] * kv.shape[1], page_size=kv.shape[1], num_splits=2)
+        else:
+            out, lse = mla_decode(q, kv, bt, lens, scale=0.05, return_lse=True, backend=backend)
+        assert_close(out, e, dtype, "mla_decode", scale=mag)
+        lse, empty = lse.cpu(), torch.from_numpy(np.isinf(el))
+        if not torch.equal(torch.isinf(lse) & (lse < 0), empty):
+            raise AssertionError("mla_decode: the lse -inf rows differ from the reference")
+        assert_close(lse[~empty], torch.from_numpy(el)[~empty], torch.float32, "mla_decode lse")
+
+    def mla_hand():
+        # q reads only the rotary dims and the cached rows' rotary dims are 0: equal scores, so
+        # each query averages the latent values it sees (2, 4, 8). s_q = 2, lens 3: query 0 sees
+        # tokens 0, 1 (mean 3), query 1 all three (14/3).
+        q = np.zeros((1, 2, 1, MLA_HEAD_DIM))
+        q[..., MLA_HEAD_DIM_V:] = 1.0
+        kv = np.zeros((1, 16, 1, MLA_HEAD_DIM))
+        kv[0, :3, 0, :MLA_HEAD_DIM_V] = np.array([2.0, 4.0, 8.0])[:, None]
+        bt, lens = np.zeros((1, 1), np.int32), np.array([3], np.int32)
+        y, lse = mla_decode(q, kv, bt, lens, return_lse=True)
+        np.testing.assert_allclose(y[0, :, 0, :], [[3.0] * 512, [14.0 / 3.0] * 512], rtol=1e-15)
+        np.testing.assert_allclose(lse[0, :, 0], [math.log(2.0), math.log(3.0)], rtol=1e-15)
+        y, lse = mla_decode(q, kv, bt, np.array([1], np.int32), return_lse=True)  # query 0 sees nothing
+        assert (y[0, 0] == 0).all() and lse[0, 0, 0] == -np.inf and lse[0, 1, 0] == 0.0
+
+    mla_shape = "B3 s_q2 Hq16 lens 0,65,130 P64"
     prefill_shape = "varlen q 1,17,0,40,6 k 1,30,5,40,0 Hq4 Hkv2 D64"
     cases = []
     if device.type != "cuda":
         cases.append(("decode_attention", "reference", "fp64", "hand", hand))
         cases.append(("prefill_attention", "reference", "fp64", "hand", prefill_hand))
+        cases.append(("mla_decode", "reference", "fp64", "hand", mla_hand))
+        for dtype in (torch.float32, torch.bfloat16):
+            cases.append(("mla_decode", "triton-interpreter", V.DTYPE_NAMES[dtype], mla_shape,
+                          lambda d=dtype: mla_run(d, "cpu", True)))
         for dtype in (torch.float32, torch.bfloat16):
             cases.append(("prefill_attention", "triton-interpreter", V.DTYPE_NAMES[dtype], prefill_shape,
                           lambda d=dtype: prefill_run(d, "cpu", True)))
@@ -1138,6 +1393,8 @@ def check_cases(device):
             name = V.DTYPE_NAMES[dtype]
             if op == "prefill_attention":
                 out.append((name, prefill_shape, lambda d=dtype, b=backend: prefill_run(d, device, False, b)))
+            elif op == "mla_decode":
+                out.append((name, mla_shape, lambda d=dtype, b=backend: mla_run(d, device, False, b)))
             elif op.startswith("kv_append"):
                 out.append((name, "2x2x37x64", lambda d=dtype, p=op == "kv_append_paged", b=backend: append(d, p, b)))
             else:

@@ -1,4 +1,5 @@
-"""Single-token (decode) attention, KV-cache appends and multi-token (prefill) attention in float64.
+"""Single-token (decode) attention, KV-cache appends, multi-token (prefill) attention and latent (MLA)
+decode attention in float64.
 
 decode_attention: for each sequence b and query head h (kv head h // (Hq / Hkv), GQA),
     s_t = scale * <q[b, h], k[b, kvh, t]>   for t < lens[b]
@@ -11,7 +12,8 @@ rounding errors are relative to (an output that cancels to ~0 still carries erro
 
 Inputs are float64 numpy arrays, or float64 torch tensors on any device (the GPU tests compute the
 reference next to the data); lens and block_table are read on the host, which is fine here.
-prefill_attention takes anything np.asarray converts (numpy arrays, CPU tensors) and returns numpy.
+prefill_attention and mla_decode take anything np.asarray converts (numpy arrays, CPU tensors) and
+return numpy.
 """
 import math
 
@@ -174,4 +176,42 @@ def prefill_attention(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, causal=True
     if batched:
         out, mag = out.reshape(nb, sq, hq, d), mag.reshape(nb, sq, hq, d)
         lse = lse.reshape(hq, nb, sq).transpose(1, 0, 2).copy()
+    return out, lse, mag
+
+
+def mla_decode(q, kv_cache, block_table, lens, head_dim_v=512, scale=None):
+    """Multi-head latent attention decode (DeepSeek's MLA with the up-projections absorbed).
+
+    q [B, s_q, Hq, D]; kv_cache [num_blocks, block_size, 1, D] paged latent rows (D = 576: the
+    512-wide latent then 64 rotary dims), addressed through block_table [B, max_blocks]; lens [B].
+    Every head reads the one latent row per token: the key is the whole row, the value its first
+    head_dim_v columns. Query i of sequence b (0-based, s_q new tokens that are the sequence's
+    last ones) sees positions j < n_i = lens[b] - s_q + 1 + i:
+        s_j = scale * <q[b, i, h], row_j>,  out[b, i, h] = sum_j softmax(s)_j row_j[:head_dim_v],
+        lse[b, i, h] = log(sum_j exp(s_j));
+    n_i <= 0 gives out = 0 and lse = -inf. scale: default 1/sqrt(D).
+    Returns (out [B, s_q, Hq, head_dim_v], lse [B, s_q, Hq], magnitude like out) as numpy float64;
+    takes anything np.asarray converts.
+    """
+    q, kv = np.asarray(q, dtype=np.float64), np.asarray(kv_cache, dtype=np.float64)
+    batch, s_q, hq, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    out = np.zeros((batch, s_q, hq, head_dim_v))
+    mag = np.zeros_like(out)
+    lse = np.full((batch, s_q, hq), -math.inf)
+    for b, n in enumerate(_host_ints(lens)):
+        rows = gather_pages(kv, block_table[b], n)[:, 0]               # [n, D]
+        v = rows[:, :head_dim_v]
+        s = (q[b] @ rows.T) * scale                                     # [s_q, Hq, n]
+        for i in range(s_q):
+            seen = n - s_q + 1 + i
+            if seen <= 0:
+                continue
+            si = s[i, :, :seen]
+            m = si.max(axis=1, keepdims=True)
+            p = np.exp(si - m)
+            total = p.sum(axis=1, keepdims=True)
+            out[b, i] = (p @ v[:seen]) / total
+            mag[b, i] = (p @ np.abs(v[:seen])) / total
+            lse[b, i] = (m + np.log(total))[:, 0]
     return out, lse, mag
