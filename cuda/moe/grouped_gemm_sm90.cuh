@@ -100,6 +100,10 @@ struct Slots {
 };
 
 inline size_t round16(size_t v) { return (v + 15) & ~size_t(15); }
+// CUTLASS's own workspace holds the per-SM TMA descriptors (CUtensorMap), which must be 128-byte
+// aligned: a 16-byte multiple offset misaligned them whenever the group arrays' total was not a
+// multiple of 128 ("misaligned address" at 8 groups on the H100, 2026-12-07).
+inline size_t round128(size_t v) { return (v + 127) & ~size_t(127); }
 
 // The per-group arrays at the start of the workspace; CUTLASS's own workspace follows them.
 template <class Config>
@@ -116,7 +120,7 @@ struct Layout {
     stride_a = at, at = round16(at + g * sizeof(typename Config::StrideA));
     stride_b = at, at = round16(at + g * sizeof(typename Config::StrideB));
     stride_d = at, at = round16(at + g * sizeof(typename Config::StrideD));
-    total = at;
+    total = round128(at);
   }
 };
 

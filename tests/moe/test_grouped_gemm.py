@@ -160,12 +160,12 @@ def test_kernels_compile_for_sm90a():
     specs, labels = [], []
     for bm in (16, 32, 64, 128):
         for desc in (True, False):
-            cfg = MG.gemm_config(bm, 4096, 4096)
-            if not desc:
-                cfg = tg.pointer_config(cfg)
-            bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
-            t = dict(types, b_desc="tensordesc<bf16[1,%d,%d]>" % (bn, bk) if desc else "constexpr")
             for mode in modes:
+                cfg = MG.gemm_config(bm, 4096, 4096, mode["GATED"])
+                if not desc:
+                    cfg = tg.pointer_config(cfg)
+                bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
+                t = dict(types, b_desc="tensordesc<bf16[1,%d,%d]>" % (bn, bk) if desc else "constexpr")
                 c = dict(mode, B_NK=True, USE_DESC=desc, DOT_F32=False, ACT=0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                          GROUP_M=cfg["GROUP_M"])
                 tt = dict(t, C="*fp32") if mode["OUT_MODE"] == 2 else t

@@ -69,8 +69,13 @@ def block_m_for(rows_per_group):
     return 128
 
 
-def gemm_config(block_m, n, k):
-    """(BLOCK_N, BLOCK_K, GROUP_M, warps, stages) for a grouped GEMM with BLOCK_M rows per tile."""
+def gemm_config(block_m, n, k, gated=False):
+    """(BLOCK_N, BLOCK_K, GROUP_M, warps, stages) for a grouped GEMM with BLOCK_M rows per tile.
+    Measured on an H100 (bench/NOTES.md, "MoE grouped GEMM"): at 128-row tiles 128 x 128 x 64 with
+    8 warps won both GEMMs of the T4096 E64 H4096 I1408 k6 layer, with 4 stages for the gated GEMM
+    (1038 us against 1085 with 3) and 3 for the plain one (695 against 877 with 4); 128 x 256 and
+    128 x 128 x 128 did not fit the gated GEMM's shared memory. Decode tiles (16 rows) streamed the
+    weights at 2.4-2.8 TB/s with every N / K tried (32..128 x 64..256)."""
     if _interpreting():
         return dict(BLOCK_M=block_m, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=1)
     if block_m <= 32:
@@ -79,7 +84,7 @@ def gemm_config(block_m, n, k):
         return dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4)
     if block_m == 64:
         return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
-    return dict(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)
+    return dict(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4 if gated else 3)
 
 
 def _interpreting():
@@ -469,7 +474,8 @@ def _fused(x, w13, w2, weights, ids, emap, out, activation, weight_on_input, lay
     sorted_ids, _, tile_expert, num_tiles, inverse, _ = _routing_dispatch(ids, emap, e, block_m)
     rows = sorted_ids.shape[0]
     h = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
-    tg.launch(x, w13, h, b_nk=layout == "nk", n=inter, n_b=n13, k=hdim, config=gemm_config(block_m, inter, hdim),
+    tg.launch(x, w13, h, b_nk=layout == "nk", n=inter, n_b=n13, k=hdim,
+              config=gemm_config(block_m, inter, hdim, gated=True),
               max_tiles=tile_expert.shape[0], num_tiles=num_tiles, tile_group=tile_expert, routes=sorted_ids,
               a_mode=tg.A_GATHER, out_mode=tg.OUT_ROWS, weights=weights, n_routes=t * top_k, top_k=top_k,
               gated=True, act=tg.ACT_CODES[activation], n_half=inter, weight_input=weight_on_input)
