@@ -18,6 +18,10 @@ from fray_triton.activation import SILU, _activate
 from fray_triton.norm import MAX_SINGLE_BLOCK, LOOP_BLOCK, ROW_PACK_ELEMS, _num_warps, _round
 from fray_triton.quant import finite_abs, quant_rows, row_scales, scale_of, to_q
 
+# A compiled kernel may read a module global only as a tl.constexpr (the interpreter reads any:
+# the plain int passed every CPU test and failed every compile on the GPU, 2026-12-07).
+_SILU = tl.constexpr(SILU)
+
 
 @triton.jit
 def _tile_kernel(
@@ -32,7 +36,7 @@ def _tile_kernel(
     g = tl.load(G + rows64[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     u = tl.load(U + rows64[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     dt = G.dtype.element_ty
-    y = _round(_activate(g, SILU, dt) * u, dt).to(tl.float32)
+    y = _round(_activate(g, _SILU, dt) * u, dt).to(tl.float32)
     sc = row_scales(y, S, rows64, row_ok, stride_s, qmax, STATIC)
     tl.store(Q + rows64[:, None] * stride_q + cols[None, :], quant_rows(y, sc, qmax, FP8), mask=mask)
 
@@ -54,7 +58,7 @@ def _loop_kernel(
             m = c < n_cols
             g = tl.load(G + row * stride_g + c, mask=m, other=0.0).to(tl.float32)
             u = tl.load(U + row * stride_u + c, mask=m, other=0.0).to(tl.float32)
-            a = tl.maximum(a, finite_abs(_round(_activate(g, SILU, dt) * u, dt).to(tl.float32)))
+            a = tl.maximum(a, finite_abs(_round(_activate(g, _SILU, dt) * u, dt).to(tl.float32)))
         sc = scale_of(tl.max(a, axis=0), qmax)
         tl.store(S + row * stride_s, sc)
     for start in range(0, n_cols, BLOCK_N):
@@ -62,7 +66,7 @@ def _loop_kernel(
         m = c < n_cols
         g = tl.load(G + row * stride_g + c, mask=m, other=0.0).to(tl.float32)
         u = tl.load(U + row * stride_u + c, mask=m, other=0.0).to(tl.float32)
-        y = _round(_activate(g, SILU, dt) * u, dt).to(tl.float32)
+        y = _round(_activate(g, _SILU, dt) * u, dt).to(tl.float32)
         tl.store(Q + row * stride_q + c, to_q(tl.math.div_rn(y, sc), qmax, FP8), mask=m)
 
 
