@@ -302,6 +302,16 @@ def _attention_cases():
         out["kv_append_hnd_%s" % d] = _case(append, 512, race=False)
         out["kv_append_nhd_%s" % d] = _case(lambda append=append: append(layout="NHD"), 512, race=False)
         out["kv_append_paged_%s" % d] = _case(lambda append=append: append(paged=True), 512, race=False)
+    # mla_decode (Triton: unfiltered): s_q 2 over lens 0 / 65 / 130, one split and three, the
+    # transposed form at Hq 16 and the 64-row one at Hq 32
+    from fray.ops.attention import _mla_case
+    for d in ("bf16", "fp16"):
+        for hq in (16, 32):
+            for splits in (1, 3):
+                def mla(dt=_dt(d), hq=hq, splits=splits):
+                    q, kv, bt, lens = _mla_case(dt, torch.device("cuda"), hq=hq, max_blocks=3)
+                    fray.mla_decode(q, kv, bt, lens, return_lse=True, num_splits=splits, backend="triton")
+                out["mla_decode_%s_hq%d_split%d" % (d, hq, splits)] = _case(mla, 3 * 3 * 64 * 576, unfiltered=True)
     return out
 
 

@@ -177,13 +177,17 @@ def moe_bound(expected_f64, mag, terms, dtype):
     return tol["atol"] + tol["rtol"] * (0.5 * e + 2.0 * mag + 2.0 * terms)
 
 
+def _cpu_f64(v):
+    """A tensor or array as a float64 CPU tensor."""
+    if isinstance(v, torch.Tensor):
+        return v.detach().to("cpu", torch.float64)
+    return torch.from_numpy(np.asarray(v, np.float64))
+
+
 def assert_moe_close(actual, expected_f64, mag, terms, dtype, what="", rows=None):
     """actual [rows, N] vs fray.reference.moe's (expected, mag, terms), within moe_bound; rows: a
     boolean mask of the rows to compare (the rest are not written by the op)."""
-    def f64(v):
-        return v.detach().to("cpu", torch.float64) if isinstance(v, torch.Tensor) else torch.from_numpy(
-            np.asarray(v, np.float64))
-    a, e, m, t = f64(actual), f64(expected_f64), f64(mag), f64(terms)
+    a, e, m, t = (_cpu_f64(v) for v in (actual, expected_f64, mag, terms))
     if rows is not None:
         keep = torch.from_numpy(np.asarray(rows, bool))
         a, e, m, t = a[keep], e[keep], m[keep], t[keep]

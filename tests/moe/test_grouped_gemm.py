@@ -290,18 +290,24 @@ def test_gpu_cuda_every_candidate_and_graph_replay(cuda):
         ws = torch.empty(kern.workspace_bytes(ptrs, ints, (), 0, stream), dtype=torch.uint8, device=cuda)
         kern.launch(ptrs + (ws.data_ptr(),), ints, (), 0, stream)
         _check_explicit(a, b, offs, out, "nk", "candidate %s" % config)
-    out = torch.full((700, 200), float("nan"), dtype=torch.bfloat16, device=cuda)
-    fray.grouped_gemm(a, b, offs, out=out, backend="cuda")
+    _replay_with_new_offsets(a, b, offs, "cuda", ([700, 0, 0, 0, 0], [1, 2, 3, 4, 5], [0, 0, 350, 0, 350]))
+
+
+def _replay_with_new_offsets(a, b, offs, backend, size_lists):
+    """One call captured in a CUDA graph (after a warm-up outside it), replayed with each list of
+    group sizes written into offs: every replay must compute the new groups."""
+    out = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=a.dtype, device=a.device)
+    fray.grouped_gemm(a, b, offs, out=out, backend=backend)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fray.grouped_gemm(a, b, offs, out=out, backend="cuda")
-    for sizes in ([700, 0, 0, 0, 0], [1, 2, 3, 4, 5], [0, 0, 350, 0, 350]):
-        offs.copy_(_offsets(700, sizes))
+        fray.grouped_gemm(a, b, offs, out=out, backend=backend)
+    for sizes in size_lists:
+        offs.copy_(_offsets(a.shape[0], sizes))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        _check_explicit(a, b, offs, out, "nk", "cuda replay %s" % sizes)
+        _check_explicit(a, b, offs, out, "nk", "%s replay %s" % (backend, sizes))
 
 
 @pytest.mark.gpu
@@ -334,18 +340,7 @@ def test_gpu_routes(cuda, layout, t, k, e, bm):
 def test_gpu_graph_replay_follows_new_offsets(cuda):
     a, b = _operands(512, 256, 256, 4, torch.bfloat16, cuda)
     offs = _offsets(512, [128] * 4).to(cuda)
-    out = torch.full((512, 256), float("nan"), dtype=torch.bfloat16, device=cuda)
-    fray.grouped_gemm(a, b, offs, out=out)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fray.grouped_gemm(a, b, offs, out=out)
-    for sizes in ([0, 512, 0, 0], [1, 2, 300, 209], [100, 0, 100, 0]):
-        offs.copy_(_offsets(512, sizes))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        _check_explicit(a, b, offs, out, "nk", "replay %s" % sizes)
+    _replay_with_new_offsets(a, b, offs, "triton", ([0, 512, 0, 0], [1, 2, 300, 209], [100, 0, 100, 0]))
 
 
 @pytest.mark.gpu

@@ -1240,6 +1240,13 @@ def check_cases(device):
     the references against hand-computed values and the Triton kernels under the interpreter."""
     from fray.testing import assert_close
 
+    def check_lse(lse, expected, what):
+        """The -inf rows (nothing seen) exactly, the rest within fp32's tolerance."""
+        lse, empty = lse.cpu(), torch.from_numpy(np.isinf(expected))
+        if not torch.equal(torch.isinf(lse) & (lse < 0), empty):
+            raise AssertionError("%s: the lse -inf rows differ from the reference" % what)
+        assert_close(lse[~empty], torch.from_numpy(expected)[~empty], torch.float32, what + " lse")
+
     def run(dtype, paged, nhd, dev, interpreter, backend="triton"):
         q, k, v, kp, vp, bt, lens = _random_case(dtype, dev)
         e, el, mag = ref.decode_attention(q.double(), k.double(), v.double(), lens.tolist(), None, "HND")
@@ -1300,10 +1307,7 @@ def check_cases(device):
             out, lse = prefill_attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=40,
                                          max_seqlen_k=40, return_lse=True, backend=backend)
         assert_close(out, e, dtype, "prefill", scale=mag)
-        lse, empty = lse.cpu(), torch.from_numpy(np.isinf(el))
-        if not torch.equal(torch.isinf(lse) & (lse < 0), empty):
-            raise AssertionError("prefill: the lse -inf rows differ from the reference")
-        assert_close(lse[~empty], torch.from_numpy(el)[~empty], torch.float32, "prefill lse")
+        check_lse(lse, el, "prefill")
 
     def prefill_hand():
         q, k, v = np.ones((2, 1, 64)), np.zeros((3, 1, 64)), np.zeros((3, 1, 64))
@@ -1330,10 +1334,7 @@ def check_cases(device):
         else:
             out, lse = mla_decode(q, kv, bt, lens, scale=0.05, return_lse=True, backend=backend)
         assert_close(out, e, dtype, "mla_decode", scale=mag)
-        lse, empty = lse.cpu(), torch.from_numpy(np.isinf(el))
-        if not torch.equal(torch.isinf(lse) & (lse < 0), empty):
-            raise AssertionError("mla_decode: the lse -inf rows differ from the reference")
-        assert_close(lse[~empty], torch.from_numpy(el)[~empty], torch.float32, "mla_decode lse")
+        check_lse(lse, el, "mla_decode")
 
     def mla_hand():
         # q reads only the rotary dims and the cached rows' rotary dims are 0: equal scores, so
