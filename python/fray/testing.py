@@ -17,6 +17,13 @@ def tolerance(dtype):
     return TOLERANCES[dtype]
 
 
+def _cpu_f64(v):
+    """A tensor or array as a float64 CPU tensor."""
+    if isinstance(v, torch.Tensor):
+        return v.detach().to("cpu", torch.float64)
+    return torch.from_numpy(np.asarray(v, np.float64))
+
+
 def assert_close(actual, expected_f64, dtype, what="", scale=None):
     """actual (any device/dtype) vs a float64 reference (numpy or tensor), dtype-scaled.
 
@@ -24,21 +31,15 @@ def assert_close(actual, expected_f64, dtype, what="", scale=None):
     difference), the float64 magnitude of the terms. Rounding errors are relative to the terms, not
     to the (possibly near-zero) result, so the bound becomes atol + rtol * max(|expected|, scale).
     """
-    a = actual.detach().to("cpu", torch.float64) if isinstance(actual, torch.Tensor) else torch.from_numpy(np.asarray(actual, np.float64))
-    e = expected_f64 if isinstance(expected_f64, torch.Tensor) else torch.from_numpy(np.asarray(expected_f64, np.float64))
-    e = e.detach().to("cpu", torch.float64)
+    a, e = _cpu_f64(actual), _cpu_f64(expected_f64)
     assert a.shape == e.shape, "%s: shape %s != %s" % (what, tuple(a.shape), tuple(e.shape))
     assert torch.isfinite(a).all(), "%s: non-finite values in the result" % what
     if scale is None:
         torch.testing.assert_close(a, e, msg=lambda m: "%s (%s)\n%s" % (what, dtype, m), **TOLERANCES[dtype])
         return
     tol = TOLERANCES[dtype]
-    s = scale.detach().to("cpu", torch.float64) if isinstance(scale, torch.Tensor) else torch.from_numpy(np.asarray(scale, np.float64))
-    bound = tol["atol"] + tol["rtol"] * torch.maximum(e.abs(), s)
-    err = (a - e).abs()
-    bad = err > bound
-    assert not bad.any(), "%s (%s): %d of %d elements off; worst error %.3g where the bound is %.3g" % (
-        what, dtype, int(bad.sum()), err.numel(), float(err[bad].max()), float(bound[bad][err[bad].argmax()]))
+    _assert_within(a, e, lambda: tol["atol"] + tol["rtol"] * torch.maximum(e.abs(), _cpu_f64(scale)),
+                   "%s (%s)" % (what, dtype), what)
 
 
 def layernorm_scale(x, w, b, eps):
@@ -69,17 +70,19 @@ def gemm_bound(expected_f64, terms, out_dtype, k):
 
 def assert_gemm_close(actual, expected_f64, terms, out_dtype, k, what=""):
     """actual vs the float64 GEMM reference, within gemm_bound (terms: reference.gemm.term_scale)."""
-    a = actual.detach().to("cpu", torch.float64) if isinstance(actual, torch.Tensor) else torch.from_numpy(np.asarray(actual, np.float64))
-    e = expected_f64 if isinstance(expected_f64, torch.Tensor) else torch.from_numpy(np.asarray(expected_f64, np.float64))
-    t = terms if isinstance(terms, torch.Tensor) else torch.from_numpy(np.asarray(terms, np.float64))
-    e, t = e.detach().to("cpu", torch.float64), t.detach().to("cpu", torch.float64)
+    a, e, t = _cpu_f64(actual), _cpu_f64(expected_f64), _cpu_f64(terms)
+    _assert_within(a, e, lambda: gemm_bound(e, t, out_dtype, k), "%s (%s, K=%d)" % (what, out_dtype, k), what)
+
+
+def _assert_within(a, e, bound_fn, label, what):
+    """Every element of a (finite, e's shape) within bound_fn() of e; label heads the message."""
     assert a.shape == e.shape, "%s: shape %s != %s" % (what, tuple(a.shape), tuple(e.shape))
     assert torch.isfinite(a).all(), "%s: non-finite values in the result" % what
-    bound = gemm_bound(e, t, out_dtype, k)
+    bound = bound_fn()
     err = (a - e).abs()
     bad = err > bound
-    assert not bad.any(), "%s (%s, K=%d): %d of %d elements off; worst error %.3g where the bound is %.3g" % (
-        what, out_dtype, k, int(bad.sum()), err.numel(), float(err[bad].max()), float(bound[bad][err[bad].argmax()]))
+    assert not bad.any(), "%s: %d of %d elements off; worst error %.3g where the bound is %.3g" % (
+        label, int(bad.sum()), err.numel(), float(err[bad].max()), float(bound[bad][err[bad].argmax()]))
 
 
 def cuobjdump():
@@ -177,13 +180,6 @@ def moe_bound(expected_f64, mag, terms, dtype):
     return tol["atol"] + tol["rtol"] * (0.5 * e + 2.0 * mag + 2.0 * terms)
 
 
-def _cpu_f64(v):
-    """A tensor or array as a float64 CPU tensor."""
-    if isinstance(v, torch.Tensor):
-        return v.detach().to("cpu", torch.float64)
-    return torch.from_numpy(np.asarray(v, np.float64))
-
-
 def assert_moe_close(actual, expected_f64, mag, terms, dtype, what="", rows=None):
     """actual [rows, N] vs fray.reference.moe's (expected, mag, terms), within moe_bound; rows: a
     boolean mask of the rows to compare (the rest are not written by the op)."""
@@ -191,10 +187,4 @@ def assert_moe_close(actual, expected_f64, mag, terms, dtype, what="", rows=None
     if rows is not None:
         keep = torch.from_numpy(np.asarray(rows, bool))
         a, e, m, t = a[keep], e[keep], m[keep], t[keep]
-    assert a.shape == e.shape, "%s: shape %s != %s" % (what, tuple(a.shape), tuple(e.shape))
-    assert torch.isfinite(a).all(), "%s: non-finite values in the result" % what
-    bound = moe_bound(e, m, t, dtype)
-    err = (a - e).abs()
-    bad = err > bound
-    assert not bad.any(), "%s (%s): %d of %d elements off; worst error %.3g where the bound is %.3g" % (
-        what, dtype, int(bad.sum()), err.numel(), float(err[bad].max()), float(bound[bad][err[bad].argmax()]))
+    _assert_within(a, e, lambda: moe_bound(e, m, t, dtype), "%s (%s)" % (what, dtype), what)

@@ -166,6 +166,17 @@ def _check_out(out, shape, like, name="out"):
         V.require_distinct_elements(name, out)
 
 
+def _side_tensor(name, t, like, dtypes, like_name="the first operand"):
+    """A metadata / routing tensor beside `like`: same device, one of `dtypes`, contiguous."""
+    V.require_tensor(name, t)
+    V.require_same_device([(like_name, like), (name, t)])
+    if t.dtype not in dtypes:
+        raise TypeError("%s: expected dtype %s, got %s" % (name, " or ".join(_name(d) for d in dtypes),
+                                                          _name(t.dtype)))
+    if not t.is_contiguous():
+        raise ValueError("%s: expected a contiguous tensor, got strides %s" % (name, t.stride()))
+
+
 def _int_tensor(name, t, like, dtypes=(torch.int32,), ndim=1):
     if V.is_array(like):
         if not V.is_array(t):
@@ -173,13 +184,7 @@ def _int_tensor(name, t, like, dtypes=(torch.int32,), ndim=1):
         if not np.issubdtype(t.dtype, np.integer):
             raise TypeError("%s: expected an integer array, got %s" % (name, t.dtype))
     else:
-        V.require_tensor(name, t)
-        V.require_same_device([("the first operand", like), (name, t)])
-        if t.dtype not in dtypes:
-            raise TypeError("%s: expected dtype %s, got %s" % (name, " or ".join(_name(d) for d in dtypes),
-                                                              _name(t.dtype)))
-        if not t.is_contiguous():
-            raise ValueError("%s: expected a contiguous tensor, got strides %s" % (name, t.stride()))
+        _side_tensor(name, t, like, dtypes)
     if t.ndim != ndim:
         raise ValueError("%s: expected %d dimension(s), got shape %s" % (name, ndim, tuple(t.shape)))
 
@@ -247,15 +252,8 @@ def _check_routes(topk_weights, topk_ids, t, like):
         if topk_weights.dtype not in (np.float32, np.float64):
             raise TypeError("topk_weights: expected a float32/float64 array, got %s" % topk_weights.dtype)
     else:
-        for name, v, dtypes in (("topk_weights", topk_weights, (torch.float32,)),
-                                ("topk_ids", topk_ids, (torch.int32, torch.int64))):
-            V.require_tensor(name, v)
-            V.require_same_device([("x", like), (name, v)])
-            if v.dtype not in dtypes:
-                raise TypeError("%s: expected dtype %s, got %s" % (name, " or ".join(_name(d) for d in dtypes),
-                                                                  _name(v.dtype)))
-            if not v.is_contiguous():
-                raise ValueError("%s: expected a contiguous tensor, got strides %s" % (name, v.stride()))
+        _side_tensor("topk_weights", topk_weights, like, (torch.float32,), "x")
+        _side_tensor("topk_ids", topk_ids, like, (torch.int32, torch.int64), "x")
     if topk_ids.ndim != 2 or topk_ids.shape[0] != t:
         raise ValueError("topk_ids: expected shape (%d, top_k), got %s" % (t, tuple(topk_ids.shape)))
     if tuple(topk_weights.shape) != tuple(topk_ids.shape):
@@ -533,9 +531,7 @@ def _fused_moe_op(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
                   apply_router_weight_on_input: bool, w_layout: str, combine: str, backend: str) -> None:
     B.resolve("fused_moe", FAMILY, backend, x.device)
     if env.check_indices():
-        e = w13.shape[0]
-        _device_check("topk_ids / expert_map", lambda: M._check_dispatch_values(
-            topk_ids.cpu().numpy(), None if expert_map is None else expert_map.cpu().numpy(), e))
+        M._device_check_ids(topk_ids, expert_map, w13.shape[0])
     with torch.cuda.device(x.device):
         _fused(x, w13, w2, topk_weights, topk_ids, expert_map, out, activation, apply_router_weight_on_input,
                w_layout, combine)
@@ -807,8 +803,7 @@ def fused_moe(x, w13, w2, *, router_logits=None, topk_weights=None, topk_ids=Non
         return out
     B.resolve("fused_moe", FAMILY, backend, x.device)
     if env.check_indices():
-        _device_check("topk_ids / expert_map", lambda: M._check_dispatch_values(
-            topk_ids.cpu().numpy(), None if expert_map is None else expert_map.cpu().numpy(), e))
+        M._device_check_ids(topk_ids, expert_map, e)
     route = None
     if router_logits is not None:
         route = dict(top_k=top_k, scoring=scoring, renormalize=renormalize, num_expert_group=num_expert_group,
