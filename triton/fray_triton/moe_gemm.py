@@ -71,11 +71,11 @@ def _dot(a, b, acc, DOT_F32: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_routes", "max_tiles"])
 def _moe_gemm_kernel(
-    A, B, C, WEIGHTS, ROUTES, TILE_GROUP, TILE_START, TILE_END, NUM_TILES, b_desc,
+    A, B, C, WEIGHTS, ROUTES, TILE_GROUP, TILE_START, TILE_END, NUM_TILES, a_desc, b_desc,
     N, K, N_b, n_half, lda, ldc, stride_be, stride_bn, stride_bk, n_routes, top_k, max_tiles,
     A_MODE: tl.constexpr, OUT_MODE: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
     WEIGHTED: tl.constexpr, WEIGHT_INPUT: tl.constexpr, B_NK: tl.constexpr, USE_DESC: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    USE_A_DESC: tl.constexpr, DOT_F32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -92,12 +92,14 @@ def _moe_gemm_kernel(
     offs = tl.arange(0, BLOCK_M)
     if A_MODE == 0:
         start = tl.load(TILE_START + pid_m)
+        row0 = start
         rows = start + offs
         valid = rows < tl.load(TILE_END + pid_m)
         a_rows = rows
         out_rows = rows
     else:
-        rows = pid_m * BLOCK_M + offs
+        row0 = pid_m * BLOCK_M
+        rows = row0 + offs
         route = tl.load(ROUTES + rows)
         valid = route < n_routes
         if A_MODE == 1:
@@ -119,8 +121,13 @@ def _moe_gemm_kernel(
     if GATED:
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for off_k in range(0, K, BLOCK_K):
-        a = tl.load(a_base + (off_k + offs_k)[None, :], mask=valid[:, None] & ((off_k + offs_k)[None, :] < K),
-                    other=0.0)
+        if USE_A_DESC:
+            # contiguous rows (A_MODE 0 / 2): the copy engine loads the tile; rows past the tile's
+            # group are read too (the next group's, or zeros past the end) and masked at the store
+            a = a_desc.load([row0, off_k])
+        else:
+            a = tl.load(a_base + (off_k + offs_k)[None, :], mask=valid[:, None] & ((off_k + offs_k)[None, :] < K),
+                        other=0.0)
         if WEIGHT_INPUT:
             a = _round(a.to(tl.float32) * w_route[:, None], A.dtype.element_ty)
         b = _load_b(B, b_desc, e, off_n, off_k, N_b, K, stride_be, stride_bn, stride_bk, B_NK, USE_DESC,
@@ -224,39 +231,50 @@ def pointer_config(config):
     return c
 
 
-def _descriptor(b, b_nk, block_n, block_k):
+def a_descriptor_ok(a):
+    """Whether TMA can read a [rows, K] operand as it is (contiguous rows, 16-byte strides)."""
+    es = a.element_size()
+    return (not _INTERPRET and a.dim() == 2 and a.data_ptr() % 16 == 0 and a.stride(1) == 1
+            and (a.stride(0) * es) % 16 == 0 and a.shape[0] > 0 and a.shape[1] > 0)
+
+
+def _descriptor(t, block):
     from triton.tools.tensor_descriptor import TensorDescriptor
-    return TensorDescriptor.from_tensor(b, [1, block_n, block_k] if b_nk else [1, block_k, block_n])
+    return TensorDescriptor.from_tensor(t, block)
 
 
 def launch(a, b, c, *, b_nk, n, n_b, k, config, max_tiles, num_tiles, tile_group, a_mode, out_mode,
            routes=None, tile_start=None, tile_end=None, weights=None, n_routes=0, top_k=1, gated=False,
-           act=0, n_half=0, weighted=False, weight_input=False, use_desc=None):
+           act=0, n_half=0, weighted=False, weight_input=False, use_desc=None, use_a_desc=None):
     """One grouped-GEMM launch on the current stream (see the module docstring for the modes).
 
     a: [rows, k] with a unit last stride; b: the weight stack; c: the output (or fp32 buffer for
     OUT_ATOMIC) with a unit last stride; n: output columns (I when gated); n_b: b's N (2I when
     gated); max_tiles: the grid's row-tile bound; num_tiles / tile_group / tile_start / tile_end /
     routes: int32 device tensors; config: BLOCK_M / BLOCK_N / BLOCK_K / GROUP_M / num_warps /
-    num_stages."""
+    num_stages. use_desc / use_a_desc: read b / a through TMA descriptors (default: wherever the
+    layout allows; a only when its rows are contiguous, A_MODE 0 and 2)."""
     if max_tiles == 0 or n == 0:
         return
     if use_desc is None:
         use_desc = descriptor_ok(b)
+    if use_a_desc is None:
+        use_a_desc = a_mode != A_GATHER and use_desc and a_descriptor_ok(a)
     if not use_desc:
         config = pointer_config(config)
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    desc = _descriptor(b, b_nk, bn, bk) if use_desc else None
+    desc = _descriptor(b, [1, bn, bk] if b_nk else [1, bk, bn]) if use_desc else None
+    a_desc = _descriptor(a, [bm, bk]) if use_a_desc else None
     sbe, sbn, sbk = _b_strides(b, b_nk)
     dummy = num_tiles
     grid = (max_tiles * cdiv(n, bn),)
     _moe_gemm_kernel[grid](
         a, b, c, weights if weights is not None else a, routes if routes is not None else dummy,
         tile_group, tile_start if tile_start is not None else dummy, tile_end if tile_end is not None else dummy,
-        num_tiles, desc,
+        num_tiles, a_desc, desc,
         n, k, n_b, n_half, a.stride(0), c.stride(0), sbe, sbn, sbk, n_routes, top_k, max_tiles,
         A_MODE=a_mode, OUT_MODE=out_mode, GATED=gated, ACT=act, WEIGHTED=weighted, WEIGHT_INPUT=weight_input,
-        B_NK=b_nk, USE_DESC=use_desc, DOT_F32=_INTERPRET,
+        B_NK=b_nk, USE_DESC=use_desc, USE_A_DESC=use_a_desc, DOT_F32=_INTERPRET,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"],
         num_warps=config["num_warps"], num_stages=config["num_stages"])
 
