@@ -109,10 +109,11 @@ if [ "$MODE" = tests ]; then
   pack
 fi
 [ "$MODE" = pytest ] && { cat "$RES/summary.txt"; exit $status; }
-# bench/host (every op's eager host cost) and bench/e2e (a decoder step) belong to no family: they
-# run with `all`, or when named in FAMILIES (host,e2e runs just them).
+# bench/host (every op's eager host cost), bench/e2e (a decoder step) and bench/soak (a long decode
+# loop under graph replay) belong to no family: they run with `all`, or when named in FAMILIES
+# (host,e2e runs just them).
 BENCH_DIRS=$FAMILIES
-[ "$FAMILY" = all ] && BENCH_DIRS="$BENCH_DIRS host e2e"
+[ "$FAMILY" = all ] && BENCH_DIRS="$BENCH_DIRS host e2e soak"
 for f in $BENCH_DIRS; do
   for b in "bench/$f"/*.py; do
     [ -f "$b" ] || continue

@@ -8,7 +8,9 @@
   bench <op>    run the op's benchmark (see bench/<family>/; needs a GPU): one line per record as
                 it is measured, then the table; exits 1 if any implementation failed.
                 `bench host`: every op's eager per-call host cost beside torch's (bench/host/);
-                `bench e2e`: a Llama-shaped decoder step from Fray ops vs torch (bench/e2e/)
+                `bench e2e`: a Llama-shaped decoder step from Fray ops vs torch (bench/e2e/);
+                `bench soak`: a toy decode loop replayed as a CUDA graph for --steps steps,
+                checked against eager runs every --check_every steps (bench/soak/)
   plot          charts from --results_dir (bench/results/h200) into --charts_dir (docs/charts):
                 one PNG per family (every implementation against the best peer, losses in red)
                 and roofline.png (achieved TB/s under the H200's ceilings); needs matplotlib.
@@ -138,8 +140,8 @@ def _cmd_check(device_flag):
 
 
 # Benchmarks of no one family (bench/<name>/, fray.bench.<name>): the eager host cost of every op,
-# and a decoder step built from Fray ops.
-WHOLE_LIBRARY_BENCHES = ("host", "e2e")
+# a decoder step built from Fray ops, and a long decode loop under graph replay.
+WHOLE_LIBRARY_BENCHES = ("host", "e2e", "soak")
 
 
 def _bench_ops():
@@ -239,7 +241,7 @@ def run():
     sys.modules["__main__"].__doc__ = __doc__
     # absl's --help lists the key flags of the program named by argv[0]; the console script is a
     # stub that defines none, so name this module's and the bench flags for it.
-    for name in ("device", "json", "results_dir", "charts_dir", "out", "graph", "shapes"):
+    for name in ("device", "json", "results_dir", "charts_dir", "out", "graph", "shapes", "steps", "check_every"):
         FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
     app.run(lambda argv: sys.exit(main(argv)))
 

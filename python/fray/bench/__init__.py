@@ -99,8 +99,10 @@ def bench_impls(recorder, op, shape, dtype, impls, nbytes=None, flops=None, grap
                              rounds=[round(u, 3) for u in rounds], **extra)
 
 
-def graph_us(fn, calls=20, replays=50):
-    """µs per call under CUDA-graph replay: `calls` calls captured once, median over replays."""
+def capture(fn, calls=1):
+    """`calls` calls of fn captured in one CUDA graph, after the warm-up capture needs (one call,
+    then two on a side stream); returns (graph, what the last captured call returned: the graph's
+    static outputs). The three warm-up calls run for real: fn's side effects happen three times."""
     fn()
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
@@ -110,9 +112,16 @@ def graph_us(fn, calls=20, replays=50):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    out = None
     with torch.cuda.graph(graph):
         for _ in range(calls):
-            fn()
+            out = fn()
+    return graph, out
+
+
+def graph_us(fn, calls=20, replays=50):
+    """µs per call under CUDA-graph replay: `calls` calls captured once, median over replays."""
+    graph, _ = capture(fn, calls)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()

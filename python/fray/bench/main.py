@@ -9,6 +9,8 @@ flags.DEFINE_bool("graph", True, "also time CUDA-graph replay for shapes under 5
 flags.DEFINE_string("impls", None, "regex: time only the impls whose names match (fray.bench.IMPLS)")
 flags.DEFINE_string("shapes", None, "comma list of ROWSxCOLS[:dtype] overriding the default shapes "
                     "(attention and sampling: shape names as recorded, see their parse_shapes)")
+flags.DEFINE_integer("steps", 20000, "`bench soak`: decode steps to replay")
+flags.DEFINE_integer("check_every", 1000, "`bench soak`: run every this many-th step eagerly too and compare")
 
 
 def run_op(family, op, recorder=None):
