@@ -150,6 +150,33 @@ def test_triton_interpreter_routed(combine):
 
 
 @INTERPRETER
+@pytest.mark.parametrize("e,block_m", [(8, 16), (32, 16), (64, 128), (256, 64)])
+def test_grid_tiles_bounds_every_dispatch(e, block_m):
+    """The GEMM grids' row-tile bound holds for the tiles a dispatch fills: skewed, uniform and
+    single-expert routings, with and without an expert map; and it is nearly reached."""
+    rng = np.random.default_rng(e + block_m)
+    for t, k in ((1, 1), (1, 8), (3, 2), (16, 8), (100, 6), (1000, 4)):
+        k = min(k, e)
+        for kind in ("uniform", "skewed", "one"):
+            if kind == "one":
+                ids = np.repeat(np.arange(k)[None, :], t, 0)
+            else:
+                p = rng.dirichlet(np.full(e, 0.1 if kind == "skewed" else 10.0))
+                ids = np.stack([rng.choice(e, k, replace=False, p=p) for _ in range(t)])
+            for emap in (None, np.where(np.arange(e) % 2 == 0, np.arange(e) // 2, -1)):
+                local = e if emap is None else (e + 1) // 2
+                num_tiles = int(ref.moe_dispatch(ids, local, block_m, emap)[3][0])
+                bound = MG.grid_tiles(t * k, local, block_m, 1 << 30)
+                assert num_tiles <= bound, (t, k, kind, num_tiles, bound)
+    # every expert one route past a full tile fills 2E tiles, the bound's E + E + E // block_m
+    r = e * (block_m + 1)
+    ids = np.concatenate([np.full(block_m + 1, x) for x in range(e)])[:, None]
+    assert int(ref.moe_dispatch(ids, e, block_m)[3][0]) == 2 * e
+    assert MG.grid_tiles(r, e, block_m, 1 << 30) == 2 * e + e // block_m
+    # and never more than the dispatch's buffers hold
+    assert MG.grid_tiles(1000, 64, 16, 7) == 7
+
+
 def test_the_check_can_fail():
     """check_fused's bound is tight enough to see a misplaced weight (5%) or a lost route."""
     t, hdim, inter, e, k = 8, 32, 24, 4, 2

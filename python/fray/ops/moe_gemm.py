@@ -38,9 +38,11 @@ FAMILY = "moe"
 OPS = ("grouped_gemm", "routed_grouped_gemm", "fused_moe")
 CUDA_FAMILIES = {op: FAMILY for op in OPS}
 __all__ = list(OPS)
-# grouped_gemm's explicit form has a CUDA kernel (CUTLASS on fray.jit, cuda/moe): forced with
-# backend="cuda"; "auto" keeps Triton until the H200 has measured which is faster.
-B.register_preference("grouped_gemm", ("triton", "cuda"))
+# grouped_gemm's explicit form has a CUDA kernel (CUTLASS on fray.jit, cuda/moe), which "auto"
+# prefers (tuned: 895 us against Triton's 1138 and torch._grouped_mm's 1132 at 64 groups x 384
+# rows, N 2816, K 4096 on an H100, 2026-12-07) wherever its TMA loads take the operands; the
+# dispatch form has none (the CUDA kernel does not gather rows), so "auto" runs Triton there.
+B.register_preference("grouped_gemm", ("cuda", "triton"))
 for _op in ("routed_grouped_gemm", "fused_moe"):
     B.register_preference(_op, ("triton",), missing={"cuda": "no CUDA kernel for %s yet (use 'triton')" % _op})
 
@@ -69,13 +71,15 @@ def block_m_for(rows_per_group):
     return 128
 
 
-def gemm_config(block_m, n, k, gated=False):
+def gemm_config(block_m, n, k, gated=False, rows_contiguous=False):
     """(BLOCK_N, BLOCK_K, GROUP_M, warps, stages) for a grouped GEMM with BLOCK_M rows per tile.
     Measured on an H100 (bench/NOTES.md, "MoE grouped GEMM"): at 128-row tiles 128 x 128 x 64 with
-    8 warps won both GEMMs of the T4096 E64 H4096 I1408 k6 layer, with 4 stages for the gated GEMM
-    (1038 us against 1085 with 3) and 3 for the plain one (695 against 877 with 4); 128 x 256 and
-    128 x 128 x 128 did not fit the gated GEMM's shared memory. Decode tiles (16 rows) streamed the
-    weights at 2.4-2.8 TB/s with every N / K tried (32..128 x 64..256)."""
+    8 warps won the gated GEMM of the T4096 E64 H4096 I1408 k6 layer with 4 stages (1033 us against
+    1084 with 3); 128 x 256 and 128 x 128 x 128 do not fit its shared memory. Where the rows are
+    contiguous (rows_contiguous: the second GEMM's sorted rows, the explicit form's), the copy
+    engine loads them and 128 x 256 x 64 with 4 stages ran that layer's second GEMM in 614 us
+    against 700 for 128 x 128 x 64 with 3. Decode tiles (16 rows) streamed the weights at
+    2.4-2.8 TB/s with every N / K tried (16..128 x 64..256)."""
     if _interpreting():
         return dict(BLOCK_M=block_m, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=1)
     if block_m <= 32:
@@ -84,7 +88,19 @@ def gemm_config(block_m, n, k, gated=False):
         return dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4)
     if block_m == 64:
         return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
+    if rows_contiguous and not gated:
+        return dict(BLOCK_M=block_m, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)
     return dict(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4 if gated else 3)
+
+
+def grid_tiles(n_routes, num_experts, block_m, tiles):
+    """The row tiles a grid needs for a dispatch Fray built (every expert's routes padded to a
+    multiple of block_m): an expert with c routes fills ceil(c / block_m) <= floor(c / block_m) + 1
+    tiles, so all of them fill at most min(E, R) + floor(R / block_m), often far fewer than the
+    dispatch's buffers hold (T*k + E*(block_m - 1) rows, sized for any routing). Programs past the
+    device-side tile count return at once, but at decode a grid sized by the buffers launched
+    thousands of them for a few live tiles."""
+    return min(tiles, min(num_experts, n_routes) + n_routes // block_m)
 
 
 def _interpreting():
@@ -402,7 +418,7 @@ def _explicit(a, b, offsets, out, layout):
     # rows per group, as for a dispatch (64-row tiles at 384 rows a group ran 1539 us where the
     # fused layer's 128-row GEMM 1 of the same shape ran 1038, H100 2026-12-07)
     block_m = block_m_for(max(1, m // max(g, 1)))
-    cfg = gemm_config(block_m, n, k)
+    cfg = gemm_config(block_m, n, k, rows_contiguous=True)
     max_tiles = tg.max_tiles_explicit(m, g, block_m)
     dev, i32 = a.device, torch.int32
     tile_group = torch.empty(max_tiles, dtype=i32, device=dev)
@@ -457,10 +473,11 @@ def _second_gemm(h, b, weights, routes, tile_expert, num_tiles, inverse, out, t,
     """GEMM 2 over rows already in sorted order, the routing weight in the epilogue, and the
     combine into out [T, N]."""
     from fray_triton import moe_gemm as tg
-    _, n, k = _matrix_dims("b", b, layout)
-    common = dict(b_nk=layout == "nk", n=n, n_b=n, k=k, config=gemm_config(block_m, n, k),
-                  max_tiles=tile_expert.shape[0], num_tiles=num_tiles, tile_group=tile_expert, routes=routes,
-                  a_mode=tg.A_SORTED, weights=weights, n_routes=t * top_k, top_k=top_k, weighted=weighted)
+    e, n, k = _matrix_dims("b", b, layout)
+    common = dict(b_nk=layout == "nk", n=n, n_b=n, k=k, config=gemm_config(block_m, n, k, rows_contiguous=True),
+                  max_tiles=grid_tiles(t * top_k, e, block_m, tile_expert.shape[0]), num_tiles=num_tiles,
+                  tile_group=tile_expert, routes=routes, a_mode=tg.A_SORTED, weights=weights, n_routes=t * top_k,
+                  top_k=top_k, weighted=weighted)
     _launch_combined(h, b, out, _combine_mode(combine, top_k), routes, inverse, top_k, common)
 
 
@@ -476,9 +493,10 @@ def _fused(x, w13, w2, weights, ids, emap, out, activation, weight_on_input, lay
     h = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
     tg.launch(x, w13, h, b_nk=layout == "nk", n=inter, n_b=n13, k=hdim,
               config=gemm_config(block_m, inter, hdim, gated=True),
-              max_tiles=tile_expert.shape[0], num_tiles=num_tiles, tile_group=tile_expert, routes=sorted_ids,
-              a_mode=tg.A_GATHER, out_mode=tg.OUT_ROWS, weights=weights, n_routes=t * top_k, top_k=top_k,
-              gated=True, act=tg.ACT_CODES[activation], n_half=inter, weight_input=weight_on_input)
+              max_tiles=grid_tiles(t * top_k, e, block_m, tile_expert.shape[0]), num_tiles=num_tiles,
+              tile_group=tile_expert, routes=sorted_ids, a_mode=tg.A_GATHER, out_mode=tg.OUT_ROWS, weights=weights,
+              n_routes=t * top_k, top_k=top_k, gated=True, act=tg.ACT_CODES[activation], n_half=inter,
+              weight_input=weight_on_input)
     _second_gemm(h, w2, weights, sorted_ids, tile_expert, num_tiles, inverse, out, t, top_k, layout, combine,
                  not weight_on_input, block_m)
 
@@ -491,17 +509,25 @@ def _routed(x, b, weights, ids, out, layout, combine):
     block_m = block_m_for(max(1, t * top_k // e))
     sorted_ids, _, tile_expert, num_tiles, inverse, _ = _routing_dispatch(ids, None, e, block_m)
     common = dict(b_nk=layout == "nk", n=n, n_b=n, k=kdim, config=gemm_config(block_m, n, kdim),
-                  max_tiles=tile_expert.shape[0], num_tiles=num_tiles, tile_group=tile_expert, routes=sorted_ids,
-                  a_mode=tg.A_GATHER, weights=weights, n_routes=t * top_k, top_k=top_k, weighted=True)
+                  max_tiles=grid_tiles(t * top_k, e, block_m, tile_expert.shape[0]), num_tiles=num_tiles,
+                  tile_group=tile_expert, routes=sorted_ids, a_mode=tg.A_GATHER, weights=weights, n_routes=t * top_k,
+                  top_k=top_k, weighted=True)
     _launch_combined(x, b, out, _combine_mode(combine, top_k), sorted_ids, inverse, top_k, common)
 
 
 # The custom ops: what a torch.compile'd graph calls (and what eager calls run too).
 
+def _auto(backend):
+    """Whether the caller left the backend to Fray (neither backend= nor FRAY_BACKEND names one)."""
+    return backend == "auto" and env.backend_override() is None
+
+
 @P.custom_op("fray::grouped_gemm", mutates_args=("out",))
 def _grouped_gemm_op(a: torch.Tensor, b: torch.Tensor, group_offsets: torch.Tensor, out: torch.Tensor,
                      b_layout: str, backend: str) -> None:
     be = B.resolve("grouped_gemm", FAMILY, backend, a.device)
+    if be == "cuda" and _auto(backend) and not cuda_ok(a, b, out, b_layout):
+        be = "triton"
     with torch.cuda.device(a.device):
         (_explicit_cuda if be == "cuda" else _explicit)(a, b, group_offsets, out, b_layout)
 
@@ -510,7 +536,7 @@ def _grouped_gemm_op(a: torch.Tensor, b: torch.Tensor, group_offsets: torch.Tens
 def _grouped_gemm_routes_op(x: torch.Tensor, b: torch.Tensor, sorted_route_ids: torch.Tensor,
                             tile_expert: torch.Tensor, num_tiles: torch.Tensor, out: torch.Tensor, top_k: int,
                             b_layout: str, backend: str) -> None:
-    if B.resolve("grouped_gemm", FAMILY, backend, x.device) == "cuda":
+    if B.resolve("grouped_gemm", FAMILY, backend, x.device) == "cuda" and not _auto(backend):
         raise RuntimeError("backend='cuda' cannot run grouped_gemm's dispatch form: no CUDA kernel gathers the token "
                            "rows yet (use 'triton', or the explicit group_offsets form)")
     with torch.cuda.device(x.device):
@@ -585,8 +611,12 @@ def grouped_gemm(a, b, group_offsets=None, *, dispatch=None, top_k=None, b_layou
     the rows of routes an expert_map dropped are not written.
 
     bf16 / fp16 (a and b alike); a and out need a contiguous last dimension, b may have any
-    strides (the TMA path takes a contiguous b). CUDA tensors: the Triton kernel on the current
-    stream, no host synchronisation, CUDA-graph capturable; offsets and dispatch tensors are
+    strides (the TMA paths take a contiguous b). CUDA tensors, on the current stream, with no host
+    synchronisation after the first call for a shape bucket (which builds and tunes the CUDA
+    kernel), CUDA-graph capturable: backend="auto" runs the explicit form on the CUDA kernel
+    (CUTLASS's pointer-array GEMM, JIT-compiled) wherever its TMA loads take the operands (16-byte
+    aligned bases and row strides, N and K multiples of 8, contiguous b), else on the Triton
+    kernel, and the dispatch form on the Triton kernel; offsets and dispatch tensors are
     trusted there (FRAY_CHECK_INDICES=1 checks the offsets with one synchronisation). CPU tensors
     and numpy arrays: the float64 reference.
     """
