@@ -80,22 +80,29 @@ def build(cfg, device, dtype=torch.bfloat16, seed=0):
     }
 
 
+def attention_block(cfg, x, wqkv, wo, k_pages, v_pages, table, lens, lens_after):
+    """The attention half of a layer from Fray ops: q, k, v = x @ wqkv^T; rope at lens; k, v
+    appended to the paged cache at lens; paged decode over lens_after; the output projection.
+    Returns (o [B, hidden], attn [B, Hq, D])."""
+    b, hq, hkv, d = cfg.batch, cfg.heads, cfg.kv_heads, cfg.head_dim
+    qkv = x @ wqkv.t()
+    q = qkv[:, :hq * d].view(b, hq, d)
+    k = qkv[:, hq * d:(hq + hkv) * d].view(b, hkv, d)
+    v = qkv[:, (hq + hkv) * d:].view(b, hkv, d)
+    fray.rope(q, k, lens, max_position=cfg.max_position, inplace=True)
+    fray.kv_append_paged(k_pages, v_pages, table, k, v, lens)
+    attn = fray.paged_decode_attention(q, k_pages, v_pages, table, lens_after)
+    return attn.view(b, hq * d) @ wo.t(), attn
+
+
 def fray_step(cfg, m):
     """One decode step from Fray ops (+ torch matmuls); returns (tokens, logits)."""
-    b, hq, hkv, d = cfg.batch, cfg.heads, cfg.kv_heads, cfg.head_dim
     lens, table = m["lens"], m["block_table"]
     lens_after = lens + 1
     h = m["embed"][m["tokens"]]
     x = fray.rmsnorm(h, m["layers"][0]["w_in"], EPS)
     for i, lw in enumerate(m["layers"]):
-        qkv = x @ lw["wqkv"].t()
-        q = qkv[:, :hq * d].view(b, hq, d)
-        k = qkv[:, hq * d:(hq + hkv) * d].view(b, hkv, d)
-        v = qkv[:, (hq + hkv) * d:].view(b, hkv, d)
-        fray.rope(q, k, lens, max_position=cfg.max_position, inplace=True)
-        fray.kv_append_paged(lw["k_pages"], lw["v_pages"], table, k, v, lens)
-        attn = fray.paged_decode_attention(q, lw["k_pages"], lw["v_pages"], table, lens_after)
-        o = attn.view(b, hq * d) @ lw["wo"].t()
+        o, _ = attention_block(cfg, x, lw["wqkv"], lw["wo"], lw["k_pages"], lw["v_pages"], table, lens, lens_after)
         x, h = fray.add_rmsnorm(o, h, lw["w_post"], EPS)
         mlp = fray.silu_mul(x @ lw["wgu"].t()) @ lw["wd"].t()
         nxt = m["layers"][i + 1]["w_in"] if i + 1 < len(m["layers"]) else m["w_final"]

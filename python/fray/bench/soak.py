@@ -48,7 +48,7 @@ import torch
 import fray
 from fray import testing
 from fray.bench import capture
-from fray.bench.e2e import EPS
+from fray.bench.e2e import EPS, attention_block
 
 OPS = ("soak",)
 BENCH_OPS = ("soak",)
@@ -115,18 +115,11 @@ def build(cfg, device, dtype=torch.bfloat16, seed=0):
 def step(cfg, w, s):
     """One decode step for the batch from state s, which it advances in place; returns the step's
     {"attn": [B, Hq, D], "logits": fp32 [B, V] after the penalties, "tokens": int64 [B]}."""
-    b, hq, hkv, d, win = cfg.batch, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.window
+    b, win = cfg.batch, cfg.window
     lens, table = s["lens"], w["block_table"]
     h = w["embed"][s["tokens"]]
     x = fray.rmsnorm(h, w["w_in"], EPS)
-    qkv = x @ w["wqkv"].t()
-    q = qkv[:, :hq * d].view(b, hq, d)
-    k = qkv[:, hq * d:(hq + hkv) * d].view(b, hkv, d)
-    v = qkv[:, (hq + hkv) * d:].view(b, hkv, d)
-    fray.rope(q, k, lens, max_position=cfg.max_position, inplace=True)
-    fray.kv_append_paged(s["k_pages"], s["v_pages"], table, k, v, lens)
-    attn = fray.paged_decode_attention(q, s["k_pages"], s["v_pages"], table, lens + 1)
-    o = attn.view(b, hq * d) @ w["wo"].t()
+    o, attn = attention_block(cfg, x, w["wqkv"], w["wo"], s["k_pages"], s["v_pages"], table, lens, lens + 1)
     x, _ = fray.add_rmsnorm(o, h, w["w_out"], EPS)
     logits = (x @ w["lm_head"].t()).float()
     fray.apply_penalties(logits, s["history"], w["history_offsets"], repetition=cfg.repetition,
