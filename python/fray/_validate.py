@@ -105,3 +105,13 @@ def require_cpu_backend(backend, what="x"):
     if backend not in ("auto", "reference"):
         raise ValueError("backend: %r needs CUDA tensors; %s is on the CPU (use 'reference' or 'auto')"
                          % (backend, what))
+
+
+def device_index_check(what, check, *args):
+    """FRAY_CHECK_INDICES=1 on CUDA tensors: check(*args) reads the index values back to the host
+    (one synchronisation), which CUDA-graph capture forbids, so a capturing stream is refused with
+    a RuntimeError naming `what`."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("FRAY_CHECK_INDICES=1 checks %s with a host synchronisation, which CUDA-graph capture "
+                           "forbids; unset FRAY_CHECK_INDICES while capturing" % what)
+    return check(*args)

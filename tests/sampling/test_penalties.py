@@ -281,3 +281,47 @@ def test_numpy_in_numpy_out():
     with pytest.raises(ValueError, match="read-only"):
         fray.apply_penalties(ro, ids, offs, repetition=1.3)
     fray.sample(ro, temperature=0.7, seeds=1, offsets=0)  # reading a read-only array is fine
+
+
+def test_history_values_checked_and_refused_during_capture(monkeypatch):
+    """The history check FRAY_CHECK_INDICES=1 runs on CUDA tensors (here on CPU tensors, which it
+    reads the same way), its messages, and its refusal while a stream captures."""
+    from fray.ops import sampling as S
+    ids, offs = torch.tensor([1, 5, 9]), torch.tensor([0, 2, 3])
+    S._history_values(10, ids, offs)
+    with pytest.raises(ValueError, match=r"token_ids: expected ids in \[0, 9\), got values in \[1, 9\]"):
+        S._history_values(9, ids, offs)
+    with pytest.raises(ValueError, match=r"token_ids: expected ids in \[0, 10\), got values in \[-1, 9\]"):
+        S._history_values(10, torch.tensor([-1, 5, 9]), offs)
+    with pytest.raises(ValueError, match="token_offsets: expected non-decreasing offsets from 0 to at most 3"):
+        S._history_values(10, ids, torch.tensor([0, 3, 2]))
+    with pytest.raises(ValueError, match="token_offsets: expected non-decreasing offsets from 0 to at most 3"):
+        S._history_values(10, ids, torch.tensor([0, 2, 4]))
+    logits = torch.zeros(2, 10)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    S._device_history_check(logits, ids, offs)  # FRAY_CHECK_INDICES unset: nothing is read
+    monkeypatch.setenv("FRAY_CHECK_INDICES", "1")
+    with pytest.raises(RuntimeError, match="FRAY_CHECK_INDICES=1 checks token_ids / token_offsets .* CUDA-graph "
+                                           "capture"):
+        S._device_history_check(logits, ids, offs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["apply_penalties", "decode_step"])
+def test_gpu_check_indices(cuda, op, monkeypatch):
+    logits = torch.randn(2, 100, device=cuda)
+    zeros = torch.zeros(2, dtype=torch.int64, device=cuda)
+
+    def call(ids, offs):
+        if op == "apply_penalties":
+            return fray.apply_penalties(logits.clone(), ids, offs, repetition=1.2)
+        return fray.decode_step(logits.clone(), ids, offs, repetition=1.2, temperature=1.0, seeds=zeros, offsets=zeros)
+
+    ids, offs = torch.tensor([1, 5, 100], device=cuda), torch.tensor([0, 2, 3], device=cuda)
+    call(ids, offs)  # unchecked: the GPU ignores the id past the vocabulary
+    monkeypatch.setenv("FRAY_CHECK_INDICES", "1")
+    with pytest.raises(ValueError, match=r"token_ids: expected ids in \[0, 100\), got values in \[1, 100\]"):
+        call(ids, offs)
+    with pytest.raises(ValueError, match="token_offsets: expected non-decreasing"):
+        call(ids[:2], torch.tensor([0, 2, 1], device=cuda))
+    call(ids[:2], torch.tensor([0, 1, 2], device=cuda))  # valid values pass, every call checked

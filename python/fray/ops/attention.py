@@ -270,10 +270,7 @@ def _index_values(lens, capacity, block_table=None, page_size=1, num_pages=0, ap
 
 def _device_check_indices(*args, **kwargs):
     """FRAY_CHECK_INDICES=1 on CUDA tensors: the range checks, at the cost of a host sync."""
-    if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("FRAY_CHECK_INDICES=1 checks lens / block_table with a host synchronisation, which "
-                           "CUDA-graph capture forbids; unset FRAY_CHECK_INDICES while capturing")
-    _index_values(*args, **kwargs)
+    V.device_index_check("lens / block_table", lambda: _index_values(*args, **kwargs))
 
 
 def _cpu_backend(backend, device):
@@ -814,10 +811,7 @@ def _cu_values(cu_q, cu_k, total_q, total_k, max_q, max_k):
 
 def _device_check_cu(*args):
     """FRAY_CHECK_INDICES=1 on CUDA tensors: _cu_values at the cost of a host sync."""
-    if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("FRAY_CHECK_INDICES=1 checks cu_seqlens with a host synchronisation, which CUDA-graph "
-                           "capture forbids; unset FRAY_CHECK_INDICES while capturing")
-    _cu_values(*args)
+    V.device_index_check("cu_seqlens", _cu_values, *args)
 
 
 def _refuse_missing(op, backend):

@@ -297,10 +297,8 @@ def _dispatch_outputs(ids, num_experts, block_m):
 
 def _device_check_ids(ids, emap, num_experts):
     """FRAY_CHECK_INDICES=1: the ids' and map's ranges, at the cost of one synchronisation."""
-    if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("FRAY_CHECK_INDICES=1 checks topk_ids / expert_map with a host synchronisation, which "
-                           "CUDA-graph capture forbids; unset FRAY_CHECK_INDICES while capturing")
-    _check_dispatch_values(ids.cpu().numpy(), None if emap is None else emap.cpu().numpy(), num_experts)
+    V.device_index_check("topk_ids / expert_map", lambda: _check_dispatch_values(
+        ids.cpu().numpy(), None if emap is None else emap.cpu().numpy(), num_experts))
 
 
 def _moe_route_impl(x, bias, w, ids, counts, top_k, scoring, renormalize, groups, topk_group, scale, backend):

@@ -212,14 +212,6 @@ def _check_offsets_values(offs, m):
                          % (m, offs.tolist() if offs.size <= 16 else "values in [%d, %d]" % (offs.min(), offs.max())))
 
 
-def _device_check(what, fn):
-    """FRAY_CHECK_INDICES=1 on the GPU: one synchronisation to read the indices back."""
-    if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("FRAY_CHECK_INDICES=1 checks %s with a host synchronisation, which CUDA-graph capture "
-                           "forbids; unset FRAY_CHECK_INDICES while capturing" % what)
-    fn()
-
-
 def _check_dispatch(d, t, top_k, num_groups, like):
     """A moe_dispatch result matching T tokens, top_k and the weights' expert count; its block_m."""
     if not isinstance(d, tuple) or len(d) != 6:
@@ -650,7 +642,7 @@ def grouped_gemm(a, b, group_offsets=None, *, dispatch=None, top_k=None, b_layou
             res, rows = ref.grouped_gemm(_to64(a), _to64(b), offs, layout)
             return _as_output(res, a, out, rows)
         if env.check_indices():
-            _device_check("group_offsets", lambda: _check_offsets_values(group_offsets.cpu().numpy(), m))
+            V.device_index_check("group_offsets", lambda: _check_offsets_values(group_offsets.cpu().numpy(), m))
         out = torch.empty((m, n), dtype=a.dtype, device=a.device) if out is None else out
         if m and n:
             if g == 0:
@@ -673,8 +665,8 @@ def grouped_gemm(a, b, group_offsets=None, *, dispatch=None, top_k=None, b_layou
         res, written = ref.routes_gemm(_to64(a), _to64(b), ids.reshape(t, top_k), layout, None)
         return _as_output(res, a, out, written)
     if env.check_indices():
-        _device_check("dispatch", lambda: _check_dispatch_values(M.MoeDispatch(*(v.cpu().numpy() for v in dispatch)),
-                                                                 t * top_k, g))
+        V.device_index_check("dispatch", lambda: _check_dispatch_values(
+            M.MoeDispatch(*(v.cpu().numpy() for v in dispatch)), t * top_k, g))
     out = torch.empty((t * top_k, n), dtype=a.dtype, device=a.device) if out is None else out
     if t and n:
         _grouped_gemm_routes_op(a, b, dispatch.sorted_route_ids, dispatch.tile_expert, dispatch.num_tiles, out,

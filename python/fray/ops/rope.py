@@ -299,10 +299,7 @@ def _check_arrays(q, k, positions, cache, max_position, rotary_dim):
 
 def _check_indices(positions, max_position):
     """FRAY_CHECK_INDICES=1: a host-synchronising range check of the positions."""
-    if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("FRAY_CHECK_INDICES=1 checks positions with a host synchronisation, which CUDA-graph "
-                           "capture forbids; unset FRAY_CHECK_INDICES while capturing")
-    lo, hi = torch.stack(torch.aminmax(positions)).tolist()
+    lo, hi = V.device_index_check("positions", lambda: torch.stack(torch.aminmax(positions)).tolist())
     if lo < 0 or hi >= max_position:
         raise ValueError("positions: values must lie in [0, max_position=%d), got values in [%d, %d] "
                          "(found by FRAY_CHECK_INDICES=1)" % (max_position, lo, hi))

@@ -27,6 +27,7 @@ import torch
 from fray import _plan as P
 from fray import _validate as V
 from fray import backend as B
+from fray import env
 from fray.reference import sampling as ref
 
 FAMILY = "sampling"
@@ -708,6 +709,7 @@ def _penalties_impl(logits, token_ids, token_offsets, params, backend):
     rows, width = logits.shape
     if rows == 0:
         return
+    _device_history_check(logits, token_ids, token_offsets)
     be = B.resolve("apply_penalties", FAMILY, backend, logits.device)
     stride = V.row_stride("logits", logits, writable=True)
     if be == "cuda":
@@ -737,6 +739,7 @@ def _decode_impl(logits, token_ids, token_offsets, pen, params, tokens, logprobs
     rows, width = logits.shape
     if rows == 0:
         return
+    _device_history_check(logits, token_ids, token_offsets)
     be = B.resolve("decode_step", FAMILY, backend, logits.device)
     if be == "cuda" and _cuda_sample_fits(logits):
         # Two launches (penalties, then the sampling cluster kernel), no host sync. Launcher
@@ -789,13 +792,26 @@ def _check_history(logits, token_ids, token_offsets):
         raise ValueError("token_offsets: expected shape (%d,) (batch + 1 CSR offsets), got %s"
                          % (logits.shape[0] + 1, tuple(token_offsets.shape)))
     if logits.device.type == "cpu":  # values are checkable without a device sync only here
-        offs = token_offsets.tolist()
-        if offs[0] != 0 or any(b < a for a, b in zip(offs, offs[1:])) or offs[-1] > token_ids.shape[0]:
-            raise ValueError("token_offsets: expected non-decreasing offsets from 0 to at most %d, got %s"
-                             % (token_ids.shape[0], offs))
-        if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= logits.shape[1]):
-            raise ValueError("token_ids: expected ids in [0, %d), got values in [%d, %d]" % (
-                logits.shape[1], int(token_ids.min()), int(token_ids.max())))
+        _history_values(logits.shape[1], token_ids, token_offsets)
+
+
+def _history_values(width, token_ids, token_offsets):
+    """The CSR history's values: offsets non-decreasing from 0 to at most len(token_ids), ids in
+    [0, width). On CUDA tensors this reads them back (FRAY_CHECK_INDICES=1)."""
+    offs = token_offsets.tolist()
+    if offs[0] != 0 or any(b < a for a, b in zip(offs, offs[1:])) or offs[-1] > token_ids.shape[0]:
+        raise ValueError("token_offsets: expected non-decreasing offsets from 0 to at most %d, got %s"
+                         % (token_ids.shape[0], offs))
+    if token_ids.numel():
+        lo, hi = (int(v) for v in torch.stack(torch.aminmax(token_ids)).tolist())
+        if lo < 0 or hi >= width:
+            raise ValueError("token_ids: expected ids in [0, %d), got values in [%d, %d]" % (width, lo, hi))
+
+
+def _device_history_check(logits, token_ids, token_offsets):
+    """FRAY_CHECK_INDICES=1 on CUDA tensors: the history's values, per call (custom ops too)."""
+    if env.check_indices():
+        V.device_index_check("token_ids / token_offsets", _history_values, logits.shape[1], token_ids, token_offsets)
 
 
 def _check_rows_writable(logits):
@@ -831,7 +847,8 @@ def apply_penalties(logits, token_ids, token_offsets, *, repetition=1.0, presenc
     Row b's history is token_ids[token_offsets[b]:token_offsets[b + 1]] (CSR; int32/int64).
     For each distinct id with count n: l = l / rep if l > 0 else l * rep, then l -= presence,
     then l -= n * frequency; fp32 math, one rounding. Ids outside [0, V) raise on the CPU and are
-    ignored on the GPU (checking them there would need a host sync)."""
+    ignored on the GPU (checking them there needs a host sync: FRAY_CHECK_INDICES=1 checks the ids
+    and offsets on every GPU call, and refuses under graph capture)."""
     if V.is_array(logits):  # numpy in, numpy out: in place on the array itself (a tensor sharing its memory)
         _require_writable_array(logits)
         apply_penalties(_from_numpy(logits), _from_numpy(token_ids), _from_numpy(token_offsets),
