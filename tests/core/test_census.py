@@ -271,3 +271,108 @@ def test_an_expanded_out_is_refused(op):
         pytest.skip("no dim to alias")
     arguments["out"] = torch.empty(y.shape[1:], dtype=y.dtype).expand(y.shape)
     _refused(op, "out", lambda: _call(op, sig, arguments))
+
+
+# ---------------------------------------------------------------------------------------------
+# Determinism: every op's valid call, on the GPU, twice on the same inputs for every backend it
+# has there: the same bits, outputs and in-place arguments alike. Ops that add floats in a free
+# order by design are named here with the option that makes them deterministic (the README's
+# determinism paragraph lists the same ones); a new op joins by its VALID entry alone.
+DETERMINISTIC_OPTION = {
+    "fused_moe": dict(combine="staged"),            # "atomic" (auto at top_k <= 4) and "scatter" are not
+    "routed_grouped_gemm": dict(combine="staged"),
+}
+
+
+def test_the_ops_with_a_deterministic_option_take_it():
+    for op, option in DETERMINISTIC_OPTION.items():
+        assert op in VALID, "%s is not a public op" % op
+        assert set(option) <= set(inspect.signature(getattr(fray, op)).parameters), (op, option)
+
+
+def _on(v, device):
+    return v.to(device) if isinstance(v, torch.Tensor) else v
+
+
+def _bits(t):
+    """A tensor's bytes (NaN payloads and signed zeros included), on the host."""
+    t = t.detach().contiguous().reshape(-1)
+    return t.view(torch.uint8).cpu() if t.numel() else t.cpu()
+
+
+def _gpu_call(op, backend, device):
+    """(sig, arguments) of op's valid call on `device` with `backend` (skipped where op has no such
+    kernel there), its deterministic option taken."""
+    from fray import backend as B
+    reason = B.available(op, fray.CUDA_FAMILY[op], device).get(backend)
+    if reason is not None:
+        pytest.skip("%s has no %s kernel here: %s" % (op, backend, reason))
+    sig, arguments = _bound(op)
+    arguments = {k: _on(v, device) for k, v in arguments.items()}
+    arguments.update(DETERMINISTIC_OPTION.get(op, {}))
+    if "backend" in sig.parameters:
+        arguments["backend"] = backend
+    return sig, arguments
+
+
+def _fresh(arguments):
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in arguments.items()}
+
+
+def _state(result, arguments):
+    """The bits of a call's outputs and of its tensor arguments after it (in-place ops)."""
+    return ([_bits(t) for t in _outputs(result)]
+            + [_bits(v) for v in arguments.values() if isinstance(v, torch.Tensor)])
+
+
+def _same(op, backend, what, want, got):
+    assert len(want) == len(got), "%s (%s, %s): %d tensors against %d" % (op, backend, what, len(want), len(got))
+    for i, (a, b) in enumerate(zip(want, got)):
+        assert torch.equal(a, b), "%s (%s): tensor %d differs %s" % (op, backend, i, what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("op", sorted(VALID))
+def test_gpu_every_op_is_bitwise_repeatable(cuda, op, backend):
+    sig, arguments = _gpu_call(op, backend, cuda)
+    runs = []
+    for _ in range(2):
+        fresh = _fresh(arguments)
+        result = _call(op, sig, fresh)
+        torch.cuda.synchronize(cuda)
+        runs.append(_state(result, fresh))
+    _same(op, backend, "between two calls on the same inputs", *runs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("op", sorted(VALID))
+def test_gpu_every_op_on_side_streams_and_in_a_graph(cuda, op, backend):
+    """Each op's call on two side streams at once, and captured in a CUDA graph (on the side stream
+    torch.cuda.graph captures on) then replayed over restored inputs: the bits of the call on the
+    current stream."""
+    sig, arguments = _gpu_call(op, backend, cuda)
+    fresh = _fresh(arguments)
+    want = _state(_call(op, sig, fresh), fresh)
+    streams = [torch.cuda.Stream(cuda), torch.cuda.Stream(cuda)]
+    inputs = [_fresh(arguments) for _ in streams]
+    torch.cuda.synchronize(cuda)
+    results = []
+    for s, a in zip(streams, inputs):
+        s.wait_stream(torch.cuda.current_stream(cuda))
+        with torch.cuda.stream(s):
+            results.append(_call(op, sig, a))
+    torch.cuda.synchronize(cuda)
+    for i, (r, a) in enumerate(zip(results, inputs)):
+        _same(op, backend, "on side stream %d" % i, want, _state(r, a))
+    static = _fresh(arguments)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _call(op, sig, static)
+    for k, v in arguments.items():  # the capture ran nothing: restore anyway, as a caller would
+        if isinstance(v, torch.Tensor):
+            static[k].copy_(v)
+    graph.replay()
+    torch.cuda.synchronize(cuda)
+    _same(op, backend, "replayed from a CUDA graph", want, _state(captured, static))
