@@ -3,8 +3,10 @@
 FRAY_BACKEND          default for backend="auto": "cuda", "triton" or "reference" forces one
                       backend for every call that does not name one (unset: fastest verified).
 FRAY_DISABLE_CUDA     "1": never load the compiled CUDA extensions (auto falls back to Triton).
-FRAY_CHECK_INDICES    "1": validate device-side index tensors (lengths, block tables, MoE expert ids)
-                      at the cost of a host synchronisation; refused during CUDA-graph capture.
+FRAY_CHECK_INDICES    "1": validate device-side index tensors (lengths, block tables, positions,
+                      cu_seqlens, MoE expert ids, group offsets and dispatches, penalty
+                      histories) on every call, at the cost of a host synchronisation; refused
+                      during CUDA-graph capture.
 FRAY_COMMIT           commit hash stamped into benchmark results (the GPU bundle sets it, since
                       the GPU machine has no .git).
 
