@@ -158,6 +158,20 @@ def test_triton_interpreter_all_routes_to_one_expert_and_empty_experts():
 
 
 @INTERPRETER
+@pytest.mark.parametrize("elems", [16, 32, 64])
+def test_triton_interpreter_scan_chunks(monkeypatch, elems):
+    """The scan's prefix sum over the [blocks, E] counts, a few blocks a step: chunks of 1, 2 and
+    4 blocks over 8 blocks and a partial one (1000 routes of 128 a block), with and without a map."""
+    from fray_triton import moe as tmoe
+    monkeypatch.setattr(tmoe, "SCAN_ELEMS", elems)
+    for skew in (False, True):
+        ids = _random_ids(500, 2, 16, elems, skew)
+        _assert_equal(_triton(ids, 16, 16), ref.moe_dispatch(ids.numpy(), 16, 16), "chunk %d" % (elems // 16))
+    emap = torch.tensor([(i // 2) if i % 2 else -1 for i in range(16)], dtype=torch.int32)
+    _assert_equal(_triton(ids, 8, 32, emap), ref.moe_dispatch(ids.numpy(), 8, 32, emap.numpy()), "map")
+
+
+@INTERPRETER
 def test_triton_interpreter_expert_map():
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 32, (90, 3), generator=g, dtype=torch.int32)
@@ -366,8 +380,13 @@ def test_dispatch_kernels_compile_for_sm90a():
     from fray_triton import moe as M
     ptrs = {n: "*i32" for n in ("IDS", "MAP", "COUNTS", "BLOCK_COUNTS", "OFFSETS", "TILE_EXPERT", "NUM_TILES",
                                 "BLOCK_BASE", "SORTED", "INVERSE")}
-    specs = [sm90_spec("fray_triton.moe", "_scan_kernel", ptrs, dict(BLOCK_M=64, BLOCK_E=256, TILES=M.SCAN_TILES))]
+    # the scan at 64 experts (128 blocks a step of its prefix sum) and at 4096 (2 a step, 8 warps)
+    specs = [sm90_spec("fray_triton.moe", "_scan_kernel", ptrs, dict(BLOCK_M=64, BLOCK_E=e, TILES=M.SCAN_TILES,
+                                                                      CHUNK=max(1, min(128, M.SCAN_ELEMS // e))),
+                       num_warps=4 if e <= 1024 else 8) for e in (64, 4096)]
     for has_map in (False, True):
         specs += [sm90_spec("fray_triton.moe", "_histogram_kernel", ptrs, dict(HAS_MAP=has_map, BLOCK=M.BLOCK_R)),
                   sm90_spec("fray_triton.moe", "_scatter_kernel", ptrs, dict(HAS_MAP=has_map, BLOCK=M.BLOCK_R))]
-    assert len(compile_triton_sm90(specs)) == 5
+    results = compile_triton_sm90(specs)
+    assert len(results) == 6
+    assert [r["spills"] for r in results[:2]] == [0, 0], "the scan spills registers: %s" % results[:2]
