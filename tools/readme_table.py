@@ -1,4 +1,5 @@
-"""Print (or write into README.md) the operator tables from bench/results/h200/*.jsonl:
+"""Print (or write into README.md) the operator tables from bench/results/h200/*.jsonl (and the
+tables of TABLE_CARD from that card's results):
     python3 tools/readme_table.py [--write]
 
 Tables are data first: every cell comes from a committed result row. "best peer" is the fastest
@@ -15,6 +16,9 @@ import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results", "h200")
+# tables measured on another card than the H200 (the device tool lent an H100 when no H200 could be
+# started): their rows come from that card's results, and the README says which card it was
+TABLE_CARD = {"tensor_h100": "h100"}
 
 # (table, op, shape, dtype, label shown in the shape column)
 ROWS = [
@@ -102,6 +106,23 @@ ROWS = [
     ("gemm", "w8a16_gemm", "fp8-group:1x8192x8192:graph", "bf16xe4m3->bf16", "W8A16 e4m3 group-128 1x8192x8192:graph"),
     ("gemm", "w8a16_gemm", "int8-channel:16x8192x8192:graph", "bf16xint8->bf16", "W8A16 int8 per channel 16x8192x8192:graph"),
     ("gemm", "w8a16_gemm", "int8-channel:1x8192x8192", "bf16xint8->bf16", "W8A16 int8 per channel 1x8192x8192"),
+    ("tensor_h100", "fused_moe", "e64h4096i1408k6:T4096:prepared", "bf16", "T4096 E64 H4096 I1408 k6, prepared"),
+    ("tensor_h100", "fused_moe", "e64h4096i1408k6:T4096", "bf16", "T4096 E64 H4096 I1408 k6"),
+    ("tensor_h100", "fused_moe", "mixtral:T4096", "bf16", "Mixtral-8x7B T4096"),
+    ("tensor_h100", "fused_moe", "qwen3:T4096", "bf16", "Qwen3-30B-A3B T4096"),
+    ("tensor_h100", "fused_moe", "dsv2lite:T4096", "bf16", "DeepSeek-V2-Lite T4096"),
+    ("tensor_h100", "fused_moe", "mixtral:T1", "bf16", "Mixtral-8x7B T1 (eager)"),
+    ("tensor_h100", "fused_moe", "qwen3:T16", "bf16", "Qwen3-30B-A3B T16 (eager)"),
+    ("tensor_h100", "fused_moe", "dsv3ep8:T1", "bf16", "DeepSeek-V3 rank of 8 T1 (eager)"),
+    ("tensor_h100", "grouped_gemm", "G64x384N2816K4096", "bf16", "64 x 384 rows N2816 K4096"),
+    ("tensor_h100", "grouped_gemm", "G64x384N2816K4096:uneven", "bf16", "uneven, 24576 rows N2816 K4096"),
+    ("tensor_h100", "grouped_gemm", "G8x1024N28672K4096", "bf16", "8 x 1024 rows N28672 K4096"),
+    ("tensor_h100", "mla_decode", "B128Hq16Sq1T16384", "bf16", None),
+    ("tensor_h100", "mla_decode", "B128Hq128Sq2T4096", "bf16", None),
+    ("tensor_h100", "mla_decode", "B32Hq16Sq1T4096", "bf16", None),
+    ("tensor_h100", "mla_decode", "B1Hq128Sq1T4096:graph", "bf16", None),
+    ("tensor_h100", "rmsnorm_quant", "plain:16384x8192", "bf16->int8", None),
+    ("tensor_h100", "rmsnorm_quant", "residual:16384x8192", "bf16->int8", None),
 ]
 PEER_NAMES = {"torch.builtin": None, "torch.eager": "torch eager", "torch.compile": "torch.compile"}
 BUILTIN = {"gemm": "torch.mm", "rmsnorm": "F.rms_norm", "softmax": "torch.softmax", "online_softmax": "torch.softmax+amax+logsumexp", "layernorm": "F.layer_norm",
@@ -109,14 +130,15 @@ BUILTIN = {"gemm": "torch.mm", "rmsnorm": "F.rms_norm", "softmax": "torch.softma
            "decode_attention": "SDPA", "paged_decode_attention": "SDPA (contiguous)"}
 
 
-def load():
+def load(results=RESULTS):
     rows = {}
-    for path in glob.glob(os.path.join(RESULTS, "*.jsonl")):
+    for path in glob.glob(os.path.join(results, "*.jsonl")):
         with open(path) as f:
             for line in f:
                 if line.strip():
                     r = json.loads(line)
-                    rows.setdefault((r["op"], r["shape"], r["dtype"]), {})[r["impl"]] = r
+                    if "impl" in r:  # config sweeps (moe_gemm_sweep.jsonl) are not benchmark rows
+                        rows.setdefault((r["op"], r["shape"], r["dtype"]), {})[r["impl"]] = r
     return rows
 
 
@@ -191,8 +213,9 @@ def main():
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args()
     data = load()
+    cards = {c: load(os.path.join(ROOT, "bench", "results", c)) for c in set(TABLE_CARD.values())}
     names = sorted({r[0] for r in ROWS})
-    tables = {n: table(n, data) for n in names}
+    tables = {n: table(n, cards[TABLE_CARD[n]] if n in TABLE_CARD else data) for n in names}
     tables["host"] = host_table(data)
     if not a.write:
         for n, t in tables.items():
