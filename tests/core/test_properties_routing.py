@@ -34,9 +34,11 @@ values sprinkled in where the op documents them (inf, -inf, NaN, +-0, subnormals
 
 Not covered here: float8 outputs or weights (Triton's interpreter converts to and from float8
 wrongly, docs/families/quant.md) and bf16 dequantize outputs (the interpreter truncates fp32 ->
-bf16 in a plain .to(); the kernels that round through fray_triton.norm._round are covered in bf16).
-The bf16 inputs go through interpreter_load (the interpreter flushes bf16 subnormals when it
-widens them; tests/core/test_properties.py holds it).
+bf16 in a plain .to(), where the GPU rounds to nearest even; the kernels that round through
+fray_triton.norm._round are covered in bf16, and w8a16_gemm's bf16 outputs, truncated here, are
+still inside its GEMM bound). The bf16 inputs go through interpreter_load (the interpreter flushes
+bf16 subnormals when it widens them; tests/core/test_properties.py holds it). The sampled rows'
+temperatures stay normal fp32 numbers (see _sample_params).
 
 Derandomised (the CI profile): the same examples on every run.
 """
@@ -250,14 +252,21 @@ NEAR_MIN_P = 1e-4  # relative, for w against min_p
 
 def _sample_params(data, rows, width):
     """Per-row parameters over their valid ranges and edges. Temperatures stay normal fp32 numbers:
-    below 1 / 3.4e38 (fp32 subnormals) 1 / temperature overflows and the kernel's weights turn NaN
-    (0 * inf at the maximum), drawing token -1 where the reference draws the argmax."""
-    def per_row(*strategies):
-        return [data.draw(st.one_of(*strategies)) for _ in range(rows)]
-    temp = torch.tensor(per_row(st.just(0.0), st.floats(0.05, 3.0), st.sampled_from((1e-30, 1e-4, 1e4))), dtype=FP32)
-    top_k = torch.tensor(per_row(st.just(0), st.integers(1, width + 2)))
-    top_p = torch.tensor(per_row(st.just(1.0), st.floats(0.01, 0.99), st.sampled_from((1e-30, 0.999999))), dtype=FP32)
-    min_p = torch.tensor(per_row(st.just(0.0), st.floats(1e-3, 1.0), st.sampled_from((1e-30, 1.0))), dtype=FP32)
+    below 1 / 3.4e38 (about 2.9e-39, a subnormal the op accepts) 1 / temperature overflows fp32, the
+    kernel's weight at the maximum is exp(0 * inf) = NaN and it draws token -1 (logprob NaN) where
+    the reference draws the argmax."""
+    def per_row(off, common, edges):
+        """off, a common value or (one time in five) an edge value, per row."""
+        pick = st.sampled_from((off, common, common, common, edges)).flatmap(lambda strategy: strategy)
+        return [data.draw(pick) for _ in range(rows)]
+
+    temp = torch.tensor(per_row(st.just(0.0), st.floats(0.3, 3.0), st.sampled_from((1e-30, 1e-4, 0.05, 1e4))),
+                        dtype=FP32)
+    top_k = torch.tensor(per_row(st.just(0), st.integers(1, max(1, min(width - 1, 50))), st.integers(1, width + 2)))
+    top_p = torch.tensor(per_row(st.just(1.0), st.floats(0.2, 0.99), st.sampled_from((1e-30, 0.01, 0.999999))),
+                         dtype=FP32)
+    min_p = torch.tensor(per_row(st.just(0.0), st.floats(0.01, 0.5), st.sampled_from((1e-30, 1e-3, 0.9, 1.0))),
+                         dtype=FP32)
     seeds = torch.tensor([data.draw(st.integers(-2 ** 63, 2 ** 63 - 1)) for _ in range(rows)])
     offsets = torch.tensor([data.draw(st.integers(-2 ** 63, 2 ** 63 - 1)) for _ in range(rows)])
     return temp, top_k, top_p, min_p, seeds, offsets
@@ -266,7 +275,7 @@ def _sample_params(data, rows, width):
 def _sample_logits(data, rows, width, dtype, greedy):
     """Logits of sampled rows hold no NaN and no +inf (undefined there) and one finite value at
     least; greedy rows take every special value. Half the time a tie-heavy row (a few integers)."""
-    x = _values(data, (rows, width), (-3, 2), None)
+    x = _values(data, (rows, width), (-2, 1), None)
     if data.draw(st.booleans()):
         g = torch.Generator().manual_seed(data.draw(st.integers(0, 99)))
         x = torch.randint(-2, 3, (rows, width), generator=g, dtype=torch.float64) * data.draw(
@@ -364,7 +373,7 @@ def test_triton_sample_matches_its_oracle(data):
     1024-wide loop block), greedy and sampled rows mixed, top_k 0..V+2, top_p, min_p and temperature
     per row, 64-bit seeds and offsets; the last row repeats one of the others."""
     dtype = data.draw(st.sampled_from((FP32, BF16)))
-    rows = data.draw(st.integers(1, 3))
+    rows = data.draw(st.integers(1, 4))
     width = data.draw(st.one_of(st.integers(1, 40), st.integers(41, 3000)))
     params = _sample_params(data, rows, width)
     x = _sample_logits(data, rows, width, dtype, [float(t) == 0.0 for t in params[0]])
@@ -414,8 +423,11 @@ def route_args(draw, max_experts=64, scoring=None, grouped=None):
     sigmoid = draw(st.booleans()) if scoring is None else scoring == "sigmoid"
     groups = topk_group = 0
     if (draw(st.booleans()) if grouped is None else grouped) and e > 1:
-        groups = draw(st.sampled_from(_divisors(e, 64)))
-        topk_group = draw(st.integers(1, groups))
+        divisors = _divisors(e, 64)
+        several = [d for d in divisors if 2 <= d <= e // 2]  # several groups of two experts or more
+        groups = draw(st.one_of(st.sampled_from(several), st.sampled_from(divisors)) if several else
+                      st.sampled_from(divisors))
+        topk_group = draw(st.one_of(st.integers(1, max(1, groups - 1)), st.integers(1, groups)))
     limit = min(e, 8) if not groups else min(8, topk_group * (e // groups))
     return dict(e=e, top_k=draw(st.integers(1, limit)), sigmoid=sigmoid, groups=groups, topk_group=topk_group,
                 renorm=draw(st.booleans()), scale=draw(st.sampled_from((1.0, 2.5, 0.375))))
@@ -657,8 +669,6 @@ def test_triton_quantize_matches_its_oracle(data):
     gran, block = data.draw(st.sampled_from(GRANULARITIES))
     dtype = data.draw(st.sampled_from((FP32, FP16, BF16)))
     m, k = _quant_shape(data)
-    if k > 16384:
-        m = min(m, 2)
     xv, pow2 = _quant_x(data, m, k, dtype)
     _, x = _padded(data, m, k, dtype)
     x.copy_(xv)
