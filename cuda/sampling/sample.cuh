@@ -6,6 +6,7 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <cstdint>
 
 #include "cuda/common/bulk_copy.cuh"
@@ -1159,7 +1160,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const SampleArgs a)
   const int64_t greedy = static_cast<int64_t>(0xffffffffu - static_cast<uint32_t>(best));
 
   const float temp = a.temperature ? a.temperature[row] : a.temperature_value;
-  if (temp == 0.0f) {
+  if (!(temp >= FLT_MIN)) {  // 0 and subnormals (1 / t overflows fp32) are greedy, as the reference
     if (rank == 0 && tid == 0) {
       a.tokens[row] = greedy;
       a.logprobs[row] = 0.0f;

@@ -175,6 +175,47 @@ def test_triton_interpreter_vs_reference(dtype, width):
     np.testing.assert_allclose(lp.numpy(), elp, rtol=1e-4, atol=1e-5)
 
 
+# Temperatures at the bottom of fp32: below 2^-126 (0 and the subnormals, where 1 / T overflows) a
+# row is greedy; from 2^-126 up it samples. x's maxima are far enough apart that a normal tiny
+# temperature leaves the argmax alone in the kept set, so every row draws the argmax, logprob 0.
+TINY_TEMPS = [0.0, 1e-45, 2.9e-39, 3.0e-39, 1.1754942e-38, 2.0 ** -126, 1.2e-38, 1e-30, 1e-4]
+
+
+def _tiny_temp_rows(width, dtype):
+    g = torch.Generator().manual_seed(width)
+    rows = len(TINY_TEMPS)
+    x = (torch.randn(rows, width, generator=g) * 3).to(dtype)
+    x[:, width // 2] = 20.0
+    temp = torch.tensor(TINY_TEMPS, dtype=torch.float32)
+    return x, (temp, torch.zeros(rows, dtype=torch.int64), torch.ones(rows), torch.zeros(rows),
+               torch.arange(rows) + 3, torch.arange(rows) * 7)
+
+
+def test_tiny_temperatures_reference():
+    x, params = _tiny_temp_rows(40, torch.float32)
+    assert torch.tensor(TINY_TEMPS, dtype=torch.float32)[4] < 2.0 ** -126  # a subnormal in fp32
+    tok, lp = ref.sample(x.double().numpy(), *(p.double().numpy() if p.dtype.is_floating_point else p.numpy()
+                                               for p in params))
+    np.testing.assert_array_equal(tok, np.full(len(TINY_TEMPS), 20))
+    np.testing.assert_array_equal(lp, np.zeros(len(TINY_TEMPS)))
+    # NaN temperature in a tensor (never range-checked on the device) is greedy, as in the kernels
+    t, _ = ref.sample(x[:1].double().numpy(), np.array([np.nan]), *(p[:1].numpy() for p in params[1:]))
+    assert t[0] == 20
+
+
+@INTERP
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_interpreter_tiny_temperatures(dtype):
+    from fray_triton import sampling as ts
+    x, params = _tiny_temp_rows(40, dtype)
+    rows = x.shape[0]
+    tok = torch.full((rows,), -1, dtype=torch.int64)
+    lp = torch.full((rows,), float("nan"))
+    ts.sample(x, tok, lp, *params, x.stride(0), rows, x.shape[1])
+    assert tok.tolist() == [20] * rows
+    assert (lp == 0).all(), lp
+
+
 # ---------------------------------------------------------------------------------------------
 # errors
 
@@ -519,6 +560,16 @@ def test_gpu_greedy_and_sampled_rows_mix(cuda, backend, dtype):
     np.testing.assert_array_equal(tok.numpy(), etok)
     np.testing.assert_allclose(lp.numpy(), elp, rtol=1e-3, atol=1e-4)
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_tiny_temperatures_are_greedy_or_exact(cuda, backend, dtype):
+    x, params = _tiny_temp_rows(50021, dtype)
+    params = [p.to(cuda) for p in params]
+    tok, lp = fray.sample(x.to(cuda), **_kw(params), return_logprobs=True, backend=backend)
+    assert tok.cpu().tolist() == [50021 // 2] * len(TINY_TEMPS)
+    assert lp.cpu().abs().max() < 1e-6, lp  # greedy rows exactly 0; sampled ones log(1 / 1) in fp32
 
 @pytest.mark.gpu
 def test_gpu_cuda_width_limit(cuda):

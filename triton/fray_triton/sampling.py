@@ -229,7 +229,7 @@ def _sample_kernel(X, TOK, LOGP, TEMP, TOPK, TOPP, MINP, SEED, OFFS, stride_x, n
     lmax = tl.load(X + row_off + best_idx).to(tl.float32)
     token = best_idx
     logp = 0.0
-    if temp != 0.0:
+    if temp >= 1.1754943508222875e-38:  # 2^-126; 0 and subnormals (1 / t overflows) are greedy
         inv_t = 1.0 / temp
         # top-k: the largest t with count(ord >= t) >= k; the invariant count(lo) >= k holds at
         # lo = -2^31 (everything), fails at hi = 2^31 (nothing); 32 halvings pin t = lo.

@@ -13,7 +13,8 @@ CUDA first, then Triton.
 
 Per-row parameters (sample, apply_penalties, decode_step) are a Python scalar or a [B] tensor on
 the logits' device; the "off" values are top_k 0, top_p 1.0, min_p 0.0, repetition 1.0,
-presence 0.0, frequency 0.0; temperature 0 makes that row greedy. Python scalars are range-checked;
+presence 0.0, frequency 0.0; temperature 0 makes that row greedy (so does any temperature below
+2^-126, the smallest normal fp32, where 1 / temperature would overflow). Python scalars are range-checked;
 values inside CUDA tensors are not (that would need a host sync) and out-of-range values give
 unspecified (but memory-safe) results. Graph replay: (seeds[b], offsets[b]) alone decide row b's
 draw, so a captured graph replays with fresh randomness when the caller bumps `offsets` in place.
@@ -669,8 +670,8 @@ def sample(logits, *, temperature, top_k=None, top_p=None, min_p=None, seeds, of
     """One token per row of logits [B, V] (fp32 or bf16): int64 [B] (and fp32 logprobs [B]).
 
     temperature -> top-k -> top-p -> min-p -> one Philox-4x32-10 uniform per row from
-    (seeds[b], offsets[b]) -> inverse CDF over the kept tokens in index order; temperature 0 is
-    greedy (argmax, logprob 0). Ties at a threshold are kept. The exact procedure is in
+    (seeds[b], offsets[b]) -> inverse CDF over the kept tokens in index order; temperature 0 (and any
+    below 2^-126, whose inverse overflows fp32) is greedy (argmax, logprob 0). Ties at a threshold are kept. The exact procedure is in
     fray.reference.sampling. logprobs: log of the chosen token's probability in the filtered,
     renormalised distribution it was drawn from. NaN logits are defined only for greedy rows.
     Backends: "cuda" (one thread-block cluster per row, exact fixed-point masses, rows up to

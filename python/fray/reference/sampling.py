@@ -9,8 +9,9 @@ larger than +inf (so NaNs come first for largest=True and last for largest=False
 does), and -0.0 == +0.0. Equal values are ordered by index, lower first, in both directions.
 
 Sampling of one row (logits l, width V):
-  temperature T == 0: the token is argmax(l) (NaN counts as the maximum, ties -> lowest index),
-    its logprob 0.0 (a point mass); the other parameters are ignored.
+  temperature T < 2^-126 (0 or an fp32 subnormal, whose 1 / T overflows fp32): the token is
+    argmax(l) (NaN counts as the maximum, ties -> lowest index), its logprob 0.0 (a point mass);
+    the other parameters are ignored.
   otherwise, with keep = all tokens:
   1. top-k (0 < k < V): t = the k-th largest logit; keep l >= t (ties at t are all kept).
   2. w = exp((l - max(l)) / T) (unnormalised probabilities; the max has w = 1 and is always kept).
@@ -33,6 +34,7 @@ import numpy as np
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
 PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 _MASK32 = np.uint64(0xFFFFFFFF)
+GREEDY_BELOW = 2.0 ** -126  # the smallest normal fp32: every smaller temperature samples greedily
 
 
 def philox4x32_10(counter, key):
@@ -136,7 +138,7 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, offsets):
     logprobs = np.zeros(B, dtype=np.float64)
     for b in range(B):
         l = logits[b]
-        if temperature[b] == 0:
+        if not temperature[b] >= GREEDY_BELOW:  # NaN too (the kernels' comparison)
             tokens[b] = argmax(l[None])[0]
             continue
         s = kept_sets(l, temperature[b], int(top_k[b]), float(top_p[b]), float(min_p[b]))
