@@ -101,20 +101,23 @@ cuda_library = rule(
     fragments = ["cpp"],
 )
 
-def cuda_family(family):
+def cuda_family(family, jit_headers = []):
     """The two targets of cuda/<family>, which //python/fray/_C links into fray._C._<family>:
 
     <family>_kernels  every .cu of the folder (one per dtype, so nvcc compiles them in parallel)
-                      with its .cuh/.h headers;
+                      with its .cuh/.h headers (less jit_headers: JIT kernel templates, which
+                      build at run time against CUTLASS and go into the :headers filegroup);
     <family>_binding  the torch-free adapter <family>_api.cc (integers in, cudaError_t ->
                       exception) and the pybind11 list <family>_binding.cc.
     """
     cuda_library(
         name = family + "_kernels",
         srcs = native.glob(["*.cu"]),
-        hdrs = native.glob(["*.cuh", "*.h"]),
+        hdrs = native.glob(["*.cuh", "*.h"], exclude = jit_headers),
         deps = ["//cuda/common"],
     )
+    if jit_headers:
+        native.filegroup(name = "headers", srcs = jit_headers)
     native.cc_library(
         name = family + "_binding",
         srcs = [family + "_api.cc", family + "_binding.cc"],

@@ -421,30 +421,4 @@ int launch(const FrayArgs* args, char* err, int32_t err_len) {
 }  // namespace gemm
 }  // namespace fray
 
-// The JIT contract's three exports for one configuration (one per translation unit), from the
-// namespace NS that holds its launch<CONFIG> and workspace_bytes<CONFIG>.
-#define FRAY_SM90_ENTRY(CONFIG, NS, TAG)                                                          \
-  extern "C" __attribute__((visibility("default"))) int fray_jit_launch(const FrayArgs* args,    \
-                                                                        char* err, int32_t len) { \
-    try {                                                                                         \
-      return NS::launch<CONFIG>(args, err, len);                                                  \
-    } catch (...) {                                                                               \
-      ::fray::jit_set_err(err, len, TAG ": unexpected C++ exception");                            \
-      return 1;                                                                                   \
-    }                                                                                             \
-  }                                                                                               \
-  extern "C" __attribute__((visibility("default"))) int64_t fray_jit_workspace_bytes(            \
-      const FrayArgs* args) {                                                                     \
-    try {                                                                                         \
-      return NS::workspace_bytes<CONFIG>(args);                                                   \
-    } catch (...) {                                                                               \
-      return -1;                                                                                  \
-    }                                                                                             \
-  }                                                                                               \
-  extern "C" __attribute__((visibility("default"))) const char* fray_jit_describe(void) {        \
-    static char buf[192] = {};                                                                    \
-    if (buf[0] == 0) CONFIG::describe(buf, sizeof(buf));                                          \
-    return buf;                                                                                   \
-  }
-
 #define FRAY_GEMM_ENTRY(CONFIG) FRAY_SM90_ENTRY(CONFIG, ::fray::gemm::detail, "gemm_sm90")

@@ -170,9 +170,11 @@ def test_public_api_numpy_and_cpu_tensors():
 
 def test_registration():
     assert fray.OPS["prefill_attention"] == "attention" and hasattr(torch.ops.fray, "prefill_attention")
-    assert B._PREFERENCE["prefill_attention"] == ("triton",)
-    avail = B.available("prefill_attention", "attention", torch.device("cpu"))
-    assert avail["cuda"] == "the CUDA prefill kernel is not built yet"
+    assert B._PREFERENCE["prefill_attention"] == ("cuda", "triton")
+    name, src = A.prefill_cuda_source(torch.bfloat16, 128, True)
+    assert name == "prefill_sm90_bf16_d128_n128_s2_causal"
+    assert "PrefillConfig<cutlass::bfloat16_t, 128, 128, 2, true>" in src and "FRAY_PREFILL_ENTRY(Config)" in src
+    assert "PrefillConfig<cutlass::half_t, 256, 64, 2, false>" in A.prefill_cuda_source(torch.float16, 256, False)[1]
     assert list(inspect.signature(fray.triton.attention_prefill).parameters) == ["q_all", "k_all", "v_all", "causal"]
     with pytest.raises(ValueError, match="backend: 'triton' needs CUDA tensors"):
         fray.triton.attention_prefill(*(t[None] for t in _varlen_case(torch.float16, [4], [4], 2, 2, 64)[:3]))
@@ -243,8 +245,7 @@ ERRORS = [
     (dict(return_lse="yes"), TypeError, "return_lse: expected a bool, got str"),
     (dict(scale=-1.0), ValueError, "scale: expected a finite value > 0"),
     (dict(scale="0.1"), TypeError, "scale: expected a float or None"),
-    (dict(backend="cuda"), RuntimeError, "backend='cuda' cannot run prefill_attention: the CUDA prefill kernel is not "
-                                         "built yet"),
+    (dict(backend="cuda"), ValueError, "backend: 'cuda' needs CUDA tensors"),
     (dict(backend="triton"), ValueError, "backend: 'triton' needs CUDA tensors"),
     (dict(backend="fast"), ValueError, "backend: expected one of"),
 ]
@@ -377,16 +378,54 @@ def test_ops_layer_wiring_under_interpreter(monkeypatch):
     ob.fill_(float("nan"))
     A._prefill_impl(qb, kb[:, :0], vb[:, :0], None, None, ob, lb, True, 20, 0, 0.125, "auto")
     assert (ob == 0).all() and (lb == -math.inf).all()
-    # FRAY_BACKEND=cuda reaches the plan: refused with the reason
+    # "cuda" resolved under "auto" where the JIT kernel cannot run (here: CPU tensors): Triton runs
     monkeypatch.setattr(A.B, "resolve", lambda *a: "cuda")
-    with pytest.raises(RuntimeError, match="the CUDA prefill kernel is not built yet"):
-        A._prefill_impl(q, k, v, cu_q, cu_k, out, lse, False, 20, 30, 0.125, "auto")
+    out.fill_(float("nan"))
+    A._prefill_impl(q, k, v, cu_q, cu_k, out, lse, False, 20, 30, 0.125, "auto")
+    _check(out, lse, _expected(q, k, v, cu_q, cu_k, False, 0.125), torch.bfloat16, "ops cuda -> triton")
+    # FRAY_BACKEND=cuda forces it: refused with the reason
+    monkeypatch.setenv("FRAY_BACKEND", "cuda")
+    with pytest.raises(RuntimeError, match="backend='cuda' cannot run prefill_attention here: tensors are on cpu"):
+        A._prefill_impl(q, k, v, cu_q, cu_k, out, lse, True, 20, 30, 0.125, "auto")
+
+
+def test_cuda_layout_reasons():
+    """What sends a call from the CUDA kernel to Triton under "auto" (and is refused when forced):
+    fp32, strides TMA cannot take (not multiples of 16 bytes), odd output strides; dims of size 1
+    have free strides."""
+    q, k, v, _, _ = _varlen_case(torch.bfloat16, [8], [8], 4, 2, 64)
+    out = torch.empty_like(q)
+    assert A._prefill_cuda_layout_reason(q, k, v, out) is None
+    assert "bf16 and fp16 (got fp32" in A._prefill_cuda_layout_reason(q.float(), k.float(), v.float(), out.float())
+    wide = torch.zeros(8, 4, 68, dtype=torch.bfloat16)[:, :, :64]  # head stride 68: not a multiple of 8
+    assert A._prefill_cuda_layout_reason(wide, k, v, out).startswith("q: the CUDA kernel loads by TMA")
+    kv = torch.zeros(8, 2, 2, 64, dtype=torch.bfloat16)
+    assert A._prefill_cuda_layout_reason(q, kv[:, 0], kv[:, 1], out) is None  # token stride 256: fine
+    odd = torch.zeros(8, 4, 65, dtype=torch.bfloat16)[:, :, :64]
+    assert A._prefill_cuda_layout_reason(q, k, v, odd).startswith("out: the CUDA kernel stores element pairs")
+    one = torch.zeros(1, 4, 72, dtype=torch.bfloat16)[:1, :, :64]  # one token: its stride is free
+    assert A._prefill_cuda_layout_reason(one, k[:1], v[:1], torch.empty_like(one)) is None
+
+
+def test_cuda_kernel_compiles_for_sm90a(tmp_path, monkeypatch):
+    """The CUDA kernel (cuda/attention/prefill_sm90.cuh) through fray.jit for sm_90a without a GPU,
+    loaded by the dynamic linker: the contract's exports are there and describe() names the
+    configuration (bf16, D 128, causal; the other configurations compile in the GPU tests)."""
+    import ctypes
+    from fray import jit
+    monkeypatch.setenv("FRAY_CACHE_DIR", str(tmp_path / "cache"))
+    lib = ctypes.CDLL(str(jit.compile_only(*A.prefill_cuda_source(torch.bfloat16, 128, True))))
+    for sym in ("fray_jit_launch", "fray_jit_workspace_bytes", "fray_jit_describe"):
+        assert hasattr(lib, sym), sym
+    lib.fray_jit_describe.restype = ctypes.c_char_p
+    assert lib.fray_jit_describe().decode() == "prefill_sm90 bf16 D128 tile 128x128 stages 2 causal"
 
 
 # ---------------------------------------------------------------------------------------------
 # GPU
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+BACKENDS = ["cuda", "triton"]
 LENS_Q = [1, 0, 17, 64, 65, 333, 1025]
 LENS_K = [1, 0, 17, 64, 65, 333, 1025]
 
@@ -399,15 +438,60 @@ def _gpu_varlen(cuda, dtype, lens_q, lens_k, hq, hkv, d, seed, causal=True, **kw
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("hq,hkv", [(8, 8), (32, 8), (12, 1)])
-def test_gpu_vs_reference(cuda, causal, dtype, d, hq, hkv):
-    (q, k, v, cu_q, cu_k), y, lse = _gpu_varlen(cuda, dtype, LENS_Q, LENS_K, hq, hkv, d, d + hq, causal)
+def test_gpu_vs_reference(cuda, backend, causal, dtype, d, hq, hkv):
+    if backend == "cuda" and dtype == torch.float32:
+        with pytest.raises(ValueError, match="the CUDA prefill kernel takes bf16 and fp16"):
+            _gpu_varlen(cuda, dtype, [3], [3], hq, hkv, d, 0, causal, backend=backend)
+        return
+    (q, k, v, cu_q, cu_k), y, lse = _gpu_varlen(cuda, dtype, LENS_Q, LENS_K, hq, hkv, d, d + hq, causal,
+                                                backend=backend)
     torch.cuda.synchronize()
     _check(y, lse, _expected(q, k, v, cu_q, cu_k, causal), dtype,
-           "gpu causal=%s %s D=%d Hq=%d Hkv=%d" % (causal, dtype, d, hq, hkv))
+           "gpu %s causal=%s %s D=%d Hq=%d Hkv=%d" % (backend, causal, dtype, d, hq, hkv))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_gpu_cuda_long_sequences_and_garbage_past_the_keys(cuda, causal, d):
+    """The CUDA kernel over many key tiles (lengths 4097 and 1000, GQA 8), with NaN in the K / V
+    rows past the last sequence (a buffer's uninitialised tail, which TMA reads into the last key
+    tile) and in the query padding rows: nothing of them reaches the written rows."""
+    lens_q, lens_k = [1000, 4097, 63], [4097, 1000, 129]
+    q, k, v, cu_q, cu_k = _varlen_case(torch.bfloat16, lens_q, lens_k, 16, 2, d, 5, cuda)
+    pad = 77
+    k = torch.cat([k, torch.full((pad,) + k.shape[1:], float("nan"), dtype=k.dtype, device=cuda)])
+    v = torch.cat([v, torch.full((pad,) + v.shape[1:], float("nan"), dtype=v.dtype, device=cuda)])
+    q = torch.cat([q, torch.full((pad,) + q.shape[1:], float("nan"), dtype=q.dtype, device=cuda)])
+    out = torch.full_like(q, 7.0)
+    y, lse = fray.prefill_attention(q, k, v, causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=4097,
+                                    max_seqlen_k=4097, return_lse=True, out=out, backend="cuda")
+    rows = sum(lens_q)
+    assert (y[rows:] == 7.0).all(), "padding rows written"
+    _check(y, lse, _expected(q[:rows], k[:sum(lens_k)], v[:sum(lens_k)], cu_q, cu_k, causal), torch.bfloat16,
+           "long D=%d causal=%s" % (d, causal), rows=rows)
+
+
+@pytest.mark.gpu
+def test_gpu_auto_falls_back_to_triton_where_cuda_cannot(cuda):
+    """fp32, and 16-byte-misaligned data pointers, run on Triton under "auto"; forcing "cuda" on
+    misaligned pointers raises naming them."""
+    q, k, v, cu_q, cu_k = _varlen_case(torch.float32, [40, 9], [50, 9], 4, 2, 64, 3, cuda)
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=40, max_seqlen_k=50, return_lse=True)
+    y, lse = fray.prefill_attention(q, k, v, **kw)
+    _check(y, lse, _expected(q, k, v, cu_q, cu_k), torch.float32, "auto fp32")
+    buf = torch.randn(49 * 4 * 64 + 4, device=cuda).to(torch.bfloat16)
+    qm = buf[4:].view(49, 4, 64)  # 8 bytes past a 16-byte boundary
+    kb, vb = k.to(torch.bfloat16), v.to(torch.bfloat16)
+    y, lse = fray.prefill_attention(qm, kb, vb, **kw)
+    _check(y, lse, _expected(qm, kb, vb, cu_q, cu_k), torch.bfloat16, "auto misaligned")
+    with pytest.raises(ValueError, match="backend='cuda' loads q, k and v by TMA"):
+        fray.prefill_attention(qm, kb, vb, backend="cuda", **kw)
 
 
 @pytest.mark.gpu
@@ -416,9 +500,11 @@ def test_gpu_vs_reference(cuda, causal, dtype, d, hq, hkv):
     ([16, 1, 300, 128], [4096, 100, 300, 129]),   # chunked prefill: the queries are the last positions
     ([300, 64, 2], [100, 0, 1]),                  # more queries than keys: leading rows see nothing
 ])
-def test_gpu_chunked_prefill(cuda, dtype, lens_q, lens_k):
-    (q, k, v, cu_q, cu_k), y, lse = _gpu_varlen(cuda, dtype, lens_q, lens_k, 16, 4, 128, 3, scale=0.07)
-    _check(y, lse, _expected(q, k, v, cu_q, cu_k, True, 0.07), dtype, "chunked %s" % lens_q)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_chunked_prefill(cuda, dtype, lens_q, lens_k, backend):
+    (q, k, v, cu_q, cu_k), y, lse = _gpu_varlen(cuda, dtype, lens_q, lens_k, 16, 4, 128, 3, scale=0.07,
+                                                backend=backend)
+    _check(y, lse, _expected(q, k, v, cu_q, cu_k, True, 0.07), dtype, "chunked %s %s" % (backend, lens_q))
 
 
 def _sdpa_f64(q, k, v, causal):
@@ -433,7 +519,8 @@ def _sdpa_f64(q, k, v, causal):
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_batched_vs_sdpa(cuda, causal, dtype):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_batched_vs_sdpa(cuda, causal, dtype, backend):
     """The benchmark's shape family at S = 2048: against SDPA in float64 (Sq = Sk, so SDPA's
     top-left causal mask is the bottom-right one), and the SDPA a user would call (flash) within
     the dtype's tolerance of the same reference."""
@@ -442,7 +529,7 @@ def test_gpu_batched_vs_sdpa(cuda, causal, dtype):
     q = torch.randn(2, 2048, 32, 128, device=cuda, generator=g).to(dtype)
     k = torch.randn(2, 2048, 8, 128, device=cuda, generator=g).to(dtype)
     v = torch.randn(2, 2048, 8, 128, device=cuda, generator=g).to(dtype)
-    y = fray.prefill_attention(q, k, v, causal=causal)
+    y = fray.prefill_attention(q, k, v, causal=causal, backend=backend)
     e, mag = _sdpa_f64(q, k, v, causal)
     assert_close(y, e, dtype, "batched causal=%s" % causal, scale=mag)
     peer = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
@@ -450,12 +537,13 @@ def test_gpu_batched_vs_sdpa(cuda, causal, dtype):
     # both within the bound of the reference: within twice that bound of each other
     assert_close(y.double(), peer.double(), dtype, "fray vs SDPA", scale=2 * torch.maximum(mag, e.abs()))
     # the seed's name: batched, causal
-    if causal:
+    if causal and backend == "triton":
         assert torch.equal(fray.triton.attention_prefill(q, k, v), y)
 
 
 @pytest.mark.gpu
-def test_gpu_strided_qkv_and_out(cuda):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_strided_qkv_and_out(cuda, backend):
     g = torch.Generator(device=cuda).manual_seed(8)
     lens = [100, 1, 517]
     qkv = torch.randn(618, 16 + 4 + 4, 128, device=cuda, generator=g).to(torch.bfloat16)
@@ -463,18 +551,19 @@ def test_gpu_strided_qkv_and_out(cuda):
     cu = _cu(lens, cuda)
     out = torch.full((618, 20, 128), float("nan"), device=cuda, dtype=torch.bfloat16)[:, 2:18]
     y, lse = fray.prefill_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=517, max_seqlen_k=517,
-                                    out=out, return_lse=True)
+                                    out=out, return_lse=True, backend=backend)
     assert y is out
     _check(y, lse, _expected(q, k, v, cu, cu), torch.bfloat16, "strided")
 
 
 @pytest.mark.gpu
-def test_gpu_torch_compile_fullgraph(cuda):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_torch_compile_fullgraph(cuda, backend):
     q, k, v, cu_q, cu_k = _varlen_case(torch.float16, [70, 0, 130], [200, 5, 130], 8, 2, 64, 11, cuda)
 
     def f(q, k, v, cu_q, cu_k):
         y, lse = fray.prefill_attention(q * 2.0, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=130,
-                                        max_seqlen_k=200, return_lse=True)
+                                        max_seqlen_k=200, return_lse=True, backend=backend)
         return y + 1.0, lse
 
     y, lse = torch.compile(f, fullgraph=True)(q, k, v, cu_q, cu_k)
@@ -485,14 +574,15 @@ def test_gpu_torch_compile_fullgraph(cuda):
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graph_capture_with_new_cu_seqlens(cuda):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_cuda_graph_capture_with_new_cu_seqlens(cuda, backend):
     """One capture, replays with new lengths in the same buffers: max_seqlen bounds them all."""
     total = 600
     q, k, v, _, _ = _varlen_case(torch.bfloat16, [total], [total], 16, 4, 128, 9, cuda)
     out = torch.empty_like(q)
     cu_q = _cu([200, 200, 200], cuda)
     cu_k = cu_q.clone()
-    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=total, max_seqlen_k=total, out=out)
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=total, max_seqlen_k=total, out=out, backend=backend)
     fray.prefill_attention(q, k, v, return_lse=True, **kw)  # warm-up (Triton compiles, the plan is built)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -511,13 +601,14 @@ def test_gpu_cuda_graph_capture_with_new_cu_seqlens(cuda):
 
 
 @pytest.mark.gpu
-def test_gpu_non_default_stream(cuda):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_non_default_stream(cuda, backend):
     q, k, v, cu_q, cu_k = _varlen_case(torch.bfloat16, [300, 900], [300, 1000], 8, 2, 128, 12, cuda)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         y, lse = fray.prefill_attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=900,
-                                        max_seqlen_k=1000, return_lse=True)
+                                        max_seqlen_k=1000, return_lse=True, backend=backend)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     _check(y, lse, _expected(q, k, v, cu_q, cu_k), torch.bfloat16, "side stream")
@@ -529,8 +620,8 @@ def test_gpu_check_indices_and_contract(cuda, monkeypatch):
     kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=20, max_seqlen_k=20)
     with pytest.raises(ValueError, match="max_seqlen_q: the varlen form on CUDA tensors needs"):
         fray.prefill_attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
-    with pytest.raises(RuntimeError, match="the CUDA prefill kernel is not built yet"):
-        fray.prefill_attention(q, k, v, backend="cuda", **kw)
+    with pytest.raises(ValueError, match="the CUDA prefill kernel takes bf16 and fp16"):
+        fray.prefill_attention(q.float(), k.float(), v.float(), backend="cuda", **kw)
     monkeypatch.setenv("FRAY_CHECK_INDICES", "1")
     with pytest.raises(ValueError, match="cu_seqlens_q: sequence 1 has 20 tokens, more than max_seqlen_q=19"):
         fray.prefill_attention(q, k, v, **dict(kw, max_seqlen_q=19))

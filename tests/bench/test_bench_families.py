@@ -151,7 +151,9 @@ def test_penalty_peer_matches_reference():
 
 def test_prefill_shapes_flops_and_peers():
     names = [ba.shape_name(s) for s, _ in ba.SHAPES["prefill_attention"]]
-    assert names == ["B2Hq32Hkv8S%dD128%s" % (s, c) for s in (1024, 4096, 8192) for c in ("", ":causal")]
+    assert names == ["B2Hq32Hkv8S%dD%d%s" % (s, d, c)
+                     for s, d in ((1024, 128), (4096, 128), (8192, 128), (16384, 128), (8192, 64), (8192, 256))
+                     for c in ("", ":causal")]
     assert ba.parse_shapes("prefill_attention", "B1Hq4Hkv2S16D64:causal:fp16,B1Hq4Hkv2S16D64") == [
         (ba.Prefill(1, 4, 2, 16, 64, True), torch.float16), (ba.Prefill(1, 4, 2, 16, 64, False), torch.bfloat16)]
     for bad in ("B1Hq4Hkv2T16D64", "B1Hq4Hkv2S16D64:sliding"):
@@ -163,14 +165,16 @@ def test_prefill_shapes_flops_and_peers():
     inp = ba.prefill_inputs(spec, torch.float32, "cpu")
     assert inp["q_bhsd"].data_ptr() == inp["q"].data_ptr() and inp["q_bhsd"].shape == (2, 4, 16, 64)
     fns = ba.impls("prefill_attention", spec, inp)
-    assert set(fns) == {"fray.triton", "torch.builtin:flash", "torch.builtin:efficient", "torch.builtin:cudnn"}
+    assert set(fns) == {"fray.cuda", "fray.triton", "torch.builtin:flash", "torch.builtin:efficient",
+                        "torch.builtin:cudnn"}
     # the peers' call (SDPA's math kernel on the CPU here) and Fray's reference agree on the views
     want = fray.prefill_attention(inp["q"], inp["k"], inp["v"], causal=True, backend="reference")
     got = torch.nn.functional.scaled_dot_product_attention(inp["q_bhsd"], inp["k_bhsd"], inp["v_bhsd"], is_causal=True,
                                                            enable_gqa=True).transpose(1, 2)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    with pytest.raises(ValueError, match="CUDA"):
-        fns["fray.triton"]()
+    for name in ("fray.cuda", "fray.triton"):
+        with pytest.raises(ValueError, match="CUDA"):
+            fns[name]()
 
 
 def test_mla_shapes_work_and_parse():

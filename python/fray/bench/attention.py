@@ -14,9 +14,9 @@ decode bytes: the K and V rows read = 2 · sum(lens) · Hkv · D · s (q, out an
 append bytes: read k_new and v_new + write them into the cache = 4 · B · Hkv · D · s (lens and
               block-table reads not counted).
 prefill_attention: "B<batch>Hq<q heads>Hkv<kv heads>S<seq>D<head dim>", batched [B, S, H, D], bf16:
-B2Hq32Hkv8S{1024, 4096, 8192}D128, each non-causal and ":causal". flops = 4 · B · Hq · S² · D
-(QK^T and PV), half of that causal (the masked half is never computed); bytes not reported.
-Impls: fray.triton (the op's only backend so far); peers torch.builtin:flash / :efficient /
+B2Hq32Hkv8S{1024, 4096, 8192, 16384}D128 and B2Hq32Hkv8S8192D{64, 256}, each non-causal and
+":causal". flops = 4 · B · Hq · S² · D (QK^T and PV), half of that causal (the masked half is
+never computed); bytes not reported. Impls: fray.cuda (the TMA + wgmma kernel), fray.triton; peers torch.builtin:flash / :efficient /
 :cudnn = F.scaled_dot_product_attention(enable_gqa=True, is_causal) under sdpa_kernel(<backend>)
 on the [B, H, S, D] transposed views of the same tensors (no copy); a backend that cannot run
 the shape leaves an error row.
@@ -71,7 +71,9 @@ SHAPES = {
     "paged_decode_attention": [(s._replace(page=p), DTYPE) for s in _DECODE for p in (16, 64)],
     "kv_append": [(Append(64, 8, 4096, 128, None), DTYPE)],
     "kv_append_paged": [(Append(64, 8, 4096, 128, 16), DTYPE)],
-    "prefill_attention": [(Prefill(2, 32, 8, s, 128, c), DTYPE) for s in (1024, 4096, 8192) for c in (False, True)],
+    "prefill_attention": [(Prefill(2, 32, 8, s, d, c), DTYPE)
+                          for s, d in ((1024, 128), (4096, 128), (8192, 128), (16384, 128), (8192, 64), (8192, 256))
+                          for c in (False, True)],
     "mla_decode": [(Mla(b, h, s, t), DTYPE) for b in (1, 32, 128) for h in (16, 128) for t in (1024, 4096, 16384)
                    for s in (1, 2)],
 }
@@ -326,8 +328,9 @@ def impls(op, spec, inp):
         return out
     if op == "prefill_attention":
         o = torch.empty_like(inp["q"])
-        out["fray.triton"] = lambda: fray.prefill_attention(inp["q"], inp["k"], inp["v"], causal=spec.causal, out=o,
-                                                            backend="triton")
+        for backend in ("cuda", "triton"):
+            out["fray." + backend] = lambda b=backend: fray.prefill_attention(inp["q"], inp["k"], inp["v"],
+                                                                              causal=spec.causal, out=o, backend=b)
         for backend in SDPA_BACKENDS:
             out["torch.builtin:" + backend] = lambda b=backend: _sdpa_with(
                 b, inp["q_bhsd"], inp["k_bhsd"], inp["v_bhsd"], spec.causal)

@@ -1,10 +1,11 @@
 """The attention family: single-token (decode) attention over contiguous and paged KV caches, the
 KV-cache appends that precede it, multi-token (prefill) attention over packed varlen or batched
-sequences, and DeepSeek's latent attention decode over a paged latent cache (prefill_attention
-and mla_decode: Triton only so far, see their docstrings).
+sequences, and DeepSeek's latent attention decode over a paged latent cache (mla_decode: Triton
+only so far, see its docstring).
 
 Backends: the CUDA C++ kernels (cuda/attention, fray._C._attention: tensor-core split-KV decode
-for 16-bit caches, CUDA-core for fp32, one kv_append kernel) and the Triton kernels
+for 16-bit caches, CUDA-core for fp32, one kv_append kernel; prefill_attention's TMA + wgmma
+kernel, cuda/attention/prefill_sm90.cuh, JIT-compiled by fray.jit) and the Triton kernels
 (fray_triton.attention, .prefill_attention, .mla_decode); "auto" tries CUDA first. Both implement
 the same contract (split count from T, B * Hkv and the SM count; deterministic combine; the same
 clamping of lens). The CUDA decode kernels copy K/V rows with 16-byte cp.async: caches whose
@@ -52,7 +53,7 @@ OPS = ("decode_attention", "paged_decode_attention", "kv_append", "kv_append_pag
 __all__ = list(OPS)
 for _op_name in OPS[:4]:
     B.register_preference(_op_name, ("cuda", "triton"))
-B.register_preference("prefill_attention", ("triton",), missing={"cuda": "the CUDA prefill kernel is not built yet"})
+B.register_preference("prefill_attention", ("cuda", "triton"))
 B.register_preference("mla_decode", ("triton",), missing={"cuda": "there is no CUDA MLA decode kernel yet"})
 
 LAYOUTS = ("HND", "NHD")
@@ -824,12 +825,50 @@ def _prefill_lse_shape(q, varlen):
     return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
 
 
+# The CUDA prefill kernel (cuda/attention/prefill_sm90.cuh): TMA + wgmma, a producer warpgroup
+# and two consumer warpgroups, one JIT translation unit per (dtype, D, causal). Key tile and ring
+# depth per head dim: 128-key tiles in two stages fill 160 KB of shared memory at D 128 (Q 32 KB,
+# K and V 64 KB each); D 256 takes 64-key tiles (192 KB).
+_PREFILL_CT = {torch.bfloat16: "cutlass::bfloat16_t", torch.float16: "cutlass::half_t"}
+PREFILL_CUDA_TILES = {64: (128, 2), 128: (128, 2), 256: (64, 2)}  # D -> (key tile, stages)
+
+
+def prefill_cuda_source(dtype, d, causal):
+    """(name, translation unit) of the CUDA prefill kernel for one (dtype, head dim, causal)."""
+    bn, stages = PREFILL_CUDA_TILES[d]
+    name = "prefill_sm90_%s_d%d_n%d_s%d_%s" % (V.DTYPE_NAMES[dtype], d, bn, stages, "causal" if causal else "full")
+    src = ('#include "cuda/attention/prefill_sm90.cuh"\n'
+           "using Config = fray::attention::PrefillConfig<%s, %d, %d, %d, %s>;\nFRAY_PREFILL_ENTRY(Config)\n"
+           % (_PREFILL_CT[dtype], d, bn, stages, "true" if causal else "false"))
+    return name, src
+
+
+def _prefill_jit_reason(device):
+    """Why the JIT-compiled prefill kernel cannot run on `device` (nvcc, CUTLASS, sm_90a), or None."""
+    from fray.ops import gemm
+    return gemm._cuda_reason(device)
+
+
+def _prefill_cuda_layout_reason(q, k, v, out):
+    """Why the CUDA kernel cannot take these tensors' dtype / strides, or None (pointers are
+    checked per call: _PrefillPlan.aligned)."""
+    if q.dtype not in _PREFILL_CT:
+        return "the CUDA prefill kernel takes bf16 and fp16 (got %s; fp32 runs on Triton)" % V.DTYPE_NAMES[q.dtype]
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if any(st % 8 for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
+            return ("%s: the CUDA kernel loads by TMA, which needs strides that are multiples of 8 elements "
+                    "(16 bytes); got strides %s" % (name, tuple(t.stride())))
+    if any(st % 2 for st, n in zip(out.stride()[:-1], out.shape[:-1]) if n > 1):
+        return "out: the CUDA kernel stores element pairs, which needs even strides; got %s" % (tuple(out.stride()),)
+    return None
+
+
 class _PrefillPlan:
-    """One prefill signature's Triton launch with every host-side argument fixed; per call only
-    FRAY_CHECK_INDICES and the data pointers."""
+    """One prefill signature's launch with every host-side argument fixed; per call only
+    FRAY_CHECK_INDICES, the pointers' alignment (CUDA) and the data pointers."""
 
     __slots__ = ("varlen", "batch", "max_q", "max_k", "seqlen_k", "total_q", "total_k", "causal", "scale", "dev",
-                 "strides", "empty_k", "lse_shape")
+                 "strides", "empty_k", "lse_shape", "kernel", "ints", "forced")
 
     def __call__(self, q, k, v, cu_q, cu_k, out, lse):
         if self.varlen and env.check_indices():
@@ -840,6 +879,17 @@ class _PrefillPlan:
             out.zero_()
             lse.fill_(float("-inf"))
             return
+        if self.kernel is not None:
+            if (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0 and out.data_ptr() % 4 == 0:
+                ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                        cu_q.data_ptr() if self.varlen else 0, cu_k.data_ptr() if self.varlen else 0)
+                self.kernel.launch(ptrs, self.ints, (self.scale,), self.dev, B.current_stream(q.device))
+                return
+            if self.forced:
+                raise ValueError("q / k / v / out: backend='cuda' loads q, k and v by TMA (16-byte aligned data "
+                                 "pointers) and stores out in element pairs (4-byte aligned); got pointers %#x, "
+                                 "%#x, %#x, %#x (use backend='triton' or 'auto')"
+                                 % (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()))
         from fray_triton import prefill_attention as tprefill
         qs, ks, vs, os_, ls = self.strides
         with torch.cuda.device(self.dev):
@@ -855,7 +905,6 @@ def _token_strides(t, varlen):
 
 def _prefill_plan(q, k, v, cu_q, out, lse, causal, max_q, max_k, scale, backend):
     be = B.resolve("prefill_attention", FAMILY, backend, q.device)
-    _refuse_missing("prefill_attention", be)  # FRAY_BACKEND=cuda
     p = _PrefillPlan()
     p.varlen = cu_q is not None
     p.batch = cu_q.shape[0] - 1 if p.varlen else q.shape[0]
@@ -868,7 +917,28 @@ def _prefill_plan(q, k, v, cu_q, out, lse, causal, max_q, max_k, scale, backend)
     p.lse_shape = tuple(lse.shape)
     p.strides = (_token_strides(q, p.varlen), _token_strides(k, p.varlen), _token_strides(v, p.varlen),
                  _token_strides(out, p.varlen), (0, lse.stride(0)) if p.varlen else (lse.stride(0), lse.stride(1)))
+    p.kernel, p.ints, p.forced = None, None, be == "cuda" and not _auto(backend)
+    if be == "cuda":
+        why = _prefill_jit_reason(q.device) or _prefill_cuda_layout_reason(q, k, v, out)
+        if why and p.forced:
+            raise (RuntimeError if _prefill_jit_reason(q.device) else ValueError)(
+                "backend='cuda' cannot run prefill_attention here: %s (use backend='triton' or 'auto')" % why)
+        if not why:
+            from fray import jit
+            name, src = prefill_cuda_source(q.dtype, q.shape[-1], causal)
+            p.kernel = jit.build(name, src, device=p.dev)
+            (qb, qt, qh), (kb, kt, kh), (vb, vt, vh), (ob, ot, oh) = p.strides[:4]
+            rows_q = q.shape[0] if p.varlen else q.shape[1]
+            rows_k = k.shape[0] if p.varlen else k.shape[1]
+            p.ints = (p.batch, q.shape[-2], k.shape[-2], rows_q, rows_k, max_q,
+                      0 if p.varlen else q.shape[1], p.seqlen_k,
+                      qb, qt, qh, kb, kt, kh, vb, vt, vh, ob, ot, oh) + p.strides[4]
     return p
+
+
+def _auto(backend):
+    """Whether the caller left the backend to Fray (neither backend= nor FRAY_BACKEND names one)."""
+    return backend == "auto" and env.backend_override() is None
 
 
 def _prefill_impl(q, k, v, cu_q, cu_k, out, lse, causal, max_q, max_k, scale, backend):
@@ -899,7 +969,8 @@ def _prefill_launch(plan, q, k, v, cu_q, cu_k, out, return_lse):
 
 def prefill_attention(q, k, v, *, causal=True, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                       max_seqlen_k=None, scale=None, return_lse=False, out=None, backend="auto"):
-    """Multi-token (prefill) attention: FlashAttention-2-style on the GPU (Triton).
+    """Multi-token (prefill) attention on the GPU: a warp-specialised TMA + wgmma kernel (CUDA) or a
+    FlashAttention-2-style Triton kernel.
 
     Two forms:
       varlen   q [total_q, Hq, D], k, v [total_k, Hkv, D]: every sequence's tokens packed one after
@@ -924,7 +995,11 @@ def prefill_attention(q, k, v, *, causal=True, cu_seqlens_q=None, cu_seqlens_k=N
     max_seqlen_q in a longer sequence are not computed. FRAY_CHECK_INDICES=1 checks cu_seqlens
     (0 first, non-decreasing, within the rows, lengths <= max_seqlen) with a host sync; CPU calls
     always check them. Sliding windows, soft-capping, sinks and paged K/V are not in this op yet.
-    Backends: Triton only; backend="cuda" raises RuntimeError (no CUDA prefill kernel is built yet).
+    Backends: "cuda" (cuda/attention/prefill_sm90.cuh, JIT-compiled per dtype x D x causal on first
+    use: bf16 / fp16, q / k / v strides multiples of 16 bytes and 16-byte aligned pointers, out with
+    even strides), "triton" (every dtype and layout), "auto": CUDA where it takes the call, else
+    Triton. Forcing "cuda" where it cannot run raises ValueError (dtype, layout, pointers) or
+    RuntimeError (no nvcc / CUTLASS / sm_90a device).
     """
     if not _compiling():
         key = P.signature("prefill_attention", backend, (q, k, v, cu_seqlens_q, cu_seqlens_k, out),
@@ -1384,9 +1459,13 @@ def check_cases(device):
 
     def rows(op, backend):
         out = []
+        if op == "prefill_attention" and backend == "cuda" and _prefill_jit_reason(device):
+            return [("-", "-", RuntimeError("unavailable: " + _prefill_jit_reason(device)))]
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             name = V.DTYPE_NAMES[dtype]
             if op == "prefill_attention":
+                if backend == "cuda" and dtype == torch.float32:
+                    continue  # the CUDA kernel is 16-bit; fp32 runs on Triton
                 out.append((name, prefill_shape, lambda d=dtype, b=backend: prefill_run(d, device, False, b)))
             elif op == "mla_decode":
                 out.append((name, mla_shape, lambda d=dtype, b=backend: mla_run(d, device, False, b)))

@@ -1,0 +1,539 @@
+// Fray: prefill attention on Hopper tensor cores (fray.prefill_attention, backend "cuda").
+//
+// One CTA computes one 128-row query tile of one (sequence, query head) against every key tile
+// it can see, FlashAttention-style (online softmax in fp32), in three warpgroups:
+//   - warpgroup 0, the producer: one elected thread issues the TMA loads (the Q tile once, then K
+//     and V tiles through two multi-stage shared-memory rings, last key tile first) and keeps
+//     only 24 registers a thread (setmaxnreg);
+//   - warpgroups 1 and 2, the consumers (240 registers each): each owns 64 of the 128 query rows.
+//     Per key tile: S = Q K^T by wgmma from shared memory, masking (the sequence's end; causal,
+//     aligned bottom-right), the online softmax in registers, P rounded to the input type and
+//     kept in registers, O += P V by wgmma with P as the register operand and V (row-major [keys,
+//     D], so N-major for this product) from shared memory.
+// K and V have separate rings so that S can start while V is still landing. The epilogue
+// divides by the row sums and writes O (and the natural-log LSE) straight from registers, rows
+// past the sequence's end masked.
+//
+// Layouts. Every tensor is addressed as [batch, token, head, D] with element strides (the
+// varlen form is batch 1 with cu_seqlens offsets into the token dimension), D contiguous. TMA
+// needs 16-byte aligned bases and strides that are multiples of 16 bytes, which the entry
+// checks. Query rows past the sequence (or past q's rows) are read (TMA fills zeros past the
+// tensor) but never written. Key rows past the sequence are masked in S; in V they are zeroed in
+// shared memory before P V when the sequence ends inside the tile, so that another sequence's
+// rows (or a buffer's uninitialised tail, NaN included) never reach the output.
+//
+// Template parameters: PrefillConfig<Element (cutlass::bfloat16_t / cutlass::half_t), HeadDim
+// (64, 128, 256), BlockN (key tile), Stages (ring depth), Causal>.
+//
+// Slots: ptrs = (q, k, v, out, lse, cu_seqlens_q or 0, cu_seqlens_k or 0);
+// ints = (batch, Hq, Hkv, rows_q, rows_k, max_seqlen_q, seqlen_q, seqlen_k,
+//         q_batch, q_token, q_head, k_batch, k_token, k_head, v_batch, v_token, v_head,
+//         o_batch, o_token, o_head, lse_batch, lse_head); floats = (scale,).
+// rows_q / rows_k: the token extent of q / k (total rows in the varlen form, S in the batched
+// one); seqlen_q / seqlen_k: the batched form's lengths (ignored when cu_seqlens are given, where
+// a sequence's queries are cut at max_seqlen_q and its offsets clamped into the rows).
+// lse[b * lse_batch + h * lse_head + token] (the token within the sequence for the batched form,
+// the packed row for varlen).
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cute/tensor.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/cutlass.h"
+#include "cutlass/numeric_conversion.h"
+#include "cutlass/numeric_types.h"
+#include "cutlass/pipeline/pipeline.hpp"
+
+#include "cuda/common/jit_entry.h"
+#include "cuda/common/launch_abi.h"
+
+namespace fray {
+namespace attention {
+
+template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kCausal_>
+struct PrefillConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kCausal = kCausal_;
+  static constexpr int kConsumers = kBlockM / 64;  // warpgroups, 64 query rows each
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
+  static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "key tile: a multiple of 16, 16..256");
+
+  using TileQK = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kHeadDim>>;
+  using TilePV = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kBlockN>>;
+  using WarpGroups = cute::Layout<cute::Shape<cute::Int<kConsumers>, cute::_1, cute::_1>>;
+  using MmaQK = decltype(cute::make_tiled_mma(cute::GMMA::ss_op_selector<Element, Element, float, TileQK>(),
+                                              WarpGroups{}));
+  using MmaPV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, TilePV, cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      WarpGroups{}));
+
+  // Q and K K-major ([rows, D], D contiguous); V as the PV product's B operand: [D, keys] with D
+  // contiguous (N-major), which is V's row-major [keys, D] in memory.
+  using SmemQ = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{},
+                                             cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemK = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{},
+                                             cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
+  using SmemV = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{},
+                                             cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
+                                             cute::Step<cute::_2, cute::_1, cute::_3>{}));
+
+  using PipelineK = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineV = cutlass::PipelineTmaAsync<kStages>;
+
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemQ>> q;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemK>> k;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemV>> v;
+    typename PipelineK::SharedStorage pipe_k;
+    typename PipelineV::SharedStorage pipe_v;
+    cutlass::arch::ClusterTransactionBarrier bar_q;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "tiles exceed the SM's shared memory");
+
+  static void describe(char* buf, int n) {
+    snprintf(buf, n, "prefill_sm90 %s D%d tile %dx%d stages %d %s", sizeof(Element) == 2 &&
+             cute::is_same_v<Element, cutlass::bfloat16_t> ? "bf16" : "fp16", kHeadDim, kBlockM, kBlockN,
+             kStages, kCausal ? "causal" : "full");
+  }
+};
+
+namespace detail {
+
+using namespace cute;
+
+// [token, D, head, batch] for Q and K (token- and D-tile TMA boxes); [D, token, head, batch] for V.
+using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+using GmemStrideV = Stride<_1, int64_t, int64_t, int64_t>;
+
+template <class Config>
+struct TmaTypes {
+  using E = typename Config::Element;
+  using Q = decltype(make_tma_copy(SM90_TMA_LOAD{},
+                                   make_tensor(make_gmem_ptr(static_cast<E const*>(nullptr)), GmemShape{}, GmemStride{}),
+                                   typename Config::SmemQ{},
+                                   Shape<Int<Config::kBlockM>, Int<Config::kHeadDim>>{}, _1{}));
+  using K = decltype(make_tma_copy(SM90_TMA_LOAD{},
+                                   make_tensor(make_gmem_ptr(static_cast<E const*>(nullptr)), GmemShape{}, GmemStride{}),
+                                   take<0, 2>(typename Config::SmemK{}),
+                                   Shape<Int<Config::kBlockN>, Int<Config::kHeadDim>>{}, _1{}));
+  using V = decltype(make_tma_copy(SM90_TMA_LOAD{},
+                                   make_tensor(make_gmem_ptr(static_cast<E const*>(nullptr)), GmemShape{}, GmemStrideV{}),
+                                   take<0, 2>(typename Config::SmemV{}),
+                                   Shape<Int<Config::kHeadDim>, Int<Config::kBlockN>>{}, _1{}));
+};
+
+template <class Config>
+struct Params {
+  typename TmaTypes<Config>::Q tma_q;
+  typename TmaTypes<Config>::K tma_k;
+  typename TmaTypes<Config>::V tma_v;
+  GmemShape shape_q, shape_k, shape_v;
+  typename Config::Element* out;
+  float* lse;
+  const int32_t* cu_q;
+  const int32_t* cu_k;
+  int32_t hq, group;  // group = Hq / Hkv
+  int32_t rows_q, rows_k, max_seqlen_q, seqlen_q, seqlen_k;
+  int64_t o_batch, o_token, o_head, lse_batch, lse_head;
+  float scale_log2;  // softmax scale * log2(e)
+  float scale;
+};
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The accumulator fragment ((2, 2, N/8), MMA_M, MMA_N) as (rows, cols): rows ((2), MMA_M) are the
+// fragment's two row halves, cols ((2, N/8), MMA_N) its column pairs.
+template <class L>
+__device__ __forceinline__ constexpr auto rows_cols(L l) {
+  auto v = get<0>(l);
+  return make_layout(make_layout(get<1>(v), get<1>(l)), make_layout(get<0>(v), get<2>(v), get<2>(l)));
+}
+
+// The same fragment as the A operand of the next wgmma (k = 16 per step): ((2, 2, 2), MMA_M,
+// MMA_K = N/16 * MMA_N). Each 16 columns of the m64nN accumulator hold exactly the values a
+// thread supplies for a m64k16 register A operand.
+template <class L>
+__device__ __forceinline__ constexpr auto acc_as_a(L l) {
+  auto v = get<0>(l);
+  auto pairs = logical_divide(get<2>(v), Layout<_2>{});  // (2, N/16)
+  return make_layout(make_layout(get<0>(v), get<1>(v), get<0>(pairs)), get<1>(l),
+                     coalesce(make_layout(get<1>(pairs), get<2>(l))));
+}
+
+// Which key tiles a query tile sees: [0, n_max); n_max <= 0 means none.
+template <class Config>
+__device__ __forceinline__ int key_tiles(int m_block, int seqlen_q, int seqlen_k) {
+  int n_max = (seqlen_k + Config::kBlockN - 1) / Config::kBlockN;
+  if (Config::kCausal) {
+    const int last_key = (m_block + 1) * Config::kBlockM + seqlen_k - seqlen_q;  // exclusive
+    n_max = min(n_max, last_key <= 0 ? 0 : (last_key + Config::kBlockN - 1) / Config::kBlockN);
+  }
+  return n_max;
+}
+
+template <class Config>
+__global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __grid_constant__ Params<Config> p) {
+  using E = typename Config::Element;
+  constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN, kD = Config::kHeadDim;
+  using Storage = typename Config::SharedStorage;
+  extern __shared__ __align__(1024) char smem_raw[];
+  Storage& st = *reinterpret_cast<Storage*>(smem_raw);
+
+  const int m_block = Config::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int hk = h / p.group;
+
+  // This sequence's rows: varlen offsets clamped into the packed rows, queries cut at max_seqlen_q.
+  int q_start = 0, k_start = 0, seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, tma_b = b;
+  if (p.cu_q != nullptr) {
+    q_start = min(max(p.cu_q[b], 0), p.rows_q);
+    const int q_end = min(max(p.cu_q[b + 1], q_start), p.rows_q);
+    k_start = min(max(p.cu_k[b], 0), p.rows_k);
+    const int k_end = min(max(p.cu_k[b + 1], k_start), p.rows_k);
+    seqlen_q = min(q_end - q_start, p.max_seqlen_q);
+    seqlen_k = k_end - k_start;
+    tma_b = 0;
+  }
+  if (m_block * kBlockM >= seqlen_q) return;  // the whole CTA, before any barrier
+  const int n_max = key_tiles<Config>(m_block, seqlen_q, seqlen_k);
+
+  const int warp = cutlass::canonical_warp_idx_sync();
+  const int wg = cutlass::canonical_warp_group_idx();
+  const bool leader = warp == 0 && cute::elect_one_sync();
+
+  using PipeK = typename Config::PipelineK;
+  using PipeV = typename Config::PipelineV;
+  typename PipeK::Params pk;
+  pk.transaction_bytes = kBlockN * kD * int(sizeof(E));
+  pk.role = wg == 0 ? PipeK::ThreadCategory::Producer : PipeK::ThreadCategory::Consumer;
+  pk.is_leader = leader;
+  pk.num_consumers = 128 * Config::kConsumers;
+  PipeK pipe_k(st.pipe_k, pk, Shape<_1, _1, _1>{});
+  PipeV pipe_v(st.pipe_v, pk, Shape<_1, _1, _1>{});
+  if (warp == 0 && cute::elect_one_sync()) {
+    st.bar_q.init(1);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Config::SmemQ{});
+  Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Config::SmemK{});
+  Tensor sV = make_tensor(make_smem_ptr(st.v.data()), typename Config::SmemV{});
+
+  if (wg == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<24>();
+    if (!leader || n_max <= 0) return;
+    Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q)(_, _, h, tma_b);
+    Tensor mK = p.tma_k.get_tma_tensor(p.shape_k)(_, _, hk, tma_b);
+    Tensor mV = p.tma_v.get_tma_tensor(p.shape_v)(_, _, hk, tma_b);
+    Tensor gQ = local_tile(domain_offset(make_coord(q_start, _0{}), mQ), Shape<Int<kBlockM>, Int<kD>>{},
+                           make_coord(m_block, _0{}));
+    Tensor gK = local_tile(domain_offset(make_coord(k_start, _0{}), mK), Shape<Int<kBlockN>, Int<kD>>{},
+                           make_coord(_, _0{}));  // (BlockN, D, tiles)
+    Tensor gV = local_tile(domain_offset(make_coord(_0{}, k_start), mV), Shape<Int<kD>, Int<kBlockN>>{},
+                           make_coord(_0{}, _));  // (D, BlockN, tiles)
+    auto [tQg, tQs] = tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto [tKg, tKs] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVg, tVs] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+
+    st.bar_q.arrive_and_expect_tx(kBlockM * kD * int(sizeof(E)));
+    copy(p.tma_q.with(reinterpret_cast<uint64_t&>(st.bar_q), 0), tQg, tQs);
+    auto write = cutlass::make_producer_start_state<PipeK>();
+    for (int n = n_max - 1; n >= 0; --n) {
+      pipe_k.producer_acquire(write);
+      copy(p.tma_k.with(*pipe_k.producer_get_barrier(write), 0), tKg(_, n), tKs(_, write.index()));
+      pipe_v.producer_acquire(write);
+      copy(p.tma_v.with(*pipe_v.producer_get_barrier(write), 0), tVg(_, n), tVs(_, write.index()));
+      ++write;
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  cutlass::arch::warpgroup_reg_alloc<240>();
+  const int tid = int(threadIdx.x) - 128;
+  typename Config::MmaQK mma_qk;
+  typename Config::MmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(tid);
+  auto thr_pv = mma_pv.get_thread_slice(tid);
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K): descriptors
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);  // (MMA, MMA_N, MMA_K, stages)
+  Tensor tOrV = thr_pv.partition_fragment_B(sV);  // (MMA, MMA_N, MMA_K, stages)
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kD>>{});
+  Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{}));
+  Tensor S = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
+  Tensor cS = make_tensor(tScS.data(), rows_cols(tScS.layout()));
+  Tensor O = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
+  Tensor cO = make_tensor(tOcO.data(), rows_cols(tOcO.layout()));
+  constexpr int kRows = decltype(size<0>(S))::value;  // 2
+  static_assert(kRows == decltype(size<0>(O))::value, "one row split for S and O");
+
+  float row_max[kRows], row_sum[kRows];
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    row_max[i] = -INFINITY;
+    row_sum[i] = 0.f;
+  }
+  clear(tOrO);
+  const int diag = seqlen_k - seqlen_q;  // causal: key j visible from query i iff j <= i + diag
+
+  if (n_max > 0) st.bar_q.wait(0);
+  typename PipeK::PipelineState read;
+  for (int n = n_max - 1; n >= 0; --n) {
+    // S = Q K^T
+    pipe_k.consumer_wait(read);
+    warpgroup_fence_operand(tSrS);
+    warpgroup_arrive();
+    mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
+    CUTE_UNROLL
+    for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
+      gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb, read.index()), tSrS);
+      mma_qk.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+    pipe_k.consumer_release(read);
+
+    // Mask: keys past the sequence; causal keys past each row's diagonal.
+    const int key0 = n * kBlockN;
+    const bool tail = key0 + kBlockN > seqlen_k;
+    const bool crosses = Config::kCausal && key0 + kBlockN - 1 > m_block * kBlockM + diag;
+    if (tail || crosses) {
+      CUTE_UNROLL
+      for (int i = 0; i < size<0>(S); ++i) {
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(S); ++j) {
+          const int row = m_block * kBlockM + get<0>(cS(i, j));
+          const int key = key0 + get<1>(cS(i, j));
+          const bool hidden = key >= seqlen_k || (Config::kCausal && key > row + diag);
+          if (hidden) S(i, j) = -INFINITY;
+        }
+      }
+    }
+
+    // Online softmax (a row's values sit in the 4 threads of a quad).
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      float mx = row_max[i];
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(S); ++j) mx = fmaxf(mx, S(i, j));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      const float base = mx == -INFINITY ? 0.f : mx * p.scale_log2;
+      const float corr = row_max[i] == -INFINITY ? 0.f : fast_exp2(row_max[i] * p.scale_log2 - base);
+      row_max[i] = mx;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(S); ++j) {
+        const float e = fast_exp2(S(i, j) * p.scale_log2 - base);
+        S(i, j) = e;
+        sum += e;
+      }
+      row_sum[i] = row_sum[i] * corr + sum;
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(O); ++j) O(i, j) *= corr;
+    }
+
+    // P in registers, in the input type, as the A operand of O += P V.
+    Tensor rP = make_tensor<E>(tSrS.layout());
+    {
+      constexpr int kN = decltype(size(tSrS))::value;
+      cutlass::NumericArrayConverter<E, float, kN> convert;
+      *reinterpret_cast<cutlass::Array<E, kN>*>(rP.data()) =
+          convert(*reinterpret_cast<const cutlass::Array<float, kN>*>(tSrS.data()));
+    }
+    Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
+
+    pipe_v.consumer_wait(read);
+    if (tail) {
+      // V rows past the sequence's end: zeros, so that whatever lies there cannot reach O (0 * NaN).
+      const int valid = seqlen_k - key0;
+      Tensor sVs = sV(_, _, read.index());  // (D, BlockN)
+      for (int idx = tid; idx < kD * kBlockN; idx += 128 * Config::kConsumers) {
+        const int d = idx % kD, key = idx / kD;
+        if (key >= valid) sVs(d, key) = E(0.f);
+      }
+      cutlass::arch::fence_view_async_shared();
+      asm volatile("bar.sync 1, %0;" ::"r"(128 * Config::kConsumers));
+    }
+    warpgroup_fence_operand(tOrO);
+    warpgroup_arrive();
+    gemm(mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    pipe_v.consumer_release(read);
+    ++read;
+  }
+
+  // Epilogue: O / sum, rows past the sequence not written; lse = ln(sum) + max * scale.
+  float inv[kRows];
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    float s = row_sum[i];
+    s += __shfl_xor_sync(0xffffffff, s, 1);
+    s += __shfl_xor_sync(0xffffffff, s, 2);
+    row_sum[i] = s;
+    inv[i] = s > 0.f ? 1.f / s : 0.f;
+  }
+  const int64_t o_base = int64_t(b) * p.o_batch + int64_t(q_start) * p.o_token + int64_t(h) * p.o_head;
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    const int row = m_block * kBlockM + get<0>(cO(i, 0));
+    if (row < seqlen_q) {
+      E* dst = p.out + o_base + int64_t(row) * p.o_token;
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(O); j += 2) {
+        const int col = get<1>(cO(i, j));  // even; col + 1 is the pair's other value
+        cutlass::Array<float, 2> pair;
+        pair[0] = O(i, j) * inv[i];
+        pair[1] = O(i, j + 1) * inv[i];
+        cutlass::NumericArrayConverter<E, float, 2> convert;
+        *reinterpret_cast<cutlass::Array<E, 2>*>(dst + col) = convert(pair);
+      }
+      if ((threadIdx.x & 3) == 0) {
+        const float l = row_sum[i] > 0.f ? logf(row_sum[i]) + row_max[i] * p.scale : -INFINITY;
+        p.lse[int64_t(b) * p.lse_batch + int64_t(h) * p.lse_head + (q_start + row)] = l;
+      }
+    }
+  }
+}
+
+template <class Config>
+int launch(const FrayArgs* args, char* err, int32_t err_len) {
+  using E = typename Config::Element;
+  constexpr int kE = int(sizeof(E));
+  if (args->num_ptrs != 7 || args->num_ints != 22 || args->num_floats != 1) {
+    jit_set_err(err, err_len, "prefill_sm90: expected 7 pointers, 22 ints, 1 float, got %d, %d, %d", args->num_ptrs,
+                args->num_ints, args->num_floats);
+    return 1;
+  }
+  const uint64_t* ptr = args->ptrs;
+  const int64_t* in = args->ints;
+  const int batch = int(in[0]), hq = int(in[1]), hkv = int(in[2]);
+  const int rows_q = int(in[3]), rows_k = int(in[4]), max_seqlen_q = int(in[5]);
+  const int seqlen_q = int(in[6]), seqlen_k = int(in[7]);
+  const int64_t qb = in[8], qt = in[9], qh = in[10], kb = in[11], kt = in[12], kh = in[13];
+  const int64_t vb = in[14], vt = in[15], vh = in[16];
+  const bool varlen = ptr[5] != 0;
+  if (hkv <= 0 || hq % hkv != 0) {
+    jit_set_err(err, err_len, "prefill_sm90: Hq=%d is not a multiple of Hkv=%d", hq, hkv);
+    return 1;
+  }
+  // TMA: 16-byte aligned bases, strides multiples of 16 bytes (a size-1 dimension's stride is free).
+  const int64_t strides[9] = {qb, qt, qh, kb, kt, kh, vb, vt, vh};
+  for (int i = 0; i < 3; ++i) {
+    if (ptr[i] % 16 != 0) {
+      jit_set_err(err, err_len, "prefill_sm90: %s is not 16-byte aligned", "q\0k\0v" + 2 * i);
+      return 1;
+    }
+  }
+  if (ptr[3] % 4 != 0 || in[18] % 2 != 0 || in[19] % 2 != 0 || in[17] % 2 != 0) {
+    jit_set_err(err, err_len, "prefill_sm90: out must be 4-byte aligned with even strides (pairs are stored)");
+    return 1;
+  }
+  for (int i = 0; i < 9; ++i) {
+    if ((strides[i] * kE) % 16 != 0 || strides[i] < 0) {
+      jit_set_err(err, err_len, "prefill_sm90: stride %lld (elements) of %s is not a multiple of 16 bytes",
+                  static_cast<long long>(strides[i]), "q\0k\0v" + 2 * (i / 3));
+      return 1;
+    }
+  }
+  const int tb = varlen ? 1 : batch;  // the TMA batch extent
+  Params<Config> p{};
+  p.shape_q = GmemShape(rows_q, Config::kHeadDim, hq, tb);
+  p.shape_k = GmemShape(rows_k, Config::kHeadDim, hkv, tb);
+  p.shape_v = GmemShape(Config::kHeadDim, rows_k, hkv, tb);
+  // A size-1 batch dimension still needs a TMA-legal stride: reuse the token stride's.
+  auto bstride = [&](int64_t s, int64_t tok) { return tb == 1 ? tok * 16 : s; };
+  auto gq = make_tensor(make_gmem_ptr(reinterpret_cast<E const*>(ptr[0])), p.shape_q,
+                        GmemStride(qt, _1{}, qh, bstride(qb, qt)));
+  auto gk = make_tensor(make_gmem_ptr(reinterpret_cast<E const*>(ptr[1])), p.shape_k,
+                        GmemStride(kt, _1{}, kh, bstride(kb, kt)));
+  auto gv = make_tensor(make_gmem_ptr(reinterpret_cast<E const*>(ptr[2])), p.shape_v,
+                        GmemStrideV(_1{}, vt, vh, bstride(vb, vt)));
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gq, typename Config::SmemQ{},
+                          Shape<Int<Config::kBlockM>, Int<Config::kHeadDim>>{}, _1{});
+  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gk, take<0, 2>(typename Config::SmemK{}),
+                          Shape<Int<Config::kBlockN>, Int<Config::kHeadDim>>{}, _1{});
+  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gv, take<0, 2>(typename Config::SmemV{}),
+                          Shape<Int<Config::kHeadDim>, Int<Config::kBlockN>>{}, _1{});
+  p.out = reinterpret_cast<E*>(ptr[3]);
+  p.lse = reinterpret_cast<float*>(ptr[4]);
+  p.cu_q = reinterpret_cast<const int32_t*>(ptr[5]);
+  p.cu_k = reinterpret_cast<const int32_t*>(ptr[6]);
+  p.hq = hq;
+  p.group = hq / hkv;
+  p.rows_q = rows_q;
+  p.rows_k = rows_k;
+  p.max_seqlen_q = max_seqlen_q;
+  p.seqlen_q = seqlen_q;
+  p.seqlen_k = seqlen_k;
+  p.o_batch = in[17];
+  p.o_token = in[18];
+  p.o_head = in[19];
+  p.lse_batch = in[20];
+  p.lse_head = in[21];
+  p.scale = float(args->floats[0]);
+  p.scale_log2 = float(args->floats[0] * 1.4426950408889634);
+
+  const int q_len = varlen ? max_seqlen_q : seqlen_q;
+  const int m_blocks = (q_len + Config::kBlockM - 1) / Config::kBlockM;
+  if (batch == 0 || hq == 0 || m_blocks == 0) return 0;
+  if (batch > 65535 || hq > 65535) {
+    jit_set_err(err, err_len, "prefill_sm90: batch %d / heads %d exceed the grid's 65535", batch, hq);
+    return 1;
+  }
+  int device = args->device;
+  if (device < 0) cudaGetDevice(&device);
+  constexpr int kMaxDevices = 64;
+  static bool smem_set[kMaxDevices] = {};
+  auto kernel = prefill_kernel<Config>;
+  if (!(device < kMaxDevices && smem_set[device])) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes);
+    if (e != cudaSuccess) {
+      jit_set_err(err, err_len, "prefill_sm90: cudaFuncSetAttribute(%d bytes of shared memory): %s",
+                  Config::kSmemBytes, cudaGetErrorString(e));
+      return 1;
+    }
+    if (device < kMaxDevices) smem_set[device] = true;
+  }
+  kernel<<<dim3(m_blocks, hq, batch), Config::kThreads, Config::kSmemBytes,
+           reinterpret_cast<cudaStream_t>(args->stream)>>>(p);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    jit_set_err(err, err_len, "prefill_sm90: launch failed: %s", cudaGetErrorString(e));
+    return 1;
+  }
+  return 0;
+}
+
+template <class Config>
+int64_t workspace_bytes(const FrayArgs*) {
+  return 0;
+}
+
+}  // namespace detail
+}  // namespace attention
+}  // namespace fray
+
+#define FRAY_PREFILL_ENTRY(CONFIG) FRAY_SM90_ENTRY(CONFIG, ::fray::attention::detail, "prefill_sm90")
