@@ -55,7 +55,7 @@
 namespace fray {
 namespace attention {
 
-template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kCausal_>
+template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kCausal_, bool kOverlap_ = false>
 struct PrefillConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -63,6 +63,7 @@ struct PrefillConfig {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr bool kCausal = kCausal_;
+  static constexpr bool kOverlap = kOverlap_;  // tile n's softmax under tile n+1's P V
   static constexpr int kConsumers = kBlockM / 64;  // warpgroups, 64 query rows each
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
@@ -102,9 +103,9 @@ struct PrefillConfig {
   static_assert(kSmemBytes <= 227 * 1024, "tiles exceed the SM's shared memory");
 
   static void describe(char* buf, int n) {
-    snprintf(buf, n, "prefill_sm90 %s D%d tile %dx%d stages %d %s", sizeof(Element) == 2 &&
+    snprintf(buf, n, "prefill_sm90 %s D%d tile %dx%d stages %d %s%s",
              cute::is_same_v<Element, cutlass::bfloat16_t> ? "bf16" : "fp16", kHeadDim, kBlockM, kBlockN,
-             kStages, kCausal ? "causal" : "full");
+             kStages, kCausal ? "causal" : "full", kOverlap ? " overlap" : "");
   }
 };
 
@@ -296,24 +297,27 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
   const int diag = seqlen_k - seqlen_q;  // causal: key j visible from query i iff j <= i + diag
 
   if (n_max > 0) st.bar_q.wait(0);
-  typename PipeK::PipelineState read;
-  for (int n = n_max - 1; n >= 0; --n) {
-    // S = Q K^T
-    pipe_k.consumer_wait(read);
+
+  // The steps of one key tile, shared by both schedules below.
+  auto issue_qk = [&](int stage) {  // S = Q K^T, issued (the caller waits)
     warpgroup_fence_operand(tSrS);
     warpgroup_arrive();
     mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
     CUTE_UNROLL
     for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
-      gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb, read.index()), tSrS);
+      gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb, stage), tSrS);
       mma_qk.accumulate_ = GMMA::ScaleOut::One;
     }
     warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrS);
-    pipe_k.consumer_release(read);
-
-    // Mask: keys past the sequence; causal keys past each row's diagonal.
+  };
+  auto issue_pv = [&](int stage, auto& p_operand) {  // O += P V, issued
+    warpgroup_fence_operand(tOrO);
+    warpgroup_arrive();
+    gemm(mma_pv, p_operand, tOrV(_, _, _, stage), tOrO);
+    warpgroup_commit_batch();
+  };
+  // Keys past the sequence, and causal keys past each row's diagonal, to -inf.
+  auto mask = [&](int n) {
     const int key0 = n * kBlockN;
     const bool tail = key0 + kBlockN > seqlen_k;
     const bool crosses = Config::kCausal && key0 + kBlockN - 1 > m_block * kBlockM + diag;
@@ -324,13 +328,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
         for (int j = 0; j < size<1>(S); ++j) {
           const int row = m_block * kBlockM + get<0>(cS(i, j));
           const int key = key0 + get<1>(cS(i, j));
-          const bool hidden = key >= seqlen_k || (Config::kCausal && key > row + diag);
-          if (hidden) S(i, j) = -INFINITY;
+          if (key >= seqlen_k || (Config::kCausal && key > row + diag)) S(i, j) = -INFINITY;
         }
       }
     }
-
-    // Online softmax (a row's values sit in the 4 threads of a quad).
+  };
+  // Online softmax of S in place (a row's values sit in the 4 threads of a quad); corr[i]: what
+  // O's row i must be multiplied by to move to the new maximum.
+  auto softmax = [&](float (&corr)[kRows]) {
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
       float mx = row_max[i];
@@ -339,7 +344,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
       const float base = mx == -INFINITY ? 0.f : mx * p.scale_log2;
-      const float corr = row_max[i] == -INFINITY ? 0.f : fast_exp2(row_max[i] * p.scale_log2 - base);
+      corr[i] = row_max[i] == -INFINITY ? 0.f : fast_exp2(row_max[i] * p.scale_log2 - base);
       row_max[i] = mx;
       float sum = 0.f;
       CUTE_UNROLL
@@ -348,41 +353,99 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
         S(i, j) = e;
         sum += e;
       }
-      row_sum[i] = row_sum[i] * corr + sum;
+      row_sum[i] = row_sum[i] * corr[i] + sum;
+    }
+  };
+  auto rescale = [&](const float (&corr)[kRows]) {
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
       CUTE_UNROLL
-      for (int j = 0; j < size<1>(O); ++j) O(i, j) *= corr;
+      for (int j = 0; j < size<1>(O); ++j) O(i, j) *= corr[i];
     }
+  };
+  // P in registers, in the input type, as the A operand of O += P V.
+  Tensor rP = make_tensor<E>(tSrS.layout());
+  Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
+  auto convert_p = [&]() {
+    constexpr int kN = decltype(size(tSrS))::value;
+    cutlass::NumericArrayConverter<E, float, kN> convert;
+    *reinterpret_cast<cutlass::Array<E, kN>*>(rP.data()) =
+        convert(*reinterpret_cast<const cutlass::Array<float, kN>*>(tSrS.data()));
+  };
+  // V rows past the sequence's end: zeros, so that whatever lies there (another sequence's rows,
+  // a buffer's uninitialised tail) cannot reach O as 0 * NaN. Only the sequence's last key tile.
+  auto zero_tail = [&](int n, int stage) {
+    const int valid = seqlen_k - n * kBlockN;
+    if (valid >= kBlockN) return;
+    Tensor sVs = sV(_, _, stage);  // (D, BlockN)
+    for (int idx = tid; idx < kD * kBlockN; idx += 128 * Config::kConsumers) {
+      const int d = idx % kD, key = idx / kD;
+      if (key >= valid) sVs(d, key) = E(0.f);
+    }
+    cutlass::arch::fence_view_async_shared();
+    asm volatile("bar.sync 1, %0;" ::"r"(128 * Config::kConsumers));
+  };
 
-    // P in registers, in the input type, as the A operand of O += P V.
-    Tensor rP = make_tensor<E>(tSrS.layout());
-    {
-      constexpr int kN = decltype(size(tSrS))::value;
-      cutlass::NumericArrayConverter<E, float, kN> convert;
-      *reinterpret_cast<cutlass::Array<E, kN>*>(rP.data()) =
-          convert(*reinterpret_cast<const cutlass::Array<float, kN>*>(tSrS.data()));
+  typename PipeK::PipelineState read;
+  float corr[kRows];
+  if constexpr (!Config::kOverlap) {
+    for (int n = n_max - 1; n >= 0; --n) {
+      pipe_k.consumer_wait(read);
+      issue_qk(read.index());
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      pipe_k.consumer_release(read);
+      mask(n);
+      softmax(corr);
+      rescale(corr);
+      convert_p();
+      pipe_v.consumer_wait(read);
+      zero_tail(n, read.index());
+      issue_pv(read.index(), tOrP);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      pipe_v.consumer_release(read);
+      ++read;
     }
-    Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
-
-    pipe_v.consumer_wait(read);
-    if (tail) {
-      // V rows past the sequence's end: zeros, so that whatever lies there cannot reach O (0 * NaN).
-      const int valid = seqlen_k - key0;
-      Tensor sVs = sV(_, _, read.index());  // (D, BlockN)
-      for (int idx = tid; idx < kD * kBlockN; idx += 128 * Config::kConsumers) {
-        const int d = idx % kD, key = idx / kD;
-        if (key >= valid) sVs(d, key) = E(0.f);
-      }
-      cutlass::arch::fence_view_async_shared();
-      asm volatile("bar.sync 1, %0;" ::"r"(128 * Config::kConsumers));
+  } else if (n_max > 0) {
+    // Intra-warpgroup overlap: tile n's S = Q K^T and tile n+1's O += P V are issued together,
+    // so the softmax of tile n runs while the tensor cores do the P V product.
+    typename PipeK::PipelineState read_v = read;
+    int n = n_max - 1;
+    pipe_k.consumer_wait(read);
+    issue_qk(read.index());
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+    pipe_k.consumer_release(read);
+    ++read;
+    mask(n);
+    softmax(corr);
+    convert_p();
+    for (--n; n >= 0; --n) {
+      pipe_k.consumer_wait(read);
+      issue_qk(read.index());
+      pipe_v.consumer_wait(read_v);
+      zero_tail(n + 1, read_v.index());
+      issue_pv(read_v.index(), tOrP);
+      warpgroup_wait<1>();  // S done; P V still running
+      warpgroup_fence_operand(tSrS);
+      pipe_k.consumer_release(read);
+      ++read;
+      mask(n);
+      softmax(corr);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      pipe_v.consumer_release(read_v);
+      ++read_v;
+      rescale(corr);
+      convert_p();
     }
-    warpgroup_fence_operand(tOrO);
-    warpgroup_arrive();
-    gemm(mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
-    warpgroup_commit_batch();
+    pipe_v.consumer_wait(read_v);
+    zero_tail(0, read_v.index());
+    issue_pv(read_v.index(), tOrP);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tOrO);
-    pipe_v.consumer_release(read);
-    ++read;
+    pipe_v.consumer_release(read_v);
   }
 
   // Epilogue: O / sum, rows past the sequence not written; lse = ln(sum) + max * scale.
