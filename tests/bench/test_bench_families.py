@@ -153,10 +153,15 @@ def test_prefill_shapes_flops_and_peers():
     names = [ba.shape_name(s) for s, _ in ba.SHAPES["prefill_attention"]]
     assert names == ["B2Hq32Hkv8S%dD%d%s" % (s, d, c)
                      for s, d in ((1024, 128), (4096, 128), (8192, 128), (16384, 128), (8192, 64), (8192, 256))
-                     for c in ("", ":causal")]
+                     for c in ("", ":causal")] + ["B16Hq32Hkv8Svar8192D128", "B16Hq32Hkv8Svar8192D128:causal",
+                                                  "B1Hq32Hkv8S2048K16384D128:causal"]
+    for spec, _ in ba.SHAPES["prefill_attention"]:  # names read back
+        assert ba.parse_shapes("prefill_attention", ba.shape_name(spec))[0][0] == spec
     assert ba.parse_shapes("prefill_attention", "B1Hq4Hkv2S16D64:causal:fp16,B1Hq4Hkv2S16D64") == [
         (ba.Prefill(1, 4, 2, 16, 64, True), torch.float16), (ba.Prefill(1, 4, 2, 16, 64, False), torch.bfloat16)]
-    for bad in ("B1Hq4Hkv2T16D64", "B1Hq4Hkv2S16D64:sliding"):
+    # chunked: 16 queries at the end of 48 keys: 16 x 32 prefix pairs + the 16-query triangle
+    assert ba.prefill_flops(ba.Prefill(1, 4, 2, 16, 64, True, seq_k=48)) == 4 * 4 * 64 * (16 * 32 + 16 * 16 / 2)
+    for bad in ("B1Hq4Hkv2T16D64", "B1Hq4Hkv2S16D64:sliding", "B1Hq4Hkv2Svar16K32D64"):
         with pytest.raises(ValueError, match="shapes"):
             ba.parse_shapes("prefill_attention", bad)
     spec = ba.Prefill(2, 4, 2, 16, 64, True)
@@ -209,6 +214,36 @@ def test_mla_peer_matches_reference(name):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="CUDA"):
         fns["fray.triton"]()
+
+
+def test_prefill_varlen_and_chunked_peers_compute_the_same_attention():
+    """The varlen shape's padded-and-masked SDPA and per-sequence SDPA, and the chunked shape's
+    causal_lower_right SDPA, against Fray's reference on the packed / batched tensors (the math
+    kernel on the CPU; the GPU backends run the same calls)."""
+    spec = ba.Prefill(3, 4, 2, 200, 64, True, varlen=True)
+    inp = ba.prefill_inputs(spec, torch.float32, "cpu")
+    fns = ba.impls("prefill_attention", spec, inp)
+    assert set(fns) == {"fray.cuda", "fray.triton", "torch.builtin:padded", "torch.builtin:per_sequence"}
+    assert inp["lens"] == ba.prefill_lens(spec) and all(128 <= n <= 200 for n in inp["lens"])
+    want = fray.prefill_attention(inp["q"], inp["k"], inp["v"], cu_seqlens_q=inp["cu"], cu_seqlens_k=inp["cu"],
+                                  causal=True, backend="reference")
+    padded = torch.nn.functional.scaled_dot_product_attention(inp["q_bhsd"], inp["k_bhsd"], inp["v_bhsd"],
+                                                              attn_mask=inp["mask"], enable_gqa=True)
+    starts = inp["cu"].tolist()
+    for b, n in enumerate(inp["lens"]):
+        rows = want[starts[b]:starts[b] + n]
+        torch.testing.assert_close(padded[b, :, :n].transpose(0, 1), rows, rtol=1e-4, atol=1e-5)
+        seq = torch.nn.functional.scaled_dot_product_attention(inp["q_seqs"][b], inp["k_seqs"][b], inp["v_seqs"][b],
+                                                               is_causal=True, enable_gqa=True)
+        torch.testing.assert_close(seq[0].transpose(0, 1), rows, rtol=1e-4, atol=1e-5)
+    spec = ba.Prefill(1, 4, 2, 16, 64, True, seq_k=48)
+    inp = ba.prefill_inputs(spec, torch.float32, "cpu")
+    assert inp["q"].shape == (1, 16, 4, 64) and inp["k"].shape == (1, 48, 2, 64)
+    from torch.nn.attention.bias import causal_lower_right
+    got = torch.nn.functional.scaled_dot_product_attention(inp["q_bhsd"], inp["k_bhsd"], inp["v_bhsd"],
+                                                           attn_mask=causal_lower_right(16, 48), enable_gqa=True)
+    want = fray.prefill_attention(inp["q"], inp["k"], inp["v"], causal=True, backend="reference")
+    torch.testing.assert_close(got.transpose(1, 2), want, rtol=1e-4, atol=1e-5)
 
 
 def _fake_timers(monkeypatch):

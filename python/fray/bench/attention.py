@@ -15,11 +15,17 @@ append bytes: read k_new and v_new + write them into the cache = 4 · B · Hkv �
               block-table reads not counted).
 prefill_attention: "B<batch>Hq<q heads>Hkv<kv heads>S<seq>D<head dim>", batched [B, S, H, D], bf16:
 B2Hq32Hkv8S{1024, 4096, 8192, 16384}D128 and B2Hq32Hkv8S8192D{64, 256}, each non-causal and
-":causal". flops = 4 · B · Hq · S² · D (QK^T and PV), half of that causal (the masked half is
-never computed); bytes not reported. Impls: fray.cuda (the TMA + wgmma kernel), fray.triton; peers torch.builtin:flash / :efficient /
-:cudnn = F.scaled_dot_product_attention(enable_gqa=True, is_causal) under sdpa_kernel(<backend>)
-on the [B, H, S, D] transposed views of the same tensors (no copy); a backend that cannot run
-the shape leaves an error row.
+":causal"; the varlen batch B16Hq32Hkv8Svar8192D128 (16 packed sequences, lengths uniform in
+[128, 8192], fixed seed), both ways; chunked prefill B1Hq32Hkv8S2048K16384D128:causal (2048
+queries at the end of 16384 keys; the keys contiguous, not paged). flops = 4 · Hq · D per visible
+(query, key) pair (QK^T and PV; causal: the masked pairs are never computed and not counted);
+bytes not reported. Impls: fray.cuda (the TMA + wgmma kernel), fray.triton; peers
+torch.builtin:flash / :efficient / :cudnn = F.scaled_dot_product_attention(enable_gqa=True,
+is_causal; causal_lower_right for the chunked shape) under sdpa_kernel(<backend>) on the
+[B, H, S, D] transposed views of the same tensors (no copy); varlen: torch.builtin:padded (SDPA
+on the zero-padded batch with a boolean mask, the default backend choice) and
+torch.builtin:per_sequence (SDPA flash once per sequence); a backend that cannot run the shape
+leaves an error row.
 Decode impls: fray.cuda / fray.triton (public API, HND caches, preallocated out); on B32 also
 fray.cuda:NHD / fray.triton:NHD (kv_layout="NHD", same data transposed). Peers: torch.builtin =
 F.scaled_dot_product_attention(q[:, :, None, :], k, v, enable_gqa=True) on the HND cache; varlen
@@ -45,6 +51,7 @@ torch.compile is not timed: a compile per shape (36 shapes) would take longer th
 table (the lease budgets ~3 minutes for it).
 """
 import collections
+import itertools
 import re
 
 import torch
@@ -57,7 +64,10 @@ DTYPE = torch.bfloat16
 
 Decode = collections.namedtuple("Decode", "batch hq hkv capacity head_dim varlen page")
 Append = collections.namedtuple("Append", "batch hkv capacity head_dim page")
-Prefill = collections.namedtuple("Prefill", "batch hq hkv seq head_dim causal")
+# seq_k: the keys' length when it differs from the queries' (chunked prefill: the queries are the
+# last seq positions of seq_k); varlen: `batch` sequences with lengths drawn in [128, seq] (seq the
+# longest), packed.
+Prefill = collections.namedtuple("Prefill", "batch hq hkv seq head_dim causal seq_k varlen", defaults=(None, False))
 Mla = collections.namedtuple("Mla", "batch hq s_q seq")
 
 _DECODE = [
@@ -73,7 +83,9 @@ SHAPES = {
     "kv_append_paged": [(Append(64, 8, 4096, 128, 16), DTYPE)],
     "prefill_attention": [(Prefill(2, 32, 8, s, d, c), DTYPE)
                           for s, d in ((1024, 128), (4096, 128), (8192, 128), (16384, 128), (8192, 64), (8192, 256))
-                          for c in (False, True)],
+                          for c in (False, True)]
+                         + [(Prefill(16, 32, 8, 8192, 128, c, varlen=True), DTYPE) for c in (False, True)]
+                         + [(Prefill(1, 32, 8, 2048, 128, True, seq_k=16384), DTYPE)],
     "mla_decode": [(Mla(b, h, s, t), DTYPE) for b in (1, 32, 128) for h in (16, 128) for t in (1024, 4096, 16384)
                    for s in (1, 2)],
 }
@@ -87,8 +99,9 @@ def shape_name(spec):
     if isinstance(spec, Mla):
         return "B%dHq%dSq%dT%d" % spec
     if isinstance(spec, Prefill):
-        return "B%dHq%dHkv%dS%dD%d%s" % (spec.batch, spec.hq, spec.hkv, spec.seq, spec.head_dim,
-                                         ":causal" if spec.causal else "")
+        return "B%dHq%dHkv%dS%s%d%sD%d%s" % (spec.batch, spec.hq, spec.hkv, "var" if spec.varlen else "", spec.seq,
+                                            "K%d" % spec.seq_k if spec.seq_k else "", spec.head_dim,
+                                            ":causal" if spec.causal else "")
     page = "P%d" % spec.page if spec.page else ""
     if isinstance(spec, Append):
         return "B%dHkv%dD%d%s" % (spec.batch, spec.hkv, spec.head_dim, page)
@@ -99,7 +112,7 @@ def shape_name(spec):
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _DECODE_RE = re.compile(r"B(\d+)Hq(\d+)Hkv(\d+)T(var)?(\d+)D(\d+)(?:P(\d+))?$")
 _APPEND_RE = re.compile(r"B(\d+)Hkv(\d+)(?:T(\d+))?D(\d+)(?:P(\d+))?$")
-_PREFILL_RE = re.compile(r"B(\d+)Hq(\d+)Hkv(\d+)S(\d+)D(\d+)$")
+_PREFILL_RE = re.compile(r"B(\d+)Hq(\d+)Hkv(\d+)S(var)?(\d+)(?:K(\d+))?D(\d+)$")
 _MLA_RE = re.compile(r"B(\d+)Hq(\d+)Sq(\d+)T(\d+)$")
 
 
@@ -136,15 +149,18 @@ def parse_shapes(op, text):
 
 
 def _parse_prefill(item):
-    """B<b>Hq<hq>Hkv<hkv>S<s>D<d>, then optionally ":causal" and a dtype (":bf16" ...)."""
+    """B<b>Hq<hq>Hkv<hkv>S[var]<s>[K<s_k>]D<d>, then optionally ":causal" and a dtype (":bf16" ...):
+    Svar<s> packs b sequences of lengths in [128, s]; K<s_k> gives the keys a longer length
+    (chunked prefill, batched only)."""
     name, *tags = item.strip().split(":")
     m = _PREFILL_RE.match(name)
-    if not m or any(t not in _DTYPES and t != "causal" for t in tags):
-        raise ValueError("shapes: expected B<b>Hq<hq>Hkv<hkv>S<s>D<d>[:causal][:bf16|fp16|fp32] for "
-                         "prefill_attention, got %r" % (item,))
+    if not m or any(t not in _DTYPES and t != "causal" for t in tags) or (m.group(4) and m.group(6)):
+        raise ValueError("shapes: expected B<b>Hq<hq>Hkv<hkv>S[var]<s>[K<s_k>]D<d>[:causal][:bf16|fp16|fp32] "
+                         "(var and K not together) for prefill_attention, got %r" % (item,))
     dts = [t for t in tags if t in _DTYPES]
-    b, hq, hkv, seq, d = (int(g) for g in m.groups())
-    return Prefill(b, hq, hkv, seq, d, "causal" in tags), _DTYPES[dts[-1] if dts else "bf16"]
+    b, hq, hkv, var, seq, seq_k, d = m.groups()
+    return (Prefill(int(b), int(hq), int(hkv), int(seq), int(d), "causal" in tags, int(seq_k) if seq_k else None,
+                    bool(var)), _DTYPES[dts[-1] if dts else "bf16"])
 
 
 def _parse_mla(item):
@@ -252,12 +268,43 @@ def decode_inputs(spec, dtype, device):
     return inp
 
 
+def prefill_lens(spec):
+    """A varlen shape's sequence lengths: uniform in [128, seq], fixed seed (SEED + 3)."""
+    g = torch.Generator().manual_seed(SEED + 3)
+    return torch.randint(128, spec.seq + 1, (spec.batch,), generator=g).tolist()
+
+
 def prefill_inputs(spec, dtype, device):
-    """Batched q [B, S, Hq, D], k, v [B, S, Hkv, D] on `device`, and their [B, H, S, D] views."""
+    """Batched q [B, S, Hq, D], k, v [B, S_k, Hkv, D] on `device`, and their [B, H, S, D] views.
+    Varlen: packed q [total, Hq, D], k, v [total, Hkv, D] with cu_seqlens, plus what the peers take:
+    the same tokens padded into [B, H, S, D] with a boolean mask [B, 1, S, S] (padding keys hidden,
+    and the causal triangle), and per-sequence [1, H, L, D] views."""
     g = torch.Generator(device=device).manual_seed(SEED)
+    if spec.varlen:
+        lens = prefill_lens(spec)
+        total, s = sum(lens), spec.seq
+        inp = {"q": _randn((total, spec.hq, spec.head_dim), dtype, device, g),
+               "k": _randn((total, spec.hkv, spec.head_dim), dtype, device, g),
+               "v": _randn((total, spec.hkv, spec.head_dim), dtype, device, g), "lens": lens,
+               "cu": torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=device)}
+        starts = inp["cu"].tolist()[:-1]
+        for n in ("q", "k", "v"):
+            t = inp[n]
+            padded = torch.zeros((spec.batch, s) + tuple(t.shape[1:]), dtype=dtype, device=device)
+            for b, (st, ln) in enumerate(zip(starts, lens)):
+                padded[b, :ln] = t[st:st + ln]
+            inp[n + "_bhsd"] = padded.transpose(1, 2)
+            inp[n + "_seqs"] = [t[st:st + ln].unsqueeze(0).transpose(1, 2) for st, ln in zip(starts, lens)]
+        idx = torch.arange(s, device=device)
+        keep = idx[None, None, :] < torch.tensor(lens, device=device)[:, None, None]  # [B, 1(q), S(k)]
+        if spec.causal:
+            keep = keep & (idx[None, :, None] >= idx[None, None, :])
+        inp["mask"] = keep[:, None]  # [B, 1, S, S]
+        return inp
+    seq_k = spec.seq_k or spec.seq
     inp = {"q": _randn((spec.batch, spec.seq, spec.hq, spec.head_dim), dtype, device, g),
-           "k": _randn((spec.batch, spec.seq, spec.hkv, spec.head_dim), dtype, device, g),
-           "v": _randn((spec.batch, spec.seq, spec.hkv, spec.head_dim), dtype, device, g)}
+           "k": _randn((spec.batch, seq_k, spec.hkv, spec.head_dim), dtype, device, g),
+           "v": _randn((spec.batch, seq_k, spec.hkv, spec.head_dim), dtype, device, g)}
     for n in ("q", "k", "v"):
         inp[n + "_bhsd"] = inp[n].transpose(1, 2)
     return inp
@@ -283,15 +330,30 @@ def mla_work(spec, dtype):
 
 
 def _sdpa_with(backend, q, k, v, causal):
+    """SDPA under one backend; causal with fewer queries than keys (chunked prefill) is aligned
+    bottom-right through torch's causal_lower_right bias, as Fray aligns it."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    mask = None
+    if causal and q.shape[-2] != k.shape[-2]:
+        from torch.nn.attention.bias import causal_lower_right
+        mask, causal = causal_lower_right(q.shape[-2], k.shape[-2]), False
     with sdpa_kernel(getattr(SDPBackend, {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                                           "cudnn": "CUDNN_ATTENTION"}[backend])):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
 
 
 def prefill_flops(spec):
-    flops = 4.0 * spec.batch * spec.hq * spec.seq * spec.seq * spec.head_dim
-    return flops / 2 if spec.causal else flops
+    """4 Hq D per visible (query, key) pair: QK^T and PV; causal counts the visible triangle only
+    (chunked: the q x (s_k - s_q) prefix block plus the triangle)."""
+    if spec.varlen:
+        lens = prefill_lens(spec)
+        pairs = sum(n * (n + 1) / 2 if spec.causal else n * n for n in lens)
+        return 4.0 * spec.hq * spec.head_dim * pairs
+    sk = spec.seq_k or spec.seq
+    pairs = spec.seq * sk
+    if spec.causal:
+        pairs = spec.seq * (sk - spec.seq) + spec.seq * spec.seq / 2 if sk > spec.seq else spec.seq * spec.seq / 2
+    return 4.0 * spec.batch * spec.hq * spec.head_dim * pairs
 
 
 def append_inputs(spec, dtype, device):
@@ -328,9 +390,21 @@ def impls(op, spec, inp):
         return out
     if op == "prefill_attention":
         o = torch.empty_like(inp["q"])
+        kw = {}
+        if spec.varlen:
+            m = max(inp["lens"])
+            kw = dict(cu_seqlens_q=inp["cu"], cu_seqlens_k=inp["cu"], max_seqlen_q=m, max_seqlen_k=m)
         for backend in ("cuda", "triton"):
             out["fray." + backend] = lambda b=backend: fray.prefill_attention(inp["q"], inp["k"], inp["v"],
-                                                                              causal=spec.causal, out=o, backend=b)
+                                                                              causal=spec.causal, out=o, backend=b,
+                                                                              **kw)
+        if spec.varlen:
+            out["torch.builtin:padded"] = lambda: F.scaled_dot_product_attention(
+                inp["q_bhsd"], inp["k_bhsd"], inp["v_bhsd"], attn_mask=inp["mask"], enable_gqa=True)
+            out["torch.builtin:per_sequence"] = lambda: [
+                _sdpa_with("flash", q, k, v, spec.causal) for q, k, v in zip(inp["q_seqs"], inp["k_seqs"],
+                                                                            inp["v_seqs"])]
+            return out
         for backend in SDPA_BACKENDS:
             out["torch.builtin:" + backend] = lambda b=backend: _sdpa_with(
                 b, inp["q_bhsd"], inp["k_bhsd"], inp["v_bhsd"], spec.causal)
@@ -392,8 +466,16 @@ def _notes(op, spec):
                 "preallocated; gbps: latent bytes read, tflops: 2 Hq (576 + 512) per visible token"
                 % (MLA_PAGE, SEED + 2))
     if op == "prefill_attention":
-        return "batched [B, S, H, D], %s; default scale; fray out preallocated; SDPA on [B, H, S, D] views" % (
-            "causal (flops halved)" if spec.causal else "non-causal")
+        kind = "causal (masked pairs not counted)" if spec.causal else "non-causal"
+        if spec.varlen:
+            return ("varlen: %d sequences, lengths uniform in [128, %d] seed %d (%s), packed; %s; default scale; "
+                    "torch.builtin:padded = SDPA on the zero-padded [B, H, S, D] batch with a boolean mask, "
+                    ":per_sequence = SDPA flash once per sequence" % (spec.batch, spec.seq, SEED + 3,
+                                                                      ",".join(map(str, prefill_lens(spec))), kind))
+        chunk = (" chunked: %d queries as the last positions of %d keys (SDPA with causal_lower_right);"
+                 % (spec.seq, spec.seq_k)) if spec.seq_k else ""
+        return "batched [B, S, H, D], %s;%s default scale; fray out preallocated; SDPA on [B, H, S, D] views" % (
+            kind, chunk)
     if op in ("kv_append", "kv_append_paged"):
         return "cache T=%d %s; lens uniform in [0, T) seed %d" % (
             spec.capacity, "P%d pages" % spec.page if spec.page else "HND", SEED + 1)
