@@ -927,7 +927,13 @@ def _prefill_plan(q, k, v, cu_q, out, lse, causal, max_q, max_k, scale, backend)
             from fray import jit
             name, src = prefill_cuda_source(q.dtype, q.shape[-1], causal)
             p.kernel = jit.build(name, src, device=p.dev)
-            (qb, qt, qh), (kb, kt, kh), (vb, vt, vh), (ob, ot, oh) = p.strides[:4]
+            # A dimension of size 1 is never stepped along, so its stride is free in torch; TMA still
+            # checks it: give it D (a multiple of 16 bytes).
+            d = q.shape[-1]
+            dims = [(q, p.strides[0]), (k, p.strides[1]), (v, p.strides[2]), (out, p.strides[3])]
+            (qb, qt, qh), (kb, kt, kh), (vb, vt, vh), (ob, ot, oh) = [
+                tuple(d if n == 1 else st for st, n in zip(strides, ((1,) if p.varlen else ()) + tuple(t.shape[:-1])))
+                for t, strides in dims]
             rows_q = q.shape[0] if p.varlen else q.shape[1]
             rows_k = k.shape[0] if p.varlen else k.shape[1]
             p.ints = (p.batch, q.shape[-2], k.shape[-2], rows_q, rows_k, max_q,
