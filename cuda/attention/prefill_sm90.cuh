@@ -55,7 +55,8 @@
 namespace fray {
 namespace attention {
 
-template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kCausal_, bool kOverlap_ = false>
+template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kCausal_, bool kOverlap_ = false,
+          bool kPingPong_ = false>
 struct PrefillConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -64,10 +65,12 @@ struct PrefillConfig {
   static constexpr int kStages = kStages_;
   static constexpr bool kCausal = kCausal_;
   static constexpr bool kOverlap = kOverlap_;  // tile n's softmax under tile n+1's P V
+  static constexpr bool kPingPong = kPingPong_;  // the consumer warpgroups take turns (needs kOverlap)
   static constexpr int kConsumers = kBlockM / 64;  // warpgroups, 64 query rows each
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "key tile: a multiple of 16, 16..256");
+  static_assert(!kPingPong || (kOverlap && kConsumers == 2), "ping-pong: two consumer warpgroups, with kOverlap");
 
   using TileQK = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kHeadDim>>;
   using TilePV = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kBlockN>>;
@@ -103,9 +106,9 @@ struct PrefillConfig {
   static_assert(kSmemBytes <= 227 * 1024, "tiles exceed the SM's shared memory");
 
   static void describe(char* buf, int n) {
-    snprintf(buf, n, "prefill_sm90 %s D%d tile %dx%d stages %d %s%s",
+    snprintf(buf, n, "prefill_sm90 %s D%d tile %dx%d stages %d %s%s%s",
              cute::is_same_v<Element, cutlass::bfloat16_t> ? "bf16" : "fp16", kHeadDim, kBlockM, kBlockN,
-             kStages, kCausal ? "causal" : "full", kOverlap ? " overlap" : "");
+             kStages, kCausal ? "causal" : "full", kOverlap ? " overlap" : "", kPingPong ? " pingpong" : "");
   }
 };
 
@@ -409,11 +412,27 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
     }
   } else if (n_max > 0) {
     // Intra-warpgroup overlap: tile n's S = Q K^T and tile n+1's O += P V are issued together,
-    // so the softmax of tile n runs while the tensor cores do the P V product.
+    // so the softmax of tile n runs while the tensor cores do the P V product. With kPingPong the
+    // two consumer warpgroups also take turns issuing (named barriers 2 and 3): one's softmax
+    // runs while the other's products occupy the tensor cores. The first warpgroup skips its
+    // first wait and the last one its last signal, so that every signal is consumed.
+    const int cw = wg - 1;  // consumer warpgroup 0 or 1
+    auto turn_begin = [&](bool first) {
+      if constexpr (Config::kPingPong) {
+        if (!(first && cw == 0)) asm volatile("bar.sync %0, 256;" ::"r"(2 + cw));
+      }
+    };
+    auto turn_end = [&](bool last) {
+      if constexpr (Config::kPingPong) {
+        if (!(last && cw == 1)) asm volatile("bar.arrive %0, 256;" ::"r"(3 - cw));
+      }
+    };
     typename PipeK::PipelineState read_v = read;
     int n = n_max - 1;
     pipe_k.consumer_wait(read);
+    turn_begin(true);
     issue_qk(read.index());
+    turn_end(false);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     pipe_k.consumer_release(read);
@@ -423,10 +442,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
     convert_p();
     for (--n; n >= 0; --n) {
       pipe_k.consumer_wait(read);
-      issue_qk(read.index());
       pipe_v.consumer_wait(read_v);
-      zero_tail(n + 1, read_v.index());
+      zero_tail(n + 1, read_v.index());  // both warpgroups, outside the turns (barrier 1)
+      turn_begin(false);
+      issue_qk(read.index());
       issue_pv(read_v.index(), tOrP);
+      turn_end(false);
       warpgroup_wait<1>();  // S done; P V still running
       warpgroup_fence_operand(tSrS);
       pipe_k.consumer_release(read);
@@ -442,7 +463,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
     }
     pipe_v.consumer_wait(read_v);
     zero_tail(0, read_v.index());
+    turn_begin(false);
     issue_pv(read_v.index(), tOrP);
+    turn_end(true);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tOrO);
     pipe_v.consumer_release(read_v);
