@@ -356,6 +356,7 @@ def test_ops_layer_wiring_under_interpreter(monkeypatch):
     """The ops layer's GPU implementation (plans, strides of both forms, lse layouts, the empty
     cases) driven on CPU tensors through the interpreter, with the CUDA-only calls stubbed out."""
     monkeypatch.setattr(P, "PLANS", P.PlanCache())
+    resolve = A.B.resolve
     monkeypatch.setattr(A.B, "resolve", lambda *a: "triton")
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -378,14 +379,19 @@ def test_ops_layer_wiring_under_interpreter(monkeypatch):
     ob.fill_(float("nan"))
     A._prefill_impl(qb, kb[:, :0], vb[:, :0], None, None, ob, lb, True, 20, 0, 0.125, "auto")
     assert (ob == 0).all() and (lb == -math.inf).all()
-    # "cuda" resolved under "auto" where the JIT kernel cannot run (here: CPU tensors): Triton runs
+    # "cuda" resolved under "auto" for tensors the kernel cannot load (a head stride of 68 elements,
+    # not a multiple of 16 bytes): Triton runs
     monkeypatch.setattr(A.B, "resolve", lambda *a: "cuda")
+    wide = torch.zeros(q.shape[0], 4, 68, dtype=q.dtype)[:, :, :64]
+    wide.copy_(q)
     out.fill_(float("nan"))
-    A._prefill_impl(q, k, v, cu_q, cu_k, out, lse, False, 20, 30, 0.125, "auto")
+    A._prefill_impl(wide, k, v, cu_q, cu_k, out, lse, False, 20, 30, 0.125, "auto")
     _check(out, lse, _expected(q, k, v, cu_q, cu_k, False, 0.125), torch.bfloat16, "ops cuda -> triton")
-    # FRAY_BACKEND=cuda forces it: refused with the reason
+    # FRAY_BACKEND=cuda forces the JIT kernel where it cannot run (CPU tensors): refused with the reason,
+    # the gemm family's (nvcc, CUTLASS, sm_90a, the device)
+    monkeypatch.setattr(A.B, "resolve", resolve)
     monkeypatch.setenv("FRAY_BACKEND", "cuda")
-    with pytest.raises(RuntimeError, match="backend='cuda' cannot run prefill_attention here: tensors are on cpu"):
+    with pytest.raises(RuntimeError, match="backend='cuda' cannot run prefill_attention: tensors are on cpu"):
         A._prefill_impl(q, k, v, cu_q, cu_k, out, lse, True, 20, 30, 0.125, "auto")
 
 

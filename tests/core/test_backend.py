@@ -68,6 +68,7 @@ def test_every_op_names_its_cuda_extension():
     assert fray.CUDA_FAMILY["topk"] == fray.CUDA_FAMILY["argmax"] == "topk"
     assert fray.CUDA_FAMILY["sample"] == fray.CUDA_FAMILY["decode_step"] == "sampling"
     assert fray.CUDA_FAMILY["rmsnorm"] == "norm"
+    assert fray.CUDA_FAMILY["prefill_attention"] == fray.CUDA_FAMILY["scaled_gemm"] == "gemm"  # JIT kernels
     # every named extension is built: fray._C._<family> (this target depends on //python/fray/_C:all);
     # JIT-compiled families (a registered CUDA check, no extension of their own) need the loader
     from fray import backend as B

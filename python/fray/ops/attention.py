@@ -54,6 +54,9 @@ __all__ = list(OPS)
 for _op_name in OPS[:4]:
     B.register_preference(_op_name, ("cuda", "triton"))
 B.register_preference("prefill_attention", ("cuda", "triton"))
+# prefill_attention's CUDA kernel is JIT-compiled (fray.jit + CUTLASS headers), as the gemm family's
+# are: its availability is that family's (nvcc, the headers, sm_90a), not fray._C._attention's.
+CUDA_FAMILIES = {"prefill_attention": "gemm"}
 B.register_preference("mla_decode", ("triton",), missing={"cuda": "there is no CUDA MLA decode kernel yet"})
 
 LAYOUTS = ("HND", "NHD")
@@ -843,12 +846,6 @@ def prefill_cuda_source(dtype, d, causal):
     return name, src
 
 
-def _prefill_jit_reason(device):
-    """Why the JIT-compiled prefill kernel cannot run on `device` (nvcc, CUTLASS, sm_90a), or None."""
-    from fray.ops import gemm
-    return gemm._cuda_reason(device)
-
-
 def _prefill_cuda_layout_reason(q, k, v, out):
     """Why the CUDA kernel cannot take these tensors' dtype / strides, or None (pointers are
     checked per call: _PrefillPlan.aligned)."""
@@ -904,7 +901,7 @@ def _token_strides(t, varlen):
 
 
 def _prefill_plan(q, k, v, cu_q, out, lse, causal, max_q, max_k, scale, backend):
-    be = B.resolve("prefill_attention", FAMILY, backend, q.device)
+    be = B.resolve("prefill_attention", CUDA_FAMILIES["prefill_attention"], backend, q.device)
     p = _PrefillPlan()
     p.varlen = cu_q is not None
     p.batch = cu_q.shape[0] - 1 if p.varlen else q.shape[0]
@@ -919,10 +916,10 @@ def _prefill_plan(q, k, v, cu_q, out, lse, causal, max_q, max_k, scale, backend)
                  _token_strides(out, p.varlen), (0, lse.stride(0)) if p.varlen else (lse.stride(0), lse.stride(1)))
     p.kernel, p.ints, p.forced = None, None, be == "cuda" and not _auto(backend)
     if be == "cuda":
-        why = _prefill_jit_reason(q.device) or _prefill_cuda_layout_reason(q, k, v, out)
+        why = _prefill_cuda_layout_reason(q, k, v, out)  # (nvcc, CUTLASS, sm_90a: checked by resolve)
         if why and p.forced:
-            raise (RuntimeError if _prefill_jit_reason(q.device) else ValueError)(
-                "backend='cuda' cannot run prefill_attention here: %s (use backend='triton' or 'auto')" % why)
+            raise ValueError("backend='cuda' cannot run prefill_attention here: %s (use backend='triton' or 'auto')"
+                             % why)
         if not why:
             from fray import jit
             name, src = prefill_cuda_source(q.dtype, q.shape[-1], causal)
@@ -1465,8 +1462,6 @@ def check_cases(device):
 
     def rows(op, backend):
         out = []
-        if op == "prefill_attention" and backend == "cuda" and _prefill_jit_reason(device):
-            return [("-", "-", RuntimeError("unavailable: " + _prefill_jit_reason(device)))]
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             name = V.DTYPE_NAMES[dtype]
             if op == "prefill_attention":
@@ -1483,4 +1478,4 @@ def check_cases(device):
                                 lambda d=dtype, p=op != "decode_attention", n=nhd, b=backend:
                                 run(d, p, n, device, False, b)))
         return out
-    return cases + B.gpu_check_rows(FAMILY, OPS, device, rows)
+    return cases + B.gpu_check_rows(lambda op: CUDA_FAMILIES.get(op, FAMILY), OPS, device, rows)
