@@ -32,6 +32,7 @@
 // rows_q / rows_k: the token extent of q / k (total rows in the varlen form, S in the batched
 // one); seqlen_q / seqlen_k: the batched form's lengths (ignored when cu_seqlens are given, where
 // a sequence's queries are cut at max_seqlen_q and its offsets clamped into the rows).
+// The varlen form ignores o_batch and lse_batch (a sequence is its rows of one packed batch).
 // lse[b * lse_batch + h * lse_head + token] (the token within the sequence for the batched form,
 // the packed row for varlen).
 #pragma once
@@ -481,7 +482,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
     row_sum[i] = s;
     inv[i] = s > 0.f ? 1.f / s : 0.f;
   }
-  const int64_t o_base = int64_t(b) * p.o_batch + int64_t(q_start) * p.o_token + int64_t(h) * p.o_head;
+  // Varlen: the sequence's rows start at q_start of one packed batch (o_batch is not used).
+  const int64_t o_base =
+      (p.cu_q != nullptr ? 0 : int64_t(b) * p.o_batch) + int64_t(q_start) * p.o_token + int64_t(h) * p.o_head;
   CUTE_UNROLL
   for (int i = 0; i < kRows; ++i) {
     const int row = m_block * kBlockM + get<0>(cO(i, 0));
@@ -498,7 +501,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
       }
       if ((threadIdx.x & 3) == 0) {
         const float l = row_sum[i] > 0.f ? logf(row_sum[i]) + row_max[i] * p.scale : -INFINITY;
-        p.lse[int64_t(b) * p.lse_batch + int64_t(h) * p.lse_head + (q_start + row)] = l;
+        p.lse[(p.cu_q != nullptr ? 0 : int64_t(b) * p.lse_batch) + int64_t(h) * p.lse_head + (q_start + row)] = l;
       }
     }
   }
