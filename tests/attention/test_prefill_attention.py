@@ -172,9 +172,14 @@ def test_registration():
     assert fray.OPS["prefill_attention"] == "attention" and hasattr(torch.ops.fray, "prefill_attention")
     assert B._PREFERENCE["prefill_attention"] == ("cuda", "triton")
     name, src = A.prefill_cuda_source(torch.bfloat16, 128, True)
-    assert name == "prefill_sm90_bf16_d128_n128_s2_causal"
-    assert "PrefillConfig<cutlass::bfloat16_t, 128, 128, 2, true>" in src and "FRAY_PREFILL_ENTRY(Config)" in src
-    assert "PrefillConfig<cutlass::half_t, 256, 64, 2, false>" in A.prefill_cuda_source(torch.float16, 256, False)[1]
+    assert name == "prefill_sm90_bf16_d128_n128_s2_ov_causal"
+    assert "PrefillConfig<cutlass::bfloat16_t, 128, 128, 2, true, true, false>" in src
+    assert "FRAY_PREFILL_ENTRY(Config)" in src
+    name, src = A.prefill_cuda_source(torch.float16, 256, False)
+    assert name == "prefill_sm90_fp16_d256_n64_s2_ov_pp_full"
+    assert "PrefillConfig<cutlass::half_t, 256, 64, 2, false, true, true>" in src
+    assert "PrefillConfig<cutlass::bfloat16_t, 64, 128, 3, true, true, true>" in A.prefill_cuda_source(
+        torch.bfloat16, 64, True)[1]
     assert list(inspect.signature(fray.triton.attention_prefill).parameters) == ["q_all", "k_all", "v_all", "causal"]
     with pytest.raises(ValueError, match="backend: 'triton' needs CUDA tensors"):
         fray.triton.attention_prefill(*(t[None] for t in _varlen_case(torch.float16, [4], [4], 2, 2, 64)[:3]))
@@ -424,7 +429,7 @@ def test_cuda_kernel_compiles_for_sm90a(tmp_path, monkeypatch):
     for sym in ("fray_jit_launch", "fray_jit_workspace_bytes", "fray_jit_describe"):
         assert hasattr(lib, sym), sym
     lib.fray_jit_describe.restype = ctypes.c_char_p
-    assert lib.fray_jit_describe().decode() == "prefill_sm90 bf16 D128 tile 128x128 stages 2 causal"
+    assert lib.fray_jit_describe().decode() == "prefill_sm90 bf16 D128 tile 128x128 stages 2 causal overlap"
 
 
 # ---------------------------------------------------------------------------------------------

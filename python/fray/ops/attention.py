@@ -833,16 +833,20 @@ def _prefill_lse_shape(q, varlen):
 # depth per head dim: 128-key tiles in two stages fill 160 KB of shared memory at D 128 (Q 32 KB,
 # K and V 64 KB each); D 256 takes 64-key tiles (192 KB).
 _PREFILL_CT = {torch.bfloat16: "cutlass::bfloat16_t", torch.float16: "cutlass::half_t"}
-PREFILL_CUDA_TILES = {64: (128, 2), 128: (128, 2), 256: (64, 2)}  # D -> (key tile, stages)
+# D -> (key tile, ring stages, overlap, ping-pong): the fastest of the schedules in
+# cuda/attention/prefill_sm90.cuh as measured at B2 Hq32 Hkv8 S8192 / S16384 (bench/NOTES.md).
+PREFILL_CUDA_TILES = {64: (128, 3, True, True), 128: (128, 2, True, False), 256: (64, 2, True, True)}
 
 
 def prefill_cuda_source(dtype, d, causal):
     """(name, translation unit) of the CUDA prefill kernel for one (dtype, head dim, causal)."""
-    bn, stages = PREFILL_CUDA_TILES[d]
-    name = "prefill_sm90_%s_d%d_n%d_s%d_%s" % (V.DTYPE_NAMES[dtype], d, bn, stages, "causal" if causal else "full")
+    bn, stages, overlap, pingpong = PREFILL_CUDA_TILES[d]
+    name = "prefill_sm90_%s_d%d_n%d_s%d%s%s_%s" % (V.DTYPE_NAMES[dtype], d, bn, stages, "_ov" if overlap else "",
+                                                  "_pp" if pingpong else "", "causal" if causal else "full")
+    cpp = ("false", "true")
     src = ('#include "cuda/attention/prefill_sm90.cuh"\n'
-           "using Config = fray::attention::PrefillConfig<%s, %d, %d, %d, %s>;\nFRAY_PREFILL_ENTRY(Config)\n"
-           % (_PREFILL_CT[dtype], d, bn, stages, "true" if causal else "false"))
+           "using Config = fray::attention::PrefillConfig<%s, %d, %d, %d, %s, %s, %s>;\nFRAY_PREFILL_ENTRY(Config)\n"
+           % (_PREFILL_CT[dtype], d, bn, stages, cpp[causal], cpp[overlap], cpp[pingpong]))
     return name, src
 
 
