@@ -120,19 +120,22 @@ def kv_append_paged(k_pages: _A, v_pages: _A, block_table: _A, k_new: _A, v_new:
                     backend: Backend = "auto") -> Tuple[_A, _A]: ...
 
 # prefill attention: varlen q [total_q, Hq, D], k/v [total_k, Hkv, D] with cu_seqlens [B + 1] (lse
-# [Hq, total_q]), or batched q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D] (lse [B, Hq, Sq])
+# [Hq, total_q]; with block_table [B, max_blocks], k/v are pages [num_blocks, block_size, Hkv, D]),
+# or batched q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D] (lse [B, Hq, Sq])
 @overload
 def prefill_attention(q: _A, k: _A, v: _A, *, causal: bool = True, cu_seqlens_q: Optional[_A] = None,
                       cu_seqlens_k: Optional[_A] = None, max_seqlen_q: Optional[int] = None,
                       max_seqlen_k: Optional[int] = None, scale: Optional[float] = None,
                       return_lse: Literal[False] = False, out: Optional[_A] = None,
-                      backend: Backend = "auto") -> _A: ...
+                      backend: Backend = "auto", block_table: Optional[_A] = None, window_left: None = None,
+                      logits_soft_cap: None = None, sinks: None = None) -> _A: ...
 @overload
 def prefill_attention(q: _A, k: _A, v: _A, *, causal: bool = True, cu_seqlens_q: Optional[_A] = None,
                       cu_seqlens_k: Optional[_A] = None, max_seqlen_q: Optional[int] = None,
                       max_seqlen_k: Optional[int] = None, scale: Optional[float] = None,
                       return_lse: Literal[True], out: Optional[_A] = None,
-                      backend: Backend = "auto") -> Tuple[_A, _A]: ...
+                      backend: Backend = "auto", block_table: Optional[_A] = None, window_left: None = None,
+                      logits_soft_cap: None = None, sinks: None = None) -> Tuple[_A, _A]: ...
 
 # MLA decode (DeepSeek's latent attention): q [B, s_q, Hq, 576], kv_cache [num_blocks, block_size, 1, 576]
 # paged through block_table [B, max_blocks]; out [B, s_q, Hq, 512], lse [B, s_q, Hq]

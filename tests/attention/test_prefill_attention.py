@@ -1,6 +1,8 @@
-"""fray.prefill_attention: reference (hand values, a direct softmax formula), the Triton kernel under
-the interpreter, the ops layer's wiring, the error contract; GPU: every dtype x head dim x group
-against the float64 reference and SDPA, torch.compile, CUDA-graph replay with new cu_seqlens."""
+"""fray.prefill_attention: reference (hand values, a direct softmax formula, the paged form against
+the contiguous one), the Triton kernel under the interpreter (contiguous and paged K/V), the ops
+layer's wiring, the error contract; GPU: every dtype x head dim x group against the float64
+reference and SDPA, paged K/V, torch.compile, CUDA-graph replay with new cu_seqlens (and new
+block tables)."""
 import contextlib
 import inspect
 import math
@@ -32,6 +34,14 @@ def _varlen_case(dtype, lens_q, lens_k, hq, hkv, d, seed=0, device="cpu"):
     k = torch.randn(tk, hkv, d, device=device, generator=g).to(dtype)
     v = torch.randn(tk, hkv, d, device=device, generator=g).to(dtype)
     return q, k, v, _cu(lens_q, device), _cu(lens_k, device)
+
+
+def _paged_case(dtype, lens_q, lens_k, hq, hkv, d, page, seed=0, device="cpu"):
+    """_varlen_case, plus the same keys in `page`-token pages behind a shuffled block table (the
+    pool rows no sequence uses hold NaN): (q, k, v, cu_q, cu_k, k_pages, v_pages, block_table)."""
+    q, k, v, cu_q, cu_k = _varlen_case(dtype, lens_q, lens_k, hq, hkv, d, seed, device)
+    kp, vp, bt = A._paged_kv(k, v, lens_k, page, torch.Generator(device=device).manual_seed(seed + 1))
+    return q, k, v, cu_q, cu_k, kp, vp, bt
 
 
 def _expected(q, k, v, cu_q=None, cu_k=None, causal=True, scale=None):
@@ -149,6 +159,56 @@ def test_reference_batched_form_is_the_varlen_form():
     np.testing.assert_array_equal(lse, vl.reshape(4, 3, 5).transpose(1, 0, 2))
 
 
+def test_reference_paged_hand_computed():
+    # One sequence of 17 keys in 16-token pages behind the table [1, 0]: tokens 0..15 are page 1,
+    # token 16 is slot 0 of page 0 (the rest of page 0 is NaN: never read). Equal keys, value t at
+    # token t: each query averages what it sees. Two queries, causal bottom-right: query 0 sees
+    # tokens 0..15 (mean 7.5), query 1 all 17 (mean 8).
+    q = np.ones((2, 1, 64))
+    kp = np.zeros((2, 16, 1, 64))
+    vp = np.zeros((2, 16, 1, 64))
+    vp[1, :, 0, :] = np.arange(16.0)[:, None]
+    vp[0, 0, 0, :] = 16.0
+    kp[0, 1:], vp[0, 1:] = np.nan, np.nan
+    bt = np.array([[1, 0]], np.int32)
+    y, lse = fray.prefill_attention(q, kp, vp, cu_seqlens_q=np.array([0, 2]), cu_seqlens_k=np.array([0, 17]),
+                                    block_table=bt, return_lse=True)
+    np.testing.assert_allclose(y[:, 0, 0], [7.5, 8.0], rtol=1e-15)
+    np.testing.assert_allclose(lse[0], [math.log(16.0), math.log(17.0)], rtol=1e-15)
+    # 16 keys: page 1 alone (the table's second entry is not used)
+    y = fray.prefill_attention(q[:1], kp, vp, cu_seqlens_q=np.array([0, 1]), cu_seqlens_k=np.array([0, 16]),
+                               block_table=np.array([[1, -1]], np.int32))
+    np.testing.assert_allclose(y[0, 0], np.full(64, 7.5), rtol=1e-15)
+
+
+# lengths around the 16- and 64-token pages (one short, whole, one over), an empty sequence; the
+# queries are the last positions of the keys (chunked prefill) or all of them
+PAGED_LENS_K = [1, 63, 64, 65, 127, 129, 0]
+PAGED_LENS_Q = [1, 20, 64, 1, 100, 129, 0]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("page", [16, 64])
+def test_reference_paged_is_the_contiguous_form(page, causal):
+    q, k, v, cu_q, cu_k, kp, vp, bt = _paged_case(torch.float64, PAGED_LENS_Q, PAGED_LENS_K, 4, 2, 64, page,
+                                                  seed=page)
+    entries = bt.flatten().tolist()
+    assert len(set(entries)) == len(entries) and entries != sorted(entries)  # distinct pages, shuffled
+    assert bt.shape == (7, -(-129 // page)) and torch.isnan(kp).any()
+    want = ref.prefill_attention(q.numpy(), k.numpy(), v.numpy(), cu_q, cu_k, causal, 0.1)
+    got = ref.prefill_attention(q.numpy(), kp.numpy(), vp.numpy(), cu_q, cu_k, causal, 0.1, block_table=bt)
+    for a, b in zip(got, want):  # the same rows in the same order: the same float64 operations
+        np.testing.assert_array_equal(a, b)
+    # the op's CPU path (validation, then the reference) on 16-bit tensors: the contiguous call's result
+    for dtype in (torch.bfloat16, torch.float16):
+        qd, kd, vd, kpd, vpd = (t.to(dtype) for t in (q, k, v, kp, vp))
+        kw = dict(causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=129, max_seqlen_k=129,
+                  scale=0.1, return_lse=True)
+        y, lse = fray.prefill_attention(qd, kpd, vpd, block_table=bt, **kw)
+        cy, clse = fray.prefill_attention(qd, kd, vd, **kw)
+        assert y.dtype == dtype and torch.equal(y, cy) and torch.equal(lse, clse)
+
+
 def test_public_api_numpy_and_cpu_tensors():
     q, k, v = _one_head(2, [0.0, 0.0, 0.0], [2.0, 4.0, 8.0])
     y, lse = fray.prefill_attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32),
@@ -262,6 +322,96 @@ def test_error_contract(change, exc, message):
         _call(_args(**change))
 
 
+def _paged_args(**change):
+    """A valid paged call: sequences of 5 and 6 keys (3 queries each) in 16-token pages, a table of
+    2 blocks per sequence (capacity 32) over a pool of 5 pages."""
+    q, k, v, cu_q, cu_k, kp, vp, bt = _paged_case(torch.bfloat16, [3, 3], [5, 6], 4, 2, 64, 16)
+    bt = torch.cat([bt, torch.tensor([[3, 4], [4, 3]], dtype=torch.int32)], dim=1)
+    kw = dict(q=q, k=kp, v=vp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, block_table=bt)
+    kw.update(change)
+    return kw
+
+
+_I32 = torch.int32
+PAGED_ERRORS = [
+    # forms
+    (dict(q=torch.zeros(2, 3, 4, 64, dtype=_BF), cu_seqlens_q=None, cu_seqlens_k=None), ValueError,
+     r"block_table: only the varlen form takes it \(q \[total_q, Hq, D\] with cu_seqlens_q and cu_seqlens_k\)"),
+    (dict(cu_seqlens_k=None), ValueError,
+     r"cu_seqlens_k: expected a tensor with cu_seqlens_q .* with block_table, sequence b's key count is "
+     r"cu_seqlens_k\[b \+ 1\] - cu_seqlens_k\[b\]"),
+    # pools
+    (dict(k=torch.zeros(11, 2, 64, dtype=_BF)), ValueError, r"k: expected \[num_blocks, block_size, Hkv, D\]"),
+    (dict(v=torch.zeros(5, 16, 2, 128, dtype=_BF)), ValueError, r"v: expected shape \(5, 16, 2, 64\)"),
+    (dict(k=torch.zeros(5, 8, 2, 64, dtype=_BF), v=torch.zeros(5, 8, 2, 64, dtype=_BF)), ValueError,
+     r"k: block size \(dim 1\) must be one of \(1, 16, 32, 64, 128\), got 8"),
+    (dict(k=torch.zeros(5, 16, 3, 64, dtype=_BF), v=torch.zeros(5, 16, 3, 64, dtype=_BF)), ValueError,
+     "q: the query head count Hq=4 must be a multiple of k's kv head count Hkv=3"),
+    (dict(v=torch.zeros(5, 16, 2, 64, dtype=torch.float16)), TypeError, "v: expected dtype bfloat16"),
+    # the block table
+    (dict(block_table=torch.zeros(2, 3, dtype=torch.int64)), TypeError,
+     "block_table: expected dtype int32, got int64"),
+    (dict(block_table=torch.zeros(2, 3)), TypeError, "block_table: expected dtype int32, got float32"),
+    (dict(block_table=torch.zeros(3, 3, dtype=_I32)), ValueError, r"block_table: expected shape \[B=2, max_blocks\], "
+     r"got \(3, 3\)"),
+    (dict(block_table=torch.zeros(6, dtype=_I32)), ValueError, r"block_table: expected shape \[B=2, max_blocks\]"),
+    (dict(block_table=torch.zeros(2, 6, dtype=_I32)[:, ::2]), ValueError,
+     "block_table: the last dimension must be contiguous"),
+    (dict(block_table=torch.zeros(2, 3, dtype=_I32, device="meta")), TypeError,
+     "block_table: expected a tensor on cpu"),
+    (dict(block_table=[[0, 1], [2, 3]]), TypeError, "block_table: expected a torch.Tensor"),
+    # capacity and entries (max_blocks 3 x block size 16 = 48 keys per sequence)
+    (dict(max_seqlen_k=49), ValueError, r"max_seqlen_k: 49 is more keys than a block_table row holds "
+     r"\(max_blocks \* block size = 3 \* 16 = 48\)"),
+    (dict(cu_seqlens_k=torch.tensor([0, 5, 54], dtype=_I32)), ValueError,
+     r"cu_seqlens_k: sequence 1 has 49 keys, more than a block_table row holds \(max_blocks \* block size = "
+     r"3 \* 16 = 48\)"),
+    (dict(cu_seqlens_k=torch.tensor([0, 5, 4], dtype=_I32)), ValueError,
+     "cu_seqlens_k: expected non-decreasing offsets"),
+    (dict(max_seqlen_k=5), ValueError, "cu_seqlens_k: sequence 1 has 6 tokens, more than max_seqlen_k=5"),
+    (dict(block_table=torch.tensor([[0, 1, 2], [5, 3, 4]], dtype=_I32)), ValueError,
+     r"block_table: entry \[1, 0\] = 5 lies outside \[0, num_blocks=5\) and is used \(sequence 1 has 6 keys\)"),
+    (dict(block_table=torch.tensor([[-1, 1, 2], [0, 3, 4]], dtype=_I32)), ValueError,
+     r"block_table: entry \[0, 0\] = -1 lies outside"),
+    (dict(cu_seqlens_k=torch.tensor([0, 5, 38], dtype=_I32), block_table=torch.tensor([[0, 1, 2], [3, 4, 9]],
+                                                                                        dtype=_I32)),
+     ValueError, r"block_table: entry \[1, 2\] = 9 lies outside .* \(sequence 1 has 33 keys\)"),
+    # features the op does not have: refused, never ignored
+    (dict(window_left=64), ValueError, "window_left: sliding-window attention is not supported"),
+    (dict(logits_soft_cap=30.0), ValueError, "logits_soft_cap: logit soft-capping is not supported"),
+    (dict(sinks=torch.zeros(4)), ValueError, "sinks: attention sinks are not supported"),
+    # backends: forcing CUDA (or Triton) on CPU tensors
+    (dict(backend="cuda"), ValueError, "backend: 'cuda' needs CUDA tensors"),
+]
+
+
+@pytest.mark.parametrize("change,exc,message", PAGED_ERRORS, ids=[m[:40] for _, _, m in PAGED_ERRORS])
+def test_error_contract_paged(change, exc, message):
+    with pytest.raises(exc, match=message):
+        _call(_paged_args(**change))
+
+
+def test_paged_entries_past_the_keys_are_not_used():
+    """Entries past a sequence's last used block are never read: any value is accepted (the check
+    covers the used ones) and the result is the contiguous call's; max_seqlen_k may be the capacity."""
+    kw = _paged_args(max_seqlen_q=3, max_seqlen_k=48)
+    kw["block_table"][0, 1:] = torch.tensor([-7, 99])
+    kw["block_table"][1, 1:] = torch.tensor([-1, 10 ** 6])
+    y = _call(kw)
+    q, k, v, cu_q, cu_k = _varlen_case(torch.bfloat16, [3, 3], [5, 6], 4, 2, 64)
+    assert torch.equal(y, fray.prefill_attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k))
+
+
+@pytest.mark.parametrize("feature", [dict(window_left=8), dict(logits_soft_cap=5.0), dict(sinks=torch.zeros(4))])
+def test_features_refused_for_the_contiguous_forms(feature):
+    name = next(iter(feature))
+    with pytest.raises(ValueError, match="%s: .* not supported" % name):
+        _call(_args(**feature))
+    q = torch.zeros(2, 5, 4, 64, dtype=_BF)
+    with pytest.raises(ValueError, match="%s: .* not supported" % name):
+        fray.prefill_attention(q, q[:, :, :2], q[:, :, :2], **feature)
+
+
 def test_error_contract_batched_form():
     q = torch.zeros(2, 5, 4, 64, dtype=_BF)
     k = torch.zeros(2, 7, 2, 64, dtype=_BF)
@@ -288,16 +438,20 @@ def test_check_indices_refused_during_capture(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # CPU: the Triton kernel under TRITON_INTERPRET=1 (small shapes: the interpreter is slow)
 
-def _triton_varlen(q, k, v, cu_q, cu_k, causal, scale=None, block=16):
+def _triton_varlen(q, k, v, cu_q, cu_k, causal, scale=None, block=16, block_table=None):
+    """The kernel on varlen tensors; with block_table, k and v are page pools."""
     from fray_triton import prefill_attention as tp
     out = torch.full_like(q, float("nan"))
     lse = torch.full((q.shape[1], q.shape[0]), float("nan"))
     lens = (cu_q[1:] - cu_q[:-1]).tolist()
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    paged = block_table is not None
+    ks, vs = (t.stride()[:3] if paged else (0, t.stride(0), t.stride(1)) for t in (k, v))
     tp.prefill(q, k, v, out, lse, cu_q, cu_k, scale, causal=causal, batch=cu_q.shape[0] - 1,
                max_seqlen_q=max(lens + [0]), seqlen_k=0, q_strides=(0, q.stride(0), q.stride(1)),
-               k_strides=(0, k.stride(0), k.stride(1)), v_strides=(0, v.stride(0), v.stride(1)),
-               out_strides=(0, out.stride(0), out.stride(1)), lse_strides=(0, lse.stride(0)),
+               k_strides=ks, v_strides=vs, out_strides=(0, out.stride(0), out.stride(1)),
+               lse_strides=(0, lse.stride(0)), block_table=block_table,
+               bt_stride=block_table.stride(0) if paged else 0, page_size=k.shape[1] if paged else 1,
                block_m=block, block_n=block)
     return out, lse
 
@@ -357,6 +511,97 @@ def test_triton_interpreter_clamps_bad_cu_seqlens():
 
 
 @INTERPRET
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("page,block,hq,hkv", [
+    (16, 16, 2, 2),   # one page per key tile
+    (16, 32, 4, 1),   # a tile spans two pages (GQA 4)
+    (64, 16, 2, 2),   # four tiles per page
+    (1, 16, 4, 2),    # one token per page: every row of a tile its own page
+])
+def test_triton_interpreter_paged_vs_reference(causal, dtype, page, block, hq, hkv):
+    # chunked (q shorter than k), equal lengths, an empty sequence; keys around the page sizes
+    lens_q, lens_k = [1, 20, 0, 65, 33], [1, 63, 0, 65, 129]
+    q, k, v, cu_q, cu_k, kp, vp, bt = _paged_case(dtype, lens_q, lens_k, hq, hkv, 64, page, seed=page + hq)
+    out, lse = _triton_varlen(q, kp, vp, cu_q, cu_k, causal, block=block, block_table=bt)
+    _check(out, lse, _expected(q, k, v, cu_q, cu_k, causal), dtype,
+           "triton paged P%d block %d causal=%s group=%d" % (page, block, causal, hq // hkv))
+    # the contiguous keys through the same kernel: the same products in the same order
+    co, cl = _triton_varlen(q, k, v, cu_q, cu_k, causal, block=block)
+    assert torch.equal(out, co) and torch.equal(lse, cl)
+
+
+@INTERPRET
+def test_triton_interpreter_paged_clamps_key_counts():
+    # Outside the trust boundary: a key count past the table's capacity (2 pages of 16) is clamped
+    # to it, and the table is never read past its row: the view's third column, the next entry in
+    # memory, names a page far outside the pool.
+    q, k, v, cu_q, cu_k, kp, vp, bt = _paged_case(torch.float32, [9, 7], [32, 20], 2, 2, 64, 16, seed=4)
+    wide = torch.full((2, 3), 10 ** 6, dtype=torch.int32)
+    wide[:, :2] = bt
+    out, lse = _triton_varlen(q, kp, vp, cu_q, torch.tensor([0, 50, 70], dtype=torch.int32), True,
+                              block_table=wide[:, :2])
+    _check(out, lse, _expected(q, k, v, cu_q, cu_k, True), torch.float32, "clamped counts")
+
+
+@INTERPRET
+def test_ops_layer_paged_wiring_under_interpreter(monkeypatch):
+    """The ops layer's paged plan (pool strides, the table, its own plan key, the empty table,
+    FRAY_CHECK_INDICES through the plan, "cuda" resolved or forced) on CPU tensors through the
+    interpreter, with the CUDA-only calls stubbed out."""
+    monkeypatch.setattr(P, "PLANS", P.PlanCache())
+    monkeypatch.setattr(A.B, "resolve", lambda *a: "triton")
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    q, k, v, cu_q, cu_k, kp, vp, bt = _paged_case(torch.bfloat16, [3, 20], [30, 20], 4, 2, 64, 16, seed=11)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((4, 23), float("nan"))
+    A._prefill_impl(q, kp, vp, cu_q, cu_k, bt, out, lse, True, 20, 30, 0.125, "auto")
+    _check(out, lse, _expected(q, k, v, cu_q, cu_k, True, 0.125), torch.bfloat16, "ops paged")
+    A._prefill_impl(q, k, v, cu_q, cu_k, None, out, lse, True, 20, 30, 0.125, "auto")
+    assert len(P.PLANS) == 2  # block_table is part of the key: the contiguous call has a plan of its own
+    # a table of no blocks: nothing to see, zero rows and lse -inf, no launch
+    A._prefill_impl(q, kp, vp, cu_q, torch.zeros_like(cu_k), bt[:, :0], out, lse, True, 20, 0, 0.125, "auto")
+    assert (out == 0).all() and (lse == -math.inf).all()
+    # FRAY_CHECK_INDICES=1: the used entries, checked from the plan with the sequence named
+    monkeypatch.setenv("FRAY_CHECK_INDICES", "1")
+    bad = bt.clone()
+    bad[1, 1] = kp.shape[0]
+    with pytest.raises(ValueError, match=r"block_table: entry \[1, 1\] = %d lies outside \[0, num_blocks=%d\) and "
+                                         r"is used \(sequence 1 has 20 keys\)" % (kp.shape[0], kp.shape[0])):
+        A._prefill_impl(q, kp, vp, cu_q, cu_k, bad, out, lse, True, 20, 30, 0.125, "auto")
+    with pytest.raises(ValueError, match=r"cu_seqlens_k: sequence 0 has 33 keys, more than a block_table row holds"):
+        A._prefill_impl(q, kp, vp, cu_q, torch.tensor([0, 33, 53], dtype=torch.int32), bt, out, lse, True, 20, 40,
+                        0.125, "auto")
+    monkeypatch.delenv("FRAY_CHECK_INDICES")
+    # "cuda" resolved under "auto": paged K/V runs on Triton; forced, it is refused with the reason
+    monkeypatch.setattr(A.B, "resolve", lambda *a: "cuda")
+    out.fill_(float("nan"))
+    A._prefill_impl(q, kp, vp, cu_q, cu_k, bt, out, lse, False, 20, 30, 0.125, "auto")
+    _check(out, lse, _expected(q, k, v, cu_q, cu_k, False, 0.125), torch.bfloat16, "ops paged cuda -> triton")
+    with pytest.raises(ValueError, match=r"backend='cuda' cannot run prefill_attention here: "
+                                         r"paged K/V \(block_table\) runs on Triton so far"):
+        A._prefill_impl(q, kp, vp, cu_q, cu_k, bt, out, lse, True, 20, 30, 0.125, "cuda")
+
+
+@INTERPRET
+def test_check_cases_prefill_rows_under_interpreter():
+    """`fray check`'s CPU rows for prefill_attention, the paged one among them, pass."""
+    rows = [c for c in A.check_cases(torch.device("cpu")) if c[0] == "prefill_attention"]
+    assert sum("paged" in c[3] for c in rows) == 2
+    for row in rows:
+        row[4]()
+
+
+def test_custom_op_takes_the_block_table():
+    """torch.compile traces the public function into fray::prefill_attention: its schema carries
+    the optional block table (the fake returns nothing, as the op writes out / lse in place)."""
+    schema = str(torch.ops.fray.prefill_attention.default._schema)
+    assert "Tensor? block_table" in schema and schema.index("cu_seqlens_k") < schema.index("block_table")
+
+
+@INTERPRET
 def test_ops_layer_wiring_under_interpreter(monkeypatch):
     """The ops layer's GPU implementation (plans, strides of both forms, lse layouts, the empty
     cases) driven on CPU tensors through the interpreter, with the CUDA-only calls stubbed out."""
@@ -368,21 +613,21 @@ def test_ops_layer_wiring_under_interpreter(monkeypatch):
     q, k, v, cu_q, cu_k = _varlen_case(torch.bfloat16, [3, 20], [30, 20], 4, 2, 64, seed=11)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((4, 23), float("nan"))
-    A._prefill_impl(q, k, v, cu_q, cu_k, out, lse, True, 20, 30, 0.125, "auto")
+    A._prefill_impl(q, k, v, cu_q, cu_k, None, out, lse, True, 20, 30, 0.125, "auto")
     _check(out, lse, _expected(q, k, v, cu_q, cu_k, True, 0.125), torch.bfloat16, "ops varlen")
     assert len(P.PLANS) == 1
-    A._prefill_impl(q, k, v, cu_q, cu_k, out, lse, True, 20, 30, 0.125, "auto")  # the cached plan
+    A._prefill_impl(q, k, v, cu_q, cu_k, None, out, lse, True, 20, 30, 0.125, "auto")  # the cached plan
     assert len(P.PLANS) == 1
     # batched: lse [B, Hq, Sq]
     qb, kb, vb = q[3:].reshape(1, 20, 4, 64), k[30:].reshape(1, 20, 2, 64), v[30:].reshape(1, 20, 2, 64)
     ob = torch.full_like(qb, float("nan"))
     lb = torch.full((1, 4, 20), float("nan"))
-    A._prefill_impl(qb, kb, vb, None, None, ob, lb, False, 20, 20, 0.125, "auto")
+    A._prefill_impl(qb, kb, vb, None, None, None, ob, lb, False, 20, 20, 0.125, "auto")
     e, el, mag = _expected(qb, kb, vb, causal=False, scale=0.125)
     _check(ob[0], lb[0], (e[0], el[0], mag[0]), torch.bfloat16, "ops batched")
     # no keys at all: zero rows, lse -inf, no launch
     ob.fill_(float("nan"))
-    A._prefill_impl(qb, kb[:, :0], vb[:, :0], None, None, ob, lb, True, 20, 0, 0.125, "auto")
+    A._prefill_impl(qb, kb[:, :0], vb[:, :0], None, None, None, ob, lb, True, 20, 0, 0.125, "auto")
     assert (ob == 0).all() and (lb == -math.inf).all()
     # "cuda" resolved under "auto" for tensors the kernel cannot load (a head stride of 68 elements,
     # not a multiple of 16 bytes): Triton runs
@@ -390,14 +635,14 @@ def test_ops_layer_wiring_under_interpreter(monkeypatch):
     wide = torch.zeros(q.shape[0], 4, 68, dtype=q.dtype)[:, :, :64]
     wide.copy_(q)
     out.fill_(float("nan"))
-    A._prefill_impl(wide, k, v, cu_q, cu_k, out, lse, False, 20, 30, 0.125, "auto")
+    A._prefill_impl(wide, k, v, cu_q, cu_k, None, out, lse, False, 20, 30, 0.125, "auto")
     _check(out, lse, _expected(q, k, v, cu_q, cu_k, False, 0.125), torch.bfloat16, "ops cuda -> triton")
     # FRAY_BACKEND=cuda forces the JIT kernel where it cannot run (CPU tensors): refused with the reason,
     # the gemm family's (nvcc, CUTLASS, sm_90a, the device)
     monkeypatch.setattr(A.B, "resolve", resolve)
     monkeypatch.setenv("FRAY_BACKEND", "cuda")
     with pytest.raises(RuntimeError, match="backend='cuda' cannot run prefill_attention: tensors are on cpu"):
-        A._prefill_impl(q, k, v, cu_q, cu_k, out, lse, True, 20, 30, 0.125, "auto")
+        A._prefill_impl(q, k, v, cu_q, cu_k, None, out, lse, True, 20, 30, 0.125, "auto")
 
 
 def test_cuda_layout_reasons():
@@ -416,6 +661,9 @@ def test_cuda_layout_reasons():
     assert A._prefill_cuda_layout_reason(q, k, v, odd).startswith("out: the CUDA kernel stores element pairs")
     one = torch.zeros(1, 4, 72, dtype=torch.bfloat16)[:1, :, :64]  # one token: its stride is free
     assert A._prefill_cuda_layout_reason(one, k[:1], v[:1], torch.empty_like(one)) is None
+    kp = torch.zeros(4, 16, 2, 64, dtype=torch.bfloat16)  # paged K/V: Triton so far, whatever the layout
+    bt = torch.zeros(1, 4, dtype=torch.int32)
+    assert A._prefill_cuda_layout_reason(q, kp, kp, out, bt).startswith("paged K/V (block_table) runs on Triton")
 
 
 def test_cuda_kernel_compiles_for_sm90a(tmp_path, monkeypatch):
@@ -655,26 +903,159 @@ def test_gpu_plan_cache_and_empty(cuda):
     assert empty.shape == (0, 4, 64)
 
 
+# paged K/V: lengths around the 16- and 64-token pages, an empty sequence, long prefixes; the
+# queries the last positions of the keys (chunked prefill) or all of them
+GPU_PAGED_LENS_K = [1, 63, 64, 65, 127, 129, 0, 1500, 4100]
+GPU_PAGED_LENS_Q = [1, 20, 64, 1, 127, 100, 0, 700, 333]
+
+
+def _gpu_paged(cuda, dtype, lens_q, lens_k, hq, hkv, d, page, seed, causal=True, **kw):
+    case = _paged_case(dtype, lens_q, lens_k, hq, hkv, d, page, seed, cuda)
+    q, k, v, cu_q, cu_k, kp, vp, bt = case
+    y, lse = fray.prefill_attention(q, kp, vp, causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, block_table=bt,
+                                    max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), return_lse=True, **kw)
+    return case, y, lse
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (32, 8), (16, 2)])  # GQA groups 1, 4, 8
+def test_gpu_paged_vs_reference(cuda, backend, page, dtype, d, hq, hkv):
+    (q, k, v, cu_q, cu_k, _, _, _), y, lse = _gpu_paged(cuda, dtype, GPU_PAGED_LENS_Q, GPU_PAGED_LENS_K, hq, hkv, d,
+                                                        page, d + hq + page, backend=backend)
+    torch.cuda.synchronize()
+    _check(y, lse, _expected(q, k, v, cu_q, cu_k), dtype,
+           "gpu paged %s P%d %s D=%d Hq=%d Hkv=%d" % (backend, page, dtype, d, hq, hkv))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page", [1, 32, 128])
+def test_gpu_paged_non_causal_and_other_page_sizes(cuda, dtype, page):
+    (q, k, v, cu_q, cu_k, _, _, _), y, lse = _gpu_paged(cuda, dtype, GPU_PAGED_LENS_Q, GPU_PAGED_LENS_K, 16, 4, 128,
+                                                        page, 7 + page, causal=False, scale=0.07)
+    torch.cuda.synchronize()
+    _check(y, lse, _expected(q, k, v, cu_q, cu_k, False, 0.07), dtype, "gpu paged non-causal P%d %s" % (page, dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_gpu_paged_cuda_graph_replay_with_new_lengths_and_tables(cuda, backend):
+    """One capture over fixed buffers (q rows, the pools, the table, cu_seqlens); replays with new
+    lengths, new keys and a new shuffled table written into them: max_seqlen_q and max_seqlen_k
+    (the table's capacity) bound them all. Pool rows and table columns no sequence uses hold NaN
+    and -1."""
+    page, max_blocks, hq, hkv, d = 16, 40, 16, 4, 128
+    q = torch.zeros(600, hq, d, dtype=torch.bfloat16, device=cuda)
+    kp = torch.zeros(3 * max_blocks + 3, page, hkv, d, dtype=torch.bfloat16, device=cuda)
+    vp = torch.zeros_like(kp)
+    bt = torch.zeros(3, max_blocks, dtype=torch.int32, device=cuda)
+    cu_q = torch.zeros(4, dtype=torch.int32, device=cuda)
+    cu_k = torch.zeros_like(cu_q)
+    out = torch.empty_like(q)
+
+    def load(lens_q, lens_k, seed):
+        nq, k, v, cq, ck, nkp, nvp, nbt = _paged_case(torch.bfloat16, lens_q, lens_k, hq, hkv, d, page, seed, cuda)
+        q.fill_(float("nan"))  # the padding rows past cu_seqlens_q[B]: never computed
+        q[:sum(lens_q)] = nq
+        kp.fill_(float("nan"))
+        vp.fill_(float("nan"))
+        kp[:nkp.shape[0]], vp[:nvp.shape[0]] = nkp, nvp
+        bt.fill_(-1)
+        bt[:, :nbt.shape[1]] = nbt
+        cu_q.copy_(cq)
+        cu_k.copy_(ck)
+        return nq, k, v, cq, ck
+
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, block_table=bt, max_seqlen_q=600, max_seqlen_k=max_blocks * page,
+              out=out, backend=backend)
+    load([200, 200, 200], [200, 200, 200], 0)
+    fray.prefill_attention(q, kp, vp, return_lse=True, **kw)  # warm-up (Triton compiles, the plan is built)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = fray.prefill_attention(q, kp, vp, return_lse=True, **kw)
+    for i, (lens_q, lens_k) in enumerate((([200, 200, 200], [200, 200, 200]), ([1, 65, 300], [50, 65, 640]),
+                                          ([0, 0, 129], [0, 17, 129]), ([600, 0, 0], [640, 0, 0]))):
+        nq, k, v, cq, ck = load(lens_q, lens_k, i + 1)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(out, lse, _expected(nq, k, v, cq, ck), torch.bfloat16, "paged graph replay %s / %s" % (lens_q, lens_k),
+               rows=sum(lens_q))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_gpu_paged_torch_compile_fullgraph(cuda, backend):
+    q, k, v, cu_q, cu_k, kp, vp, bt = _paged_case(torch.float16, [70, 0, 130], [200, 5, 130], 8, 2, 64, 16, 11, cuda)
+
+    def f(q, kp, vp, cu_q, cu_k, bt):
+        y, lse = fray.prefill_attention(q * 2.0, kp, vp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, block_table=bt,
+                                        max_seqlen_q=130, max_seqlen_k=200, return_lse=True, backend=backend)
+        return y + 1.0, lse
+
+    y, lse = torch.compile(f, fullgraph=True)(q, kp, vp, cu_q, cu_k, bt)
+    e = _expected(q * 2.0, k, v, cu_q, cu_k)
+    _check(y - 1.0, lse, (e[0], e[1], e[2] + 1.0), torch.float16, "compiled paged")
+    ey, lse_eager = f(q, kp, vp, cu_q, cu_k, bt)
+    assert torch.equal(y, ey) and torch.equal(lse, lse_eager)
+
+
+@pytest.mark.gpu
+def test_gpu_paged_contract(cuda, monkeypatch):
+    """Forced CUDA refused (paged K/V runs on Triton so far), the capacity bound, the plan cache,
+    FRAY_CHECK_INDICES over the used table entries, and its refusal while capturing."""
+    q, k, v, cu_q, cu_k, kp, vp, bt = _paged_case(torch.float16, [10, 20], [30, 20], 4, 2, 64, 16, 1, cuda)
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, block_table=bt, max_seqlen_q=20, max_seqlen_k=30)
+    with pytest.raises(ValueError, match=r"backend='cuda' cannot run prefill_attention here: "
+                                         r"paged K/V \(block_table\) runs on Triton so far"):
+        fray.prefill_attention(q, kp, vp, backend="cuda", **kw)
+    with pytest.raises(ValueError, match=r"max_seqlen_k: 33 is more keys than a block_table row holds"):
+        fray.prefill_attention(q, kp, vp, **dict(kw, max_seqlen_k=33))
+    with pytest.raises(ValueError, match="max_seqlen_k: the varlen form on CUDA tensors needs"):
+        fray.prefill_attention(q, kp, vp, **dict(kw, max_seqlen_k=None))
+    y = fray.prefill_attention(q, kp, vp, **kw)
+    n = len(P.PLANS)
+    assert torch.equal(fray.prefill_attention(q, kp, vp, **kw), y) and len(P.PLANS) == n
+    _check(y, fray.prefill_attention(q, kp, vp, return_lse=True, **kw)[1], _expected(q, k, v, cu_q, cu_k),
+           torch.float16, "paged contract")
+    monkeypatch.setenv("FRAY_CHECK_INDICES", "1")
+    bad = bt.clone()
+    bad[0, 1] = kp.shape[0]
+    with pytest.raises(ValueError, match=r"block_table: entry \[0, 1\] = %d lies outside .* \(sequence 0 has 30 "
+                                         r"keys\)" % kp.shape[0]):
+        fray.prefill_attention(q, kp, vp, **dict(kw, block_table=bad))
+    fray.prefill_attention(q, kp, vp, **kw)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="FRAY_CHECK_INDICES=1 checks cu_seqlens / block_table"):
+        with torch.cuda.graph(graph):
+            fray.prefill_attention(q, kp, vp, **kw)
+
+
 def test_kernel_compiles_for_sm90a_without_spills():
     """The prefill kernel through Triton's compiled path for sm_90a at the GPU's block sizes
     (blocks_for), 16-bit inputs on wgmma, aligned tensors as a launch specialises them: no
-    register spills (STL / LDL) at D 64, 128 and 256."""
+    register spills (STL / LDL) at D 64, 128 and 256, contiguous (varlen, batched) and paged K/V."""
     import torch
     from fray.testing import compile_triton_sm90, sm90_spec
     from fray_triton import prefill_attention as PA
     specs = []
     for d in (64, 128, 256):
         bm, bn, warps, stages = PA.blocks_for(d, torch.bfloat16)
-        for varlen in (True, False):
+        for varlen, page in ((True, None), (False, None), (True, 64)) + (((True, 16),) if d == 128 else ()):
             specs.append(sm90_spec(
                 "fray_triton.prefill_attention", "_prefill_kernel",
                 {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "OUT": "*bf16", "LSE": "*fp32", "CU_Q": "*i32",
-                 "CU_K": "*i32", "sm_scale_log2": "fp32"},
+                 "CU_K": "*i32", "BT": "*i32", "sm_scale_log2": "fp32"},
                 dict(GROUP=4, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=varlen, VARLEN=varlen, IEEE=False,
-                     ROUND_P=False),
+                     ROUND_P=False, PAGED=page is not None, PAGE_SIZE=page or 1),
                 num_warps=warps, num_stages=stages,
-                divisible=("Q", "K", "V", "OUT", "LSE", "CU_Q", "CU_K", "stride_qb", "stride_qt", "stride_qh",
+                divisible=("Q", "K", "V", "OUT", "LSE", "CU_Q", "CU_K", "BT", "stride_qb", "stride_qt", "stride_qh",
                            "stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt", "stride_vh",
-                           "stride_ob", "stride_ot", "stride_oh", "stride_lb", "stride_lh")))
+                           "stride_ob", "stride_ot", "stride_oh", "stride_lb", "stride_lh", "stride_btb")))
     for spec, r in zip(specs, compile_triton_sm90(specs)):
         assert r["wgmma"] and r["spills"] == 0, (spec["constexprs"], r)

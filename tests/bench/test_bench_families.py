@@ -154,14 +154,17 @@ def test_prefill_shapes_flops_and_peers():
     assert names == ["B2Hq32Hkv8S%dD%d%s" % (s, d, c)
                      for s, d in ((1024, 128), (4096, 128), (8192, 128), (16384, 128), (8192, 64), (8192, 256))
                      for c in ("", ":causal")] + ["B16Hq32Hkv8Svar8192D128", "B16Hq32Hkv8Svar8192D128:causal",
-                                                  "B1Hq32Hkv8S2048K16384D128:causal"]
+                                                  "B1Hq32Hkv8S2048K16384D128:causal",
+                                                  "B1Hq32Hkv8S2048K16384D128P64:causal"]
     for spec, _ in ba.SHAPES["prefill_attention"]:  # names read back
         assert ba.parse_shapes("prefill_attention", ba.shape_name(spec))[0][0] == spec
     assert ba.parse_shapes("prefill_attention", "B1Hq4Hkv2S16D64:causal:fp16,B1Hq4Hkv2S16D64") == [
         (ba.Prefill(1, 4, 2, 16, 64, True), torch.float16), (ba.Prefill(1, 4, 2, 16, 64, False), torch.bfloat16)]
     # chunked: 16 queries at the end of 48 keys: 16 x 32 prefix pairs + the 16-query triangle
     assert ba.prefill_flops(ba.Prefill(1, 4, 2, 16, 64, True, seq_k=48)) == 4 * 4 * 64 * (16 * 32 + 16 * 16 / 2)
-    for bad in ("B1Hq4Hkv2T16D64", "B1Hq4Hkv2S16D64:sliding", "B1Hq4Hkv2Svar16K32D64"):
+    assert ba.parse_shapes("prefill_attention", "B2Hq4Hkv2S16K48D64P16:causal")[0][0] == ba.Prefill(
+        2, 4, 2, 16, 64, True, seq_k=48, page=16)
+    for bad in ("B1Hq4Hkv2T16D64", "B1Hq4Hkv2S16D64:sliding", "B1Hq4Hkv2Svar16K32D64", "B1Hq4Hkv2Svar16D64P16"):
         with pytest.raises(ValueError, match="shapes"):
             ba.parse_shapes("prefill_attention", bad)
     spec = ba.Prefill(2, 4, 2, 16, 64, True)
@@ -246,6 +249,33 @@ def test_prefill_varlen_and_chunked_peers_compute_the_same_attention():
     torch.testing.assert_close(got.transpose(1, 2), want, rtol=1e-4, atol=1e-5)
 
 
+def test_prefill_paged_peers_compute_the_same_attention():
+    """The paged chunked shape: fray's paged call (the reference on the CPU) and the SDPA peers'
+    causal_lower_right call on the gathered keys compute the same attention; the block table is
+    a shuffled permutation of every page."""
+    spec = ba.Prefill(2, 4, 2, 16, 64, True, seq_k=40, page=16)  # 40 keys: a part-filled last page
+    assert ba.shape_name(spec) == "B2Hq4Hkv2S16K40D64P16:causal"
+    assert ba.prefill_flops(spec) == 4 * 2 * 4 * 64 * (16 * 24 + 16 * 16 / 2)
+    inp = ba.prefill_inputs(spec, torch.float32, "cpu")
+    entries = inp["block_table"].flatten().tolist()
+    assert inp["block_table"].shape == (2, 3) and sorted(entries) == list(range(6)) and entries != sorted(entries)
+    assert inp["q"].shape == (32, 4, 64) and inp["k_bhsd"].shape == (2, 2, 40, 64)
+    assert inp["cu_q"].tolist() == [0, 16, 32] and inp["cu_k"].tolist() == [0, 40, 80]
+    fns = ba.impls("prefill_attention", spec, inp)
+    assert set(fns) == {"fray.triton", "fray.auto", "torch.builtin:flash", "torch.builtin:efficient",
+                        "torch.builtin:cudnn"}
+    want = fray.prefill_attention(inp["q"], inp["k_pages"], inp["v_pages"], cu_seqlens_q=inp["cu_q"],
+                                  cu_seqlens_k=inp["cu_k"], block_table=inp["block_table"], causal=True,
+                                  backend="reference")
+    from torch.nn.attention.bias import causal_lower_right
+    got = torch.nn.functional.scaled_dot_product_attention(inp["q_bhsd"], inp["k_bhsd"], inp["v_bhsd"],
+                                                           attn_mask=causal_lower_right(16, 40), enable_gqa=True)
+    torch.testing.assert_close(got.transpose(1, 2).reshape(32, 4, 64), want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(fns["fray.auto"](), want)  # "auto" on CPU tensors: the reference
+    with pytest.raises(ValueError, match="CUDA"):
+        fns["fray.triton"]()
+
+
 def _fake_timers(monkeypatch):
     monkeypatch.setattr(fb, "time_us", lambda fn: (fn(), 10.0)[1])
     monkeypatch.setattr(fb, "graph_us", lambda fn: (fn(), 2.0)[1])
@@ -257,7 +287,8 @@ def test_run_end_to_end_leaves_error_rows_for_fray_on_cpu(monkeypatch):
     rec = fb.Recorder()
     for op, shapes in (("decode_attention", "B2Hq4Hkv2Tvar32D64"), ("paged_decode_attention", "B2Hq4Hkv2T32D64P16"),
                        ("kv_append", "B2Hkv2T32D64"), ("kv_append_paged", "B2Hkv2T32D64P16"),
-                       ("prefill_attention", "B1Hq4Hkv2S16D64:causal"), ("mla_decode", "B2Hq4Sq2T64")):
+                       ("prefill_attention", "B1Hq4Hkv2S16D64:causal,B1Hq4Hkv2S16K40D64P16:causal"),
+                       ("mla_decode", "B2Hq4Sq2T64")):
         ba.run(op, rec, shapes=ba.parse_shapes(op, shapes), device="cpu")
     for op, shapes in (("topk", "2x300k5"), ("argmax", "2x300"), ("sample", "2x300"), ("decode_step", "2x300"),
                        ("apply_penalties", "2x300")):
@@ -265,7 +296,9 @@ def test_run_end_to_end_leaves_error_rows_for_fray_on_cpu(monkeypatch):
     ops = {r["op"] for r in rec.records}
     assert ops == set(ba.OPS) | {"topk", "argmax", "sample_topp", "sample_topk", "decode_step", "apply_penalties"}
     for r in rec.records:
-        if r["impl"].startswith("fray."):
+        if r["impl"] == "fray.auto":  # on CPU tensors "auto" runs the reference
+            assert r["us"] in (10.0, 2.0), r
+        elif r["impl"].startswith("fray."):
             assert r["us"] is None and "CUDA" in r["note"], r
         elif r["op"] == "prefill_attention":  # SDPA's CUDA-only backends (torch's build decides which) error
             assert r["us"] in (10.0, 2.0) or (r["us"] is None and r["note"].startswith("error:")), r

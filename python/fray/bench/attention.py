@@ -17,7 +17,10 @@ prefill_attention: "B<batch>Hq<q heads>Hkv<kv heads>S<seq>D<head dim>", batched 
 B2Hq32Hkv8S{1024, 4096, 8192, 16384}D128 and B2Hq32Hkv8S8192D{64, 256}, each non-causal and
 ":causal"; the varlen batch B16Hq32Hkv8Svar8192D128 (16 packed sequences, lengths uniform in
 [128, 8192], fixed seed), both ways; chunked prefill B1Hq32Hkv8S2048K16384D128:causal (2048
-queries at the end of 16384 keys; the keys contiguous, not paged). flops = 4 · Hq · D per visible
+queries at the end of 16384 keys; the keys contiguous, not paged) and the same over a paged prefix,
+B1Hq32Hkv8S2048K16384D128P64:causal (prefix caching: the 14336 cached keys and the 2048 new ones in
+64-token NHD pages [256, 64, Hkv, D] behind a random page permutation, seed SEED + 2; q packed
+[2048, Hq, D] with cu_seqlens, the varlen form's block_table). flops = 4 · Hq · D per visible
 (query, key) pair (QK^T and PV; causal: the masked pairs are never computed and not counted);
 bytes not reported. Impls: fray.cuda (the TMA + wgmma kernel), fray.triton; peers
 torch.builtin:flash / :efficient / :cudnn = F.scaled_dot_product_attention(enable_gqa=True,
@@ -25,7 +28,9 @@ is_causal; causal_lower_right for the chunked shape) under sdpa_kernel(<backend>
 [B, H, S, D] transposed views of the same tensors (no copy); varlen: torch.builtin:padded (SDPA
 on the zero-padded batch with a boolean mask, the default backend choice) and
 torch.builtin:per_sequence (SDPA flash once per sequence); a backend that cannot run the shape
-leaves an error row.
+leaves an error row. Paged prefill: fray.triton and fray.auto (paged K/V runs on Triton so far;
+"auto" follows the CUDA kernel once it takes pages) against the same SDPA peers on the keys
+gathered into a contiguous [B, Hkv, S_k, D] view (causal_lower_right), the gather outside the timing.
 Decode impls: fray.cuda / fray.triton (public API, HND caches, preallocated out); on B32 also
 fray.cuda:NHD / fray.triton:NHD (kv_layout="NHD", same data transposed). Peers: torch.builtin =
 F.scaled_dot_product_attention(q[:, :, None, :], k, v, enable_gqa=True) on the HND cache; varlen
@@ -66,8 +71,9 @@ Decode = collections.namedtuple("Decode", "batch hq hkv capacity head_dim varlen
 Append = collections.namedtuple("Append", "batch hkv capacity head_dim page")
 # seq_k: the keys' length when it differs from the queries' (chunked prefill: the queries are the
 # last seq positions of seq_k); varlen: `batch` sequences with lengths drawn in [128, seq] (seq the
-# longest), packed.
-Prefill = collections.namedtuple("Prefill", "batch hq hkv seq head_dim causal seq_k varlen", defaults=(None, False))
+# longest), packed; page: the keys in pages of that many tokens (fray's paged varlen form).
+Prefill = collections.namedtuple("Prefill", "batch hq hkv seq head_dim causal seq_k varlen page",
+                                 defaults=(None, False, None))
 Mla = collections.namedtuple("Mla", "batch hq s_q seq")
 
 _DECODE = [
@@ -85,7 +91,7 @@ SHAPES = {
                           for s, d in ((1024, 128), (4096, 128), (8192, 128), (16384, 128), (8192, 64), (8192, 256))
                           for c in (False, True)]
                          + [(Prefill(16, 32, 8, 8192, 128, c, varlen=True), DTYPE) for c in (False, True)]
-                         + [(Prefill(1, 32, 8, 2048, 128, True, seq_k=16384), DTYPE)],
+                         + [(Prefill(1, 32, 8, 2048, 128, True, seq_k=16384, page=p), DTYPE) for p in (None, 64)],
     "mla_decode": [(Mla(b, h, s, t), DTYPE) for b in (1, 32, 128) for h in (16, 128) for t in (1024, 4096, 16384)
                    for s in (1, 2)],
 }
@@ -99,9 +105,10 @@ def shape_name(spec):
     if isinstance(spec, Mla):
         return "B%dHq%dSq%dT%d" % spec
     if isinstance(spec, Prefill):
-        return "B%dHq%dHkv%dS%s%d%sD%d%s" % (spec.batch, spec.hq, spec.hkv, "var" if spec.varlen else "", spec.seq,
-                                            "K%d" % spec.seq_k if spec.seq_k else "", spec.head_dim,
-                                            ":causal" if spec.causal else "")
+        return "B%dHq%dHkv%dS%s%d%sD%d%s%s" % (
+            spec.batch, spec.hq, spec.hkv, "var" if spec.varlen else "", spec.seq,
+            "K%d" % spec.seq_k if spec.seq_k else "", spec.head_dim, "P%d" % spec.page if spec.page else "",
+            ":causal" if spec.causal else "")
     page = "P%d" % spec.page if spec.page else ""
     if isinstance(spec, Append):
         return "B%dHkv%dD%d%s" % (spec.batch, spec.hkv, spec.head_dim, page)
@@ -112,7 +119,7 @@ def shape_name(spec):
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _DECODE_RE = re.compile(r"B(\d+)Hq(\d+)Hkv(\d+)T(var)?(\d+)D(\d+)(?:P(\d+))?$")
 _APPEND_RE = re.compile(r"B(\d+)Hkv(\d+)(?:T(\d+))?D(\d+)(?:P(\d+))?$")
-_PREFILL_RE = re.compile(r"B(\d+)Hq(\d+)Hkv(\d+)S(var)?(\d+)(?:K(\d+))?D(\d+)$")
+_PREFILL_RE = re.compile(r"B(\d+)Hq(\d+)Hkv(\d+)S(var)?(\d+)(?:K(\d+))?D(\d+)(?:P(\d+))?$")
 _MLA_RE = re.compile(r"B(\d+)Hq(\d+)Sq(\d+)T(\d+)$")
 
 
@@ -149,18 +156,19 @@ def parse_shapes(op, text):
 
 
 def _parse_prefill(item):
-    """B<b>Hq<hq>Hkv<hkv>S[var]<s>[K<s_k>]D<d>, then optionally ":causal" and a dtype (":bf16" ...):
-    Svar<s> packs b sequences of lengths in [128, s]; K<s_k> gives the keys a longer length
-    (chunked prefill, batched only)."""
+    """B<b>Hq<hq>Hkv<hkv>S[var]<s>[K<s_k>]D<d>[P<page>], then optionally ":causal" and a dtype
+    (":bf16" ...): Svar<s> packs b sequences of lengths in [128, s]; K<s_k> gives the keys a longer
+    length (chunked prefill, batched only); P<page> puts the keys in pages of that size (not with
+    var)."""
     name, *tags = item.strip().split(":")
     m = _PREFILL_RE.match(name)
-    if not m or any(t not in _DTYPES and t != "causal" for t in tags) or (m.group(4) and m.group(6)):
-        raise ValueError("shapes: expected B<b>Hq<hq>Hkv<hkv>S[var]<s>[K<s_k>]D<d>[:causal][:bf16|fp16|fp32] "
-                         "(var and K not together) for prefill_attention, got %r" % (item,))
+    if not m or any(t not in _DTYPES and t != "causal" for t in tags) or (m.group(4) and (m.group(6) or m.group(8))):
+        raise ValueError("shapes: expected B<b>Hq<hq>Hkv<hkv>S[var]<s>[K<s_k>]D<d>[P<page>][:causal]"
+                         "[:bf16|fp16|fp32] (var with neither K nor P) for prefill_attention, got %r" % (item,))
     dts = [t for t in tags if t in _DTYPES]
-    b, hq, hkv, var, seq, seq_k, d = m.groups()
+    b, hq, hkv, var, seq, seq_k, d, page = m.groups()
     return (Prefill(int(b), int(hq), int(hkv), int(seq), int(d), "causal" in tags, int(seq_k) if seq_k else None,
-                    bool(var)), _DTYPES[dts[-1] if dts else "bf16"])
+                    bool(var), int(page) if page else None), _DTYPES[dts[-1] if dts else "bf16"])
 
 
 def _parse_mla(item):
@@ -232,10 +240,10 @@ def _lens(spec, append=False):
     return torch.full((spec.batch,), spec.capacity, dtype=torch.int32)
 
 
-def _block_table(spec):
+def _block_table(batch, blocks):
+    """int32 [batch, blocks] on the CPU: a fixed-seed random permutation of all batch · blocks pages."""
     g = torch.Generator().manual_seed(SEED + 2)
-    blocks = spec.capacity // spec.page
-    return torch.randperm(spec.batch * blocks, generator=g).view(spec.batch, blocks).to(torch.int32)
+    return torch.randperm(batch * blocks, generator=g).view(batch, blocks).to(torch.int32)
 
 
 def _randn(shape, dtype, device, g):
@@ -256,7 +264,7 @@ def decode_inputs(spec, dtype, device):
     else:
         shape = (spec.batch * spec.capacity // spec.page, spec.page, spec.hkv, spec.head_dim)
         inp["k_pages"], inp["v_pages"] = _randn(shape, dtype, device, g), _randn(shape, dtype, device, g)
-        inp["block_table"] = _block_table(spec).to(device)
+        inp["block_table"] = _block_table(spec.batch, spec.capacity // spec.page).to(device)
         # The same tokens in a contiguous HND cache, for the SDPA peer.
         inp["k"] = _pages_to_hnd(inp["k_pages"], inp["block_table"]).contiguous()
         inp["v"] = _pages_to_hnd(inp["v_pages"], inp["block_table"]).contiguous()
@@ -302,6 +310,20 @@ def prefill_inputs(spec, dtype, device):
         inp["mask"] = keep[:, None]  # [B, 1, S, S]
         return inp
     seq_k = spec.seq_k or spec.seq
+    if spec.page:
+        # q packed [B·S, Hq, D] (the varlen form), every sequence S queries over seq_k paged keys; the
+        # SDPA peers get the same keys gathered into a contiguous [B, Hkv, seq_k, D] view.
+        blocks = -(-seq_k // spec.page)
+        inp = {"q": _randn((spec.batch * spec.seq, spec.hq, spec.head_dim), dtype, device, g),
+               "k_pages": _randn((spec.batch * blocks, spec.page, spec.hkv, spec.head_dim), dtype, device, g),
+               "v_pages": _randn((spec.batch * blocks, spec.page, spec.hkv, spec.head_dim), dtype, device, g),
+               "block_table": _block_table(spec.batch, blocks).to(device),
+               "cu_q": torch.arange(spec.batch + 1, dtype=torch.int32, device=device) * spec.seq,
+               "cu_k": torch.arange(spec.batch + 1, dtype=torch.int32, device=device) * seq_k}
+        inp["q_bhsd"] = inp["q"].view(spec.batch, spec.seq, spec.hq, spec.head_dim).transpose(1, 2)
+        for n in ("k", "v"):
+            inp[n + "_bhsd"] = _pages_to_hnd(inp[n + "_pages"], inp["block_table"])[:, :, :seq_k]
+        return inp
     inp = {"q": _randn((spec.batch, spec.seq, spec.hq, spec.head_dim), dtype, device, g),
            "k": _randn((spec.batch, seq_k, spec.hkv, spec.head_dim), dtype, device, g),
            "v": _randn((spec.batch, seq_k, spec.hkv, spec.head_dim), dtype, device, g)}
@@ -316,7 +338,7 @@ def mla_inputs(spec, dtype, device):
     blocks = spec.seq // MLA_PAGE
     inp = {"q": _randn((spec.batch, spec.s_q, spec.hq, MLA_DIM), dtype, device, g),
            "kv_cache": _randn((spec.batch * blocks, MLA_PAGE, 1, MLA_DIM), dtype, device, g),
-           "block_table": _block_table(Decode(spec.batch, spec.hq, 1, spec.seq, MLA_DIM, False, MLA_PAGE)).to(device),
+           "block_table": _block_table(spec.batch, blocks).to(device),
            "lens": torch.full((spec.batch,), spec.seq, dtype=torch.int32, device=device)}
     inp["kv_tokens"] = spec.batch * spec.seq
     return inp
@@ -365,7 +387,7 @@ def append_inputs(spec, dtype, device):
         if spec.capacity % spec.page:
             raise ValueError("shapes: T=%d is not a multiple of the block size %d" % (spec.capacity, spec.page))
         shape = (spec.batch * spec.capacity // spec.page, spec.page, spec.hkv, spec.head_dim)
-        inp["block_table"] = _block_table(spec).to(device)
+        inp["block_table"] = _block_table(spec.batch, spec.capacity // spec.page).to(device)
     inp["k_cache"], inp["v_cache"] = _randn(shape, dtype, device, g), _randn(shape, dtype, device, g)
     new = (spec.batch, spec.hkv, spec.head_dim)
     inp["k_new"], inp["v_new"] = _randn(new, dtype, device, g), _randn(new, dtype, device, g)
@@ -394,10 +416,15 @@ def impls(op, spec, inp):
         if spec.varlen:
             m = max(inp["lens"])
             kw = dict(cu_seqlens_q=inp["cu"], cu_seqlens_k=inp["cu"], max_seqlen_q=m, max_seqlen_k=m)
-        for backend in ("cuda", "triton"):
-            out["fray." + backend] = lambda b=backend: fray.prefill_attention(inp["q"], inp["k"], inp["v"],
-                                                                              causal=spec.causal, out=o, backend=b,
-                                                                              **kw)
+        backends = ("cuda", "triton")
+        if spec.page:
+            kw = dict(cu_seqlens_q=inp["cu_q"], cu_seqlens_k=inp["cu_k"], block_table=inp["block_table"],
+                      max_seqlen_q=spec.seq, max_seqlen_k=spec.seq_k or spec.seq)
+            backends = ("triton", "auto")  # paged K/V has no CUDA kernel yet; "auto" picks Triton
+        k, v = (inp["k_pages"], inp["v_pages"]) if spec.page else (inp["k"], inp["v"])
+        for backend in backends:
+            out["fray." + backend] = lambda b=backend: fray.prefill_attention(inp["q"], k, v, causal=spec.causal,
+                                                                              out=o, backend=b, **kw)
         if spec.varlen:
             out["torch.builtin:padded"] = lambda: F.scaled_dot_product_attention(
                 inp["q_bhsd"], inp["k_bhsd"], inp["v_bhsd"], attn_mask=inp["mask"], enable_gqa=True)
@@ -474,6 +501,10 @@ def _notes(op, spec):
                                                                       ",".join(map(str, prefill_lens(spec))), kind))
         chunk = (" chunked: %d queries as the last positions of %d keys (SDPA with causal_lower_right);"
                  % (spec.seq, spec.seq_k)) if spec.seq_k else ""
+        if spec.page:
+            return ("paged: q packed [B·S, Hq, D] with cu_seqlens, the keys in P%d NHD pages behind a random page "
+                    "permutation seed %d (block_table), %s;%s default scale; fray out preallocated; SDPA on the keys "
+                    "gathered into [B, H, S, D] (outside the timing)" % (spec.page, SEED + 2, kind, chunk))
         return "batched [B, S, H, D], %s;%s default scale; fray out preallocated; SDPA on [B, H, S, D] views" % (
             kind, chunk)
     if op in ("kv_append", "kv_append_paged"):

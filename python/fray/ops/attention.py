@@ -1,7 +1,7 @@
 """The attention family: single-token (decode) attention over contiguous and paged KV caches, the
 KV-cache appends that precede it, multi-token (prefill) attention over packed varlen or batched
-sequences, and DeepSeek's latent attention decode over a paged latent cache (mla_decode: Triton
-only so far, see its docstring).
+sequences or a paged KV cache, and DeepSeek's latent attention decode over a paged latent cache
+(mla_decode: Triton only so far, see its docstring).
 
 Backends: the CUDA C++ kernels (cuda/attention, fray._C._attention: tensor-core split-KV decode
 for 16-bit caches, CUDA-core for fp32, one kv_append kernel; prefill_attention's TMA + wgmma
@@ -23,16 +23,17 @@ numpy arrays run the float64 reference and come back in the input's dtype.
 Trust boundary: lens, block_table and cu_seqlens live on the device and are never read on the
 host (a read would synchronise and break CUDA-graph replay with new lengths). The kernels clamp
 lens[b] to [0, T] (decode, MLA), skip appends at positions outside [0, T) and clamp cu_seqlens
-offsets into the packed rows (prefill), so a bad length cannot read or write outside the tensors;
-block-table entries are used as given. FRAY_CHECK_INDICES=1 checks them all with a host
-synchronisation and raises ValueError (RuntimeError while a CUDA graph is capturing).
-CPU calls always check them (the reference reads them on the host anyway).
+offsets into the packed rows and paged key counts to [0, T] (prefill), so a bad length cannot
+read or write outside the tensors; block-table entries are used as given. FRAY_CHECK_INDICES=1
+checks them all with a host synchronisation and raises ValueError (RuntimeError while a CUDA
+graph is capturing). CPU calls always check them (the reference reads them on the host anyway).
 
 Layouts: contiguous caches are HND [B, Hkv, T, D] (the seed's [B, H, T, D]) or NHD [B, T, Hkv, D];
-paged caches are NHD pages [num_blocks, block_size, Hkv, D] (vLLM's and FlashInfer's NHD paged
-layout) with an int32 block_table [B, max_blocks]: token t of sequence b is in page
-block_table[b, t // block_size], slot t % block_size. The MLA latent cache is the same with one
-576-wide row per token, [num_blocks, block_size, 1, 576] (FlashMLA's).
+paged caches (paged decode, appends, paged prefill) are NHD pages [num_blocks, block_size, Hkv, D]
+(vLLM's and FlashInfer's NHD paged layout) with an int32 block_table [B, max_blocks]: token t of
+sequence b is in page block_table[b, t // block_size], slot t % block_size; T, the capacity, is
+max_blocks * block_size. The MLA latent cache is the same with one 576-wide row per token,
+[num_blocks, block_size, 1, 576] (FlashMLA's).
 """
 import functools
 import math
@@ -152,34 +153,43 @@ def _decode_shapes(q, k, v, lens, nhd):
     return capacity, hkv
 
 
+def _page_pool(k_name, kp, v_name, vp):
+    """(block_size, Hkv, D) of NHD page pools [num_blocks, block_size, Hkv, D] after the shape checks."""
+    if len(kp.shape) != 4:
+        raise ValueError("%s: expected [num_blocks, block_size, Hkv, D], got shape %s" % (k_name, tuple(kp.shape)))
+    V.require_shape(v_name, vp, kp.shape)
+    _, page, hkv, d = kp.shape
+    if page not in PAGE_SIZES:
+        raise ValueError("%s: block size (dim 1) must be one of %s, got %d" % (k_name, PAGE_SIZES, page))
+    return page, hkv, d
+
+
+def _check_block_table(block_table, batch):
+    if len(block_table.shape) != 2 or block_table.shape[0] != batch:
+        raise ValueError("block_table: expected shape [B=%d, max_blocks], got %s" % (batch, tuple(block_table.shape)))
+
+
 def _paged_shapes(q, kp, vp, block_table, lens):
     qb, hq, d = _q_tokens(q)
-    if len(kp.shape) != 4:
-        raise ValueError("k_pages: expected [num_blocks, block_size, Hkv, D], got shape %s" % (tuple(kp.shape),))
-    V.require_shape("v_pages", vp, kp.shape)
-    _, page, hkv, dk = kp.shape
-    if page not in PAGE_SIZES:
-        raise ValueError("k_pages: block size (dim 1) must be one of %s, got %d" % (PAGE_SIZES, page))
+    page, hkv, dk = _page_pool("k_pages", kp, "v_pages", vp)
     _check_heads(None, hq, hkv, dk, "k_pages", qb, d)
-    if len(block_table.shape) != 2 or block_table.shape[0] != qb:
-        raise ValueError("block_table: expected shape [B=%d, max_blocks], got %s" % (qb, tuple(block_table.shape)))
+    _check_block_table(block_table, qb)
     V.require_shape("lens", lens, (qb,))
     return block_table.shape[1] * page, hkv, page
 
 
 def _append_shapes(k, v, k_new, v_new, lens, paged, nhd):
-    if len(k.shape) != 4:
-        raise ValueError("%s: expected a 4-d cache, got shape %s" % ("k_pages" if paged else "k_cache", tuple(k.shape)))
-    V.require_shape("v_pages" if paged else "v_cache", v, k.shape)
     if paged:
-        _, page, hkv, d = k.shape
-        if page not in PAGE_SIZES:
-            raise ValueError("k_pages: block size (dim 1) must be one of %s, got %d" % (PAGE_SIZES, page))
+        _, hkv, d = _page_pool("k_pages", k, "v_pages", v)
         batch = None
-    elif nhd:
-        batch, _, hkv, d = k.shape
     else:
-        batch, hkv, _, d = k.shape
+        if len(k.shape) != 4:
+            raise ValueError("k_cache: expected a 4-d cache, got shape %s" % (tuple(k.shape),))
+        V.require_shape("v_cache", v, k.shape)
+        if nhd:
+            batch, _, hkv, d = k.shape
+        else:
+            batch, hkv, _, d = k.shape
     if len(k_new.shape) != 3:
         raise ValueError("k_new: expected shape [B, Hkv, D] (one token per sequence), got %s" % (tuple(k_new.shape),))
     if (batch is not None and k_new.shape[0] != batch) or tuple(k_new.shape[1:]) != (hkv, d):
@@ -259,17 +269,22 @@ def _index_values(lens, capacity, block_table=None, page_size=1, num_pages=0, ap
                              "in [%d, %d]" % (capacity, lo, hi))
     elif lo < 0 or hi > capacity:
         raise ValueError("lens: values must lie in [0, T=%d]; got values in [%d, %d]" % (capacity, lo, hi))
-    if block_table is None:
-        return
+    if block_table is not None:
+        _block_table_values(block_table, lens, page_size, num_pages, append)
+
+
+def _block_table_values(block_table, lens, page_size, num_pages, append=False, used_by="lens[%d] = %d"):
+    """The host-side range check of the block-table entries that sequences of lens tokens use
+    (append: position lens[b] too); used_by names a sequence's length in the message."""
     bt = torch.as_tensor(block_table).to(torch.int64)
-    lens64 = lens.to(device=bt.device, dtype=torch.int64)
+    lens64 = torch.as_tensor(lens).to(device=bt.device, dtype=torch.int64)
     used_blocks = lens64 // page_size + 1 if append else (lens64 + page_size - 1) // page_size
     used = torch.arange(bt.shape[1], device=bt.device)[None, :] < used_blocks[:, None]
     bad = used & ((bt < 0) | (bt >= num_pages))
     if bool(bad.any()):
         b, i = (int(x) for x in bad.nonzero()[0].tolist())
-        raise ValueError("block_table: entry [%d, %d] = %d lies outside [0, num_blocks=%d) and is used (lens[%d] = %d)"
-                         % (b, i, int(bt[b, i]), num_pages, b, int(lens64[b])))
+        raise ValueError("block_table: entry [%d, %d] = %d lies outside [0, num_blocks=%d) and is used (%s)"
+                         % ((b, i, int(bt[b, i]), num_pages) + (used_by % (b, int(lens64[b])),)))
 
 
 def _device_check_indices(*args, **kwargs):
@@ -714,9 +729,7 @@ def kv_append_paged(k_pages, v_pages, block_table, k_new, v_new, lens, *, backen
     else:
         _check_tensors(floats, ints)
     _append_shapes(k_pages, v_pages, k_new, v_new, lens, True, False)
-    if len(block_table.shape) != 2 or block_table.shape[0] != k_new.shape[0]:
-        raise ValueError("block_table: expected shape [B=%d, max_blocks], got %s"
-                         % (k_new.shape[0], tuple(block_table.shape)))
+    _check_block_table(block_table, k_new.shape[0])
     page = k_pages.shape[1]
     capacity = block_table.shape[1] * page
     if V.is_array(k_pages) or k_pages.device.type == "cpu":
@@ -738,25 +751,35 @@ def kv_append_paged(k_pages, v_pages, block_table, k_new, v_new, lens, *, backen
 # ---------------------------------------------------------------------------------------------
 # prefill attention
 
-def _prefill_shapes(q, k, v, cu_q, cu_k):
-    """(varlen, batch) after the shape checks of either form."""
+def _prefill_shapes(q, k, v, cu_q, cu_k, block_table):
+    """(varlen, batch, block size of paged K/V or None) after the shape checks of every form."""
+    paged = block_table is not None
+    if paged and cu_q is None and cu_k is None:
+        raise ValueError("block_table: only the varlen form takes it (q [total_q, Hq, D] with cu_seqlens_q and "
+                         "cu_seqlens_k); got q of shape %s without cu_seqlens" % (tuple(q.shape),))
     if (cu_q is None) != (cu_k is None):
         given, missing = ("cu_seqlens_q", "cu_seqlens_k") if cu_k is None else ("cu_seqlens_k", "cu_seqlens_q")
         raise ValueError("%s: expected a tensor with %s (the varlen form takes both; the batched form "
-                         "[B, S, H, D] neither), got None" % (missing, given))
+                         "[B, S, H, D] neither%s), got None" % (
+                             missing, given, "; with block_table, sequence b's key count is cu_seqlens_k[b + 1] - "
+                             "cu_seqlens_k[b]" if paged else ""))
     varlen = cu_q is not None
+    page = None
     if varlen:
         if len(q.shape) != 3:
             raise ValueError("q: the varlen form (cu_seqlens given) takes q [total_q, Hq, D], got shape %s"
                              % (tuple(q.shape),))
-        if len(k.shape) != 3:
-            raise ValueError("k: the varlen form (cu_seqlens given) takes k [total_k, Hkv, D], got shape %s"
-                             % (tuple(k.shape),))
         if len(cu_q.shape) != 1 or cu_q.shape[0] < 1:
             raise ValueError("cu_seqlens_q: expected shape [B + 1] (sequence b's queries are rows "
                              "cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q), got %s" % (tuple(cu_q.shape),))
         V.require_shape("cu_seqlens_k", cu_k, cu_q.shape)
         batch = cu_q.shape[0] - 1
+        if paged:
+            page = _page_pool("k", k, "v", v)[0]
+            _check_block_table(block_table, batch)
+        elif len(k.shape) != 3:
+            raise ValueError("k: the varlen form (cu_seqlens given) takes k [total_k, Hkv, D] (or page pools "
+                             "[num_blocks, block_size, Hkv, D] with block_table), got shape %s" % (tuple(k.shape),))
     else:
         if len(q.shape) != 4:
             raise ValueError("q: expected [B, Sq, Hq, D] (or [total_q, Hq, D] with cu_seqlens_q / cu_seqlens_k), "
@@ -765,7 +788,8 @@ def _prefill_shapes(q, k, v, cu_q, cu_k):
             raise ValueError("k: expected [B=%d, Sk, Hkv, D] like q [B, Sq, Hq, D], got shape %s"
                              % (q.shape[0], tuple(k.shape)))
         batch = q.shape[0]
-    V.require_shape("v", v, k.shape)
+    if not paged:
+        V.require_shape("v", v, k.shape)
     hq, d = q.shape[-2], q.shape[-1]
     hkv, dk = k.shape[-2], k.shape[-1]
     if dk != d:
@@ -775,7 +799,15 @@ def _prefill_shapes(q, k, v, cu_q, cu_k):
     if hkv < 1 or hq % hkv:
         raise ValueError("q: the query head count Hq=%d must be a multiple of k's kv head count Hkv=%d (GQA / MQA)"
                          % (hq, hkv))
-    return varlen, batch
+    return varlen, batch, page
+
+
+def _check_paged_capacity(max_k, block_table, page):
+    """max_seqlen_k against what one block-table row holds."""
+    capacity = block_table.shape[1] * page
+    if max_k is not None and max_k > capacity:
+        raise ValueError("max_seqlen_k: %d is more keys than a block_table row holds (max_blocks * block size = "
+                         "%d * %d = %d)" % (max_k, block_table.shape[1], page, capacity))
 
 
 def _check_max_seqlen(name, value, varlen, on_gpu):
@@ -794,11 +826,16 @@ def _check_max_seqlen(name, value, varlen, on_gpu):
     return value
 
 
-def _cu_values(cu_q, cu_k, total_q, total_k, max_q, max_k):
+def _cu_values(cu_q, cu_k, total_q, total_k, max_q, max_k, block_table=None, page=1):
     """The host-side check of cu_seqlens: starts at 0, non-decreasing, ends within the packed rows,
-    no sequence longer than max_seqlen (when given)."""
+    no sequence longer than max_seqlen (when given). Paged K/V (block_table given; total_k is then
+    the pool's page count): cu_seqlens_k counts keys rather than indexing rows of k, each
+    sequence's count fits its table row (max_blocks * page) and the entries its keys use lie in
+    [0, total_k)."""
+    paged = block_table is not None
     for name, cu, total, mx, mname, tname in (("cu_seqlens_q", cu_q, total_q, max_q, "max_seqlen_q", "q"),
-                                              ("cu_seqlens_k", cu_k, total_k, max_k, "max_seqlen_k", "k")):
+                                              ("cu_seqlens_k", cu_k, None if paged else total_k, max_k,
+                                               "max_seqlen_k", "k")):
         c = [int(x) for x in torch.as_tensor(cu).to("cpu", torch.int64).tolist()]
         if c[0] != 0:
             raise ValueError("%s: expected entry 0 to be 0, got %d" % (name, c[0]))
@@ -809,13 +846,23 @@ def _cu_values(cu_q, cu_k, total_q, total_k, max_q, max_k):
             if mx is not None and c[b + 1] - c[b] > mx:
                 raise ValueError("%s: sequence %d has %d tokens, more than %s=%d"
                                  % (name, b, c[b + 1] - c[b], mname, mx))
-        if c[-1] > total:
+        if total is not None and c[-1] > total:
             raise ValueError("%s: the last offset %d lies past %s's %d rows" % (name, c[-1], tname, total))
+    if paged:
+        counts = [c[b + 1] - c[b] for b in range(len(c) - 1)]
+        capacity = block_table.shape[1] * page
+        for b, n in enumerate(counts):
+            if n > capacity:
+                raise ValueError("cu_seqlens_k: sequence %d has %d keys, more than a block_table row holds "
+                                 "(max_blocks * block size = %d * %d = %d)" % (b, n, block_table.shape[1], page,
+                                                                               capacity))
+        _block_table_values(block_table, counts, page, total_k, used_by="sequence %d has %d keys")
 
 
-def _device_check_cu(*args):
+def _device_check_cu(cu_q, cu_k, total_q, total_k, max_q, max_k, block_table=None, page=1):
     """FRAY_CHECK_INDICES=1 on CUDA tensors: _cu_values at the cost of a host sync."""
-    V.device_index_check("cu_seqlens", _cu_values, *args)
+    V.device_index_check("cu_seqlens" if block_table is None else "cu_seqlens / block_table", _cu_values, cu_q, cu_k,
+                         total_q, total_k, max_q, max_k, block_table, page)
 
 
 def _refuse_missing(op, backend):
@@ -850,9 +897,11 @@ def prefill_cuda_source(dtype, d, causal):
     return name, src
 
 
-def _prefill_cuda_layout_reason(q, k, v, out):
-    """Why the CUDA kernel cannot take these tensors' dtype / strides, or None (pointers are
-    checked per call: _PrefillPlan.aligned)."""
+def _prefill_cuda_layout_reason(q, k, v, out, block_table=None):
+    """Why the CUDA kernel cannot take these tensors' dtype / strides / paging, or None (pointers
+    are checked per call: _PrefillPlan.aligned)."""
+    if block_table is not None:
+        return "paged K/V (block_table) runs on Triton so far: the CUDA kernel loads contiguous key tiles by TMA"
     if q.dtype not in _PREFILL_CT:
         return "the CUDA prefill kernel takes bf16 and fp16 (got %s; fp32 runs on Triton)" % V.DTYPE_NAMES[q.dtype]
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -869,11 +918,11 @@ class _PrefillPlan:
     FRAY_CHECK_INDICES, the pointers' alignment (CUDA) and the data pointers."""
 
     __slots__ = ("varlen", "batch", "max_q", "max_k", "seqlen_k", "total_q", "total_k", "causal", "scale", "dev",
-                 "strides", "empty_k", "lse_shape", "kernel", "ints", "forced")
+                 "strides", "empty_k", "lse_shape", "kernel", "ints", "forced", "page", "bt_stride")
 
-    def __call__(self, q, k, v, cu_q, cu_k, out, lse):
+    def __call__(self, q, k, v, cu_q, cu_k, block_table, out, lse):
         if self.varlen and env.check_indices():
-            _device_check_cu(cu_q, cu_k, self.total_q, self.total_k, self.max_q, self.max_k)
+            _device_check_cu(cu_q, cu_k, self.total_q, self.total_k, self.max_q, self.max_k, block_table, self.page)
         if self.batch == 0 or self.max_q == 0 or q.shape[-2] == 0:
             return
         if self.empty_k:  # no keys at all: every row is a zero row with lse -inf
@@ -896,31 +945,41 @@ class _PrefillPlan:
         with torch.cuda.device(self.dev):
             tprefill.prefill(q, k, v, out, lse, cu_q, cu_k, self.scale, causal=self.causal, batch=self.batch,
                              max_seqlen_q=self.max_q, seqlen_k=self.seqlen_k, q_strides=qs, k_strides=ks,
-                             v_strides=vs, out_strides=os_, lse_strides=ls)
+                             v_strides=vs, out_strides=os_, lse_strides=ls, block_table=block_table,
+                             bt_stride=self.bt_stride, page_size=self.page)
 
 
 def _token_strides(t, varlen):
-    """(batch, token, head) strides of a [T, H, D] (varlen: batch 0) or [B, S, H, D] tensor."""
+    """(batch, token, head) strides of a [T, H, D] (varlen: batch 0) or [B, S, H, D] tensor; of
+    page pools [num_blocks, block_size, H, D] (varlen False): (page, token in page, head)."""
     return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
 
 
-def _prefill_plan(q, k, v, cu_q, out, lse, causal, max_q, max_k, scale, backend):
+def _prefill_plan(q, k, v, cu_q, block_table, out, lse, causal, max_q, max_k, scale, backend):
     be = B.resolve("prefill_attention", CUDA_FAMILIES["prefill_attention"], backend, q.device)
     p = _PrefillPlan()
     p.varlen = cu_q is not None
+    paged = block_table is not None
     p.batch = cu_q.shape[0] - 1 if p.varlen else q.shape[0]
     p.max_q, p.max_k = max_q, max_k
     p.seqlen_k = 0 if p.varlen else k.shape[1]
-    p.total_q, p.total_k = q.shape[0], k.shape[0]
-    p.empty_k = k.shape[0] == 0 or (not p.varlen and k.shape[1] == 0)
+    p.total_q, p.total_k = q.shape[0], k.shape[0]  # paged: the pool's page count
+    p.page = k.shape[1] if paged else 1
+    p.bt_stride = block_table.stride(0) if paged else 0
+    # no keys at all (no rows, no pages, or a table of no blocks): zero rows, lse -inf, no launch
+    if paged:
+        p.empty_k = k.shape[0] == 0 or block_table.shape[1] == 0
+    else:
+        p.empty_k = k.shape[0] == 0 or (not p.varlen and k.shape[1] == 0)
     p.causal, p.scale = causal, scale
     p.dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
     p.lse_shape = tuple(lse.shape)
-    p.strides = (_token_strides(q, p.varlen), _token_strides(k, p.varlen), _token_strides(v, p.varlen),
-                 _token_strides(out, p.varlen), (0, lse.stride(0)) if p.varlen else (lse.stride(0), lse.stride(1)))
+    p.strides = (_token_strides(q, p.varlen), _token_strides(k, p.varlen and not paged),
+                 _token_strides(v, p.varlen and not paged), _token_strides(out, p.varlen),
+                 (0, lse.stride(0)) if p.varlen else (lse.stride(0), lse.stride(1)))
     p.kernel, p.ints, p.forced = None, None, be == "cuda" and not _auto(backend)
     if be == "cuda":
-        why = _prefill_cuda_layout_reason(q, k, v, out)  # (nvcc, CUTLASS, sm_90a: checked by resolve)
+        why = _prefill_cuda_layout_reason(q, k, v, out, block_table)  # (nvcc, CUTLASS, sm_90a: checked by resolve)
         if why and p.forced:
             raise ValueError("backend='cuda' cannot run prefill_attention here: %s (use backend='triton' or 'auto')"
                              % why)
@@ -948,44 +1007,56 @@ def _auto(backend):
     return backend == "auto" and env.backend_override() is None
 
 
-def _prefill_impl(q, k, v, cu_q, cu_k, out, lse, causal, max_q, max_k, scale, backend):
-    key = P.signature("prefill_attention:op", backend, (q, k, v, cu_q, cu_k, out, lse), (causal, max_q, max_k, scale))
-    plan = P.PLANS.get(key) or P.PLANS.put(key, _prefill_plan(q, k, v, cu_q, out, lse, causal, max_q, max_k, scale,
-                                                               backend))
-    plan(q, k, v, cu_q, cu_k, out, lse)
+def _prefill_impl(q, k, v, cu_q, cu_k, block_table, out, lse, causal, max_q, max_k, scale, backend):
+    key = P.signature("prefill_attention:op", backend, (q, k, v, cu_q, cu_k, block_table, out, lse),
+                      (causal, max_q, max_k, scale))
+    plan = P.PLANS.get(key) or P.PLANS.put(key, _prefill_plan(q, k, v, cu_q, block_table, out, lse, causal, max_q,
+                                                               max_k, scale, backend))
+    plan(q, k, v, cu_q, cu_k, block_table, out, lse)
 
 
 @P.custom_op("fray::prefill_attention", mutates_args=("out", "lse"))
 def _prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
-                cu_seqlens_k: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor, causal: bool,
-                max_seqlen_q: int, max_seqlen_k: int, scale: float, backend: str) -> None:
-    _prefill_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, causal, max_seqlen_q, max_seqlen_k, scale, backend)
+                cu_seqlens_k: Optional[torch.Tensor], block_table: Optional[torch.Tensor], out: torch.Tensor,
+                lse: torch.Tensor, causal: bool, max_seqlen_q: int, max_seqlen_k: int, scale: float,
+                backend: str) -> None:
+    _prefill_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, out, lse, causal, max_seqlen_q, max_seqlen_k,
+                  scale, backend)
 
 
 _prefill_op.register_fake(lambda *args, **kwargs: None)
 
 
-def _prefill_launch(plan, q, k, v, cu_q, cu_k, out, return_lse):
+def _prefill_launch(plan, q, k, v, cu_q, cu_k, block_table, out, return_lse):
     """A cached prefill plan's call: allocate what the caller did not pass, launch."""
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
-    plan(q, k, v, cu_q, cu_k, out, lse)
+    plan(q, k, v, cu_q, cu_k, block_table, out, lse)
     return (out, lse) if return_lse else out
 
 
 def prefill_attention(q, k, v, *, causal=True, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                      max_seqlen_k=None, scale=None, return_lse=False, out=None, backend="auto"):
+                      max_seqlen_k=None, scale=None, return_lse=False, out=None, backend="auto", block_table=None,
+                      window_left=None, logits_soft_cap=None, sinks=None):
     """Multi-token (prefill) attention on the GPU: a warp-specialised TMA + wgmma kernel (CUDA) or a
     FlashAttention-2-style Triton kernel.
 
-    Two forms:
+    Three forms:
       varlen   q [total_q, Hq, D], k, v [total_k, Hkv, D]: every sequence's tokens packed one after
                the other; cu_seqlens_q, cu_seqlens_k int32 [B + 1] on q's device (sequence b's
                queries are rows cu_seqlens_q[b]:cu_seqlens_q[b + 1], its keys likewise);
                max_seqlen_q / max_seqlen_k: Python ints bounding the lengths (needed on CUDA
                tensors, where cu_seqlens is never read on the host; optional on the CPU).
-      batched  q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D] (cu_seqlens and max_seqlen None).
+      paged    the varlen form over a paged KV cache (prefix caching, chunked prefill): q and
+               cu_seqlens_q as in varlen; k, v the page pools of paged_decode_attention,
+               [num_blocks, block_size, Hkv, D] (NHD pages, block size 1, 16, 32, 64 or 128);
+               block_table int32 [B, max_blocks] on q's device, last dim contiguous. Sequence b
+               has n_k = cu_seqlens_k[b + 1] - cu_seqlens_k[b] keys (cu_seqlens_k is required
+               and only counts keys: it indexes no rows of k), and its key t (0 <= t < n_k) is
+               k[block_table[b, t // block_size], t % block_size] (v likewise). n_k is at most
+               max_seqlen_k, which must not exceed max_blocks * block_size (ValueError).
+      batched  q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D] (cu_seqlens, max_seqlen and block_table None).
     q, k, v: one dtype (bf16, fp16, fp32; FP8 refused), last dim contiguous, other strides free.
     Hq a multiple of Hkv (GQA / MQA: query head h reads kv head h // (Hq / Hkv)); D in 64, 128, 256.
     causal: query i of a sequence with n_q queries and n_k keys sees keys j <= i + n_k - n_q
@@ -994,54 +1065,67 @@ def prefill_attention(q, k, v, *, causal=True, cu_seqlens_q=None, cu_seqlens_k=N
     n_q > n_k under causal for the first n_q - n_k queries) gets a zero row and lse = -inf.
     scale: default 1/sqrt(D). Softmax in fp32, one rounding to q's dtype.
     Returns out (q's shape and dtype; `out` if given) or (out, lse) with return_lse: lse fp32, the
-    natural log of sum_j exp(scale q.k_j), shape [Hq, total_q] (varlen) or [B, Hq, Sq] (batched).
-    Trust boundary (varlen on CUDA tensors): cu_seqlens is not read on the host, so one launch is
-    CUDA-graph capturable and replays with new lengths as long as max_seqlen_q still bounds them.
-    The kernel clamps offsets into the packed rows; query rows past cu_seqlens_q[B] (padding of a
-    fixed-size buffer) are not written on the GPU (zeros on the CPU), and queries beyond
-    max_seqlen_q in a longer sequence are not computed. FRAY_CHECK_INDICES=1 checks cu_seqlens
-    (0 first, non-decreasing, within the rows, lengths <= max_seqlen) with a host sync; CPU calls
-    always check them. Sliding windows, soft-capping, sinks and paged K/V are not in this op yet.
+    natural log of sum_j exp(scale q.k_j), shape [Hq, total_q] (varlen, paged) or [B, Hq, Sq]
+    (batched).
+    Trust boundary (varlen and paged on CUDA tensors): cu_seqlens and block_table are not read on
+    the host, so one launch is CUDA-graph capturable and replays with new lengths (and new table
+    entries) as long as max_seqlen_q and max_seqlen_k still bound them.
+    The kernel clamps offsets into the packed rows and a paged key count to [0, max_blocks *
+    block_size]; block-table entries below a sequence's key count are used as given. Query rows
+    past cu_seqlens_q[B] (padding of a fixed-size buffer) are not written on the GPU (zeros on the
+    CPU), and queries beyond max_seqlen_q in a longer sequence are not computed.
+    FRAY_CHECK_INDICES=1 checks cu_seqlens (0 first, non-decreasing, within the rows, lengths <=
+    max_seqlen; paged: key counts <= max_blocks * block_size and the used block-table entries in
+    [0, num_blocks)) with a host sync (ValueError; a RuntimeError during CUDA-graph capture); CPU
+    calls always check them. window_left, logits_soft_cap and sinks (sliding windows,
+    soft-capping, attention sinks) are refused with ValueError unless None.
     Backends: "cuda" (cuda/attention/prefill_sm90.cuh, JIT-compiled per dtype x D x causal on first
-    use: bf16 / fp16, q / k / v strides multiples of 16 bytes and 16-byte aligned pointers, out with
-    even strides), "triton" (every dtype and layout), "auto": CUDA where it takes the call, else
-    Triton. Forcing "cuda" where it cannot run raises ValueError (dtype, layout, pointers) or
+    use: bf16 / fp16, contiguous (not paged) K/V, q / k / v strides multiples of 16 bytes and
+    16-byte aligned pointers, out with even strides), "triton" (every dtype, layout and form),
+    "auto": CUDA where it takes the call, else Triton (paged K/V runs on Triton so far). Forcing
+    "cuda" where it cannot run raises ValueError (dtype, layout, paged K/V, pointers) or
     RuntimeError (no nvcc / CUTLASS / sm_90a device).
     """
     if not _compiling():
-        key = P.signature("prefill_attention", backend, (q, k, v, cu_seqlens_q, cu_seqlens_k, out),
-                          (causal, max_seqlen_q, max_seqlen_k, scale, return_lse))
+        key = P.signature("prefill_attention", backend, (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, out),
+                          (causal, max_seqlen_q, max_seqlen_k, scale, return_lse, window_left, logits_soft_cap,
+                           sinks))
         plan = P.PLANS.get(key)
         if plan is not None:
-            return _prefill_launch(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, out, return_lse)
+            return _prefill_launch(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, out, return_lse)
     V.require_backend(backend, B.BACKENDS)
     _refuse_missing("prefill_attention", backend)
+    _refuse_features(window_left, logits_soft_cap, sinks)
     for name, flag in (("causal", causal), ("return_lse", return_lse)):
         if not isinstance(flag, bool):
             raise TypeError("%s: expected a bool, got %s" % (name, type(flag).__name__))
     floats = [("q", q), ("k", k), ("v", v)]
-    ints = [(n, t) for n, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)) if t is not None]
+    ints = [(n, t) for n, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+                                ("block_table", block_table)) if t is not None]
     if V.is_array(q):
         _check_arrays(floats, ints, out)
     else:
         _check_tensors(floats, ints, out)
         _check_out(out, q)
-    varlen, _ = _prefill_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    varlen, _, page = _prefill_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table)
     if V.is_array(out):
         V.require_shape("out", out, q.shape)
     on_cpu = V.is_array(q) or q.device.type == "cpu"
     max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q, varlen, not on_cpu)
     max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k, varlen, not on_cpu)
+    if block_table is not None:
+        _check_paged_capacity(max_k, block_table, page)
     scale = _check_scale(scale, q.shape[-1])
     if on_cpu:
         if not V.is_array(q):
             _cpu_backend(backend, q.device)
         if varlen:
-            _cu_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_q, max_k)
+            _cu_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_q, max_k, block_table, page)
         y, lse, _ = ref.prefill_attention(C.to_f64(q), C.to_f64(k), C.to_f64(v),
                                           None if not varlen else C.to_f64(cu_seqlens_q).astype(np.int64),
                                           None if not varlen else C.to_f64(cu_seqlens_k).astype(np.int64),
-                                          causal, scale)
+                                          causal, scale,
+                                          None if block_table is None else C.to_f64(block_table).astype(np.int64))
         return _cpu_result(q, out, return_lse, y, lse)
     if not varlen:
         max_q, max_k = q.shape[1], k.shape[1]
@@ -1049,11 +1133,12 @@ def prefill_attention(q, k, v, *, causal=True, cu_seqlens_q=None, cu_seqlens_k=N
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_prefill_lse_shape(q, varlen), dtype=torch.float32, device=q.device)
     if _compiling():
-        torch.ops.fray.prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, causal, max_q, max_k, scale,
-                                         backend)
+        torch.ops.fray.prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, out, lse, causal, max_q,
+                                         max_k, scale, backend)
         return (out, lse) if return_lse else out
-    plan = P.PLANS.put(key, _prefill_plan(q, k, v, cu_seqlens_q, out, lse, causal, max_q, max_k, scale, backend))
-    plan(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse)
+    plan = P.PLANS.put(key, _prefill_plan(q, k, v, cu_seqlens_q, block_table, out, lse, causal, max_q, max_k, scale,
+                                          backend))
+    plan(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, out, lse)
     return (out, lse) if return_lse else out
 
 
@@ -1115,8 +1200,7 @@ def _mla_shapes(q, kv, block_table, lens):
         raise ValueError("kv_cache: head dim %d differs from q's %d" % (dk, d))
     if page not in MLA_PAGE_SIZES:
         raise ValueError("kv_cache: block size (dim 1) must be one of %s, got %d" % (MLA_PAGE_SIZES, page))
-    if len(block_table.shape) != 2 or block_table.shape[0] != batch:
-        raise ValueError("block_table: expected shape [B=%d, max_blocks], got %s" % (batch, tuple(block_table.shape)))
+    _check_block_table(block_table, batch)
     V.require_shape("lens", lens, (batch,))
     return block_table.shape[1] * page, page
 
@@ -1296,6 +1380,28 @@ def _random_case(dtype, dev, batch=2, hq=4, hkv=2, capacity=37, d=64, page=16, l
     return q, k, v, kp, vp, bt, torch.tensor(lens, dtype=torch.int32, device=dev)
 
 
+def _paged_kv(k, v, lens_k, page, generator, spare=3):
+    """Packed varlen keys k, v [total_k, Hkv, D] (sequence lengths lens_k) moved into NHD page pools
+    behind a shuffled block table, the paged form of prefill_attention: (k_pages, v_pages,
+    block_table). The pool rows no sequence uses (the tail of a last page, `spare` unused pages)
+    hold NaN, so a kernel that reads one shows it."""
+    dev = k.device
+    batch = len(lens_k)
+    max_blocks = max([1] + [-(-n // page) for n in lens_k])
+    num_pages = batch * max_blocks + spare
+    bt = torch.randperm(num_pages, device=dev, generator=generator)[: batch * max_blocks].view(batch, max_blocks)
+    kp = torch.full((num_pages, page) + tuple(k.shape[1:]), float("nan"), dtype=k.dtype, device=dev)
+    vp = torch.full_like(kp, float("nan"))
+    start = 0
+    for b, n in enumerate(lens_k):
+        t = torch.arange(n, device=dev)
+        blocks = bt[b, t // page]
+        kp[blocks, t % page] = k[start:start + n]
+        vp[blocks, t % page] = v[start:start + n]
+        start += n
+    return kp, vp, bt.to(torch.int32)
+
+
 def _mla_case(dtype, dev, batch=3, s_q=2, hq=16, lens=(0, 65, 130), page=64, max_blocks=None, seed=0):
     """Random q [B, s_q, Hq, 576] and a paged latent cache with a shuffled block table (3 spare
     pages that no sequence uses); lens as given. max_blocks: default just enough for max(lens)."""
@@ -1312,8 +1418,9 @@ def _mla_case(dtype, dev, batch=3, s_q=2, hq=16, lens=(0, 65, 130), page=64, max
 def check_cases(device):
     """On a GPU: CUDA and Triton x dtype x layout (contiguous HND/NHD, paged) against the
     reference, kv_append(_paged) of both backends, and prefill_attention (varlen, chunked, empty
-    sequences) and mla_decode (s_q 2, lens 0 / 65 / 130) of each backend they have. On the CPU:
-    the references against hand-computed values and the Triton kernels under the interpreter."""
+    sequences; the same over 16-token pages on Triton) and mla_decode (s_q 2, lens 0 / 65 / 130)
+    of each backend they have. On the CPU: the references against hand-computed values and the
+    Triton kernels under the interpreter."""
     from fray.testing import assert_close
 
     def check_lse(lse, expected, what):
@@ -1362,7 +1469,7 @@ def check_cases(device):
         y, lse = decode_attention(q, k, v, np.array([0]), return_lse=True)
         assert (y == 0).all() and lse[0, 0] == -np.inf
 
-    def prefill_run(dtype, dev, interpreter, backend="triton"):
+    def prefill_run(dtype, dev, interpreter, backend="triton", paged=False):
         lens_q, lens_k = (1, 17, 0, 40, 6), (1, 30, 5, 40, 0)  # chunked, empty q, empty k
         g = torch.Generator(device=dev).manual_seed(2)
         q = torch.randn(sum(lens_q), 4, 64, device=dev, generator=g).to(dtype)
@@ -1371,17 +1478,22 @@ def check_cases(device):
         cu_q = torch.tensor(np.cumsum((0,) + lens_q), dtype=torch.int32, device=dev)
         cu_k = torch.tensor(np.cumsum((0,) + lens_k), dtype=torch.int32, device=dev)
         e, el, mag = ref.prefill_attention(C.to_f64(q), C.to_f64(k), C.to_f64(v), cu_q.tolist(), cu_k.tolist())
+        bt = None
+        if paged:  # the same keys in 16-token pages behind a shuffled block table
+            k, v, bt = _paged_kv(k, v, lens_k, 16, g)
         if interpreter:
             from fray_triton import prefill_attention as tprefill
             out = torch.full_like(q, float("nan"))
             lse = torch.full((4, q.shape[0]), float("nan"))
+            ks, vs = (t.stride()[:3] if paged else (0,) + t.stride()[:2] for t in (k, v))
             tprefill.prefill(q, k, v, out, lse, cu_q, cu_k, 0.125, causal=True, batch=5, max_seqlen_q=40, seqlen_k=0,
-                             q_strides=(0,) + q.stride()[:2], k_strides=(0,) + k.stride()[:2],
-                             v_strides=(0,) + v.stride()[:2], out_strides=(0,) + out.stride()[:2],
-                             lse_strides=(0, lse.stride(0)), block_m=16, block_n=16)
+                             q_strides=(0,) + q.stride()[:2], k_strides=ks, v_strides=vs,
+                             out_strides=(0,) + out.stride()[:2], lse_strides=(0, lse.stride(0)),
+                             block_table=bt, bt_stride=bt.stride(0) if paged else 0, page_size=16,
+                             block_m=16, block_n=32 if paged else 16)
         else:
-            out, lse = prefill_attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=40,
-                                         max_seqlen_k=40, return_lse=True, backend=backend)
+            out, lse = prefill_attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, block_table=bt,
+                                         max_seqlen_q=40, max_seqlen_k=40, return_lse=True, backend=backend)
         assert_close(out, e, dtype, "prefill", scale=mag)
         check_lse(lse, el, "prefill")
 
@@ -1429,6 +1541,7 @@ def check_cases(device):
 
     mla_shape = "B3 s_q2 Hq16 lens 0,65,130 P64"
     prefill_shape = "varlen q 1,17,0,40,6 k 1,30,5,40,0 Hq4 Hkv2 D64"
+    paged_shape = prefill_shape + " paged P16"
     cases = []
     if device.type != "cuda":
         cases.append(("decode_attention", "reference", "fp64", "hand", hand))
@@ -1440,6 +1553,8 @@ def check_cases(device):
         for dtype in (torch.float32, torch.bfloat16):
             cases.append(("prefill_attention", "triton-interpreter", V.DTYPE_NAMES[dtype], prefill_shape,
                           lambda d=dtype: prefill_run(d, "cpu", True)))
+            cases.append(("prefill_attention", "triton-interpreter", V.DTYPE_NAMES[dtype], paged_shape,
+                          lambda d=dtype: prefill_run(d, "cpu", True, paged=True)))
         for dtype in (torch.float32, torch.bfloat16):
             for paged in (False, True):
                 cases.append(("paged_decode_attention" if paged else "decode_attention", "triton-interpreter",
@@ -1472,6 +1587,9 @@ def check_cases(device):
                 if backend == "cuda" and dtype == torch.float32:
                     continue  # the CUDA kernel is 16-bit; fp32 runs on Triton
                 out.append((name, prefill_shape, lambda d=dtype, b=backend: prefill_run(d, device, False, b)))
+                if backend == "triton":  # paged K/V runs on Triton so far
+                    out.append((name, paged_shape,
+                                lambda d=dtype, b=backend: prefill_run(d, device, False, b, paged=True)))
             elif op == "mla_decode":
                 out.append((name, mla_shape, lambda d=dtype, b=backend: mla_run(d, device, False, b)))
             elif op.startswith("kv_append"):

@@ -126,11 +126,14 @@ def kv_append_paged(k_pages, v_pages, block_table, k_new, v_new, lens):
         v_pages[blk, pos % bs] = v_new[b]
 
 
-def prefill_attention(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, scale=None):
+def prefill_attention(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, scale=None, block_table=None):
     """Multi-token (prefill) attention, one sequence at a time.
 
     Varlen (cu_seqlens given): q [total_q, Hq, D], k, v [total_k, Hkv, D]; sequence b holds q rows
     cu_seqlens_q[b]:cu_seqlens_q[b + 1] and k/v rows cu_seqlens_k[b]:cu_seqlens_k[b + 1].
+    Paged (varlen with block_table [B, max_blocks]): k, v are NHD pages [num_blocks, block_size,
+    Hkv, D]; sequence b's n_k = cu_seqlens_k[b + 1] - cu_seqlens_k[b] keys are its first n_k
+    tokens through block_table[b] (gather_pages), then everything is as in the varlen form.
     Batched (cu_seqlens None): q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D].
     For sequence b with n_q queries and n_k keys, query i of head h (kv head h // (Hq / Hkv)) sees
     key j when causal is False, or when j <= i + n_k - n_q (causal, aligned bottom-right: the
@@ -149,6 +152,11 @@ def prefill_attention(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, causal=True
         q, k, v = q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
     else:
         cq, ck = _host_ints(cu_seqlens_q), _host_ints(cu_seqlens_k)
+    if block_table is not None:
+        counts = [ck[b + 1] - ck[b] for b in range(len(ck) - 1)]
+        k, v = (np.concatenate([gather_pages(pages, block_table[b], n) for b, n in enumerate(counts)]
+                               + [pages[:0, 0]]) for pages in (k, v))
+        ck = [0] + np.cumsum(counts, dtype=np.int64).tolist()
     total_q, hq = q.shape[0], q.shape[1]
     group = hq // k.shape[1]
     out = np.zeros_like(q)
