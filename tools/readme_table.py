@@ -117,6 +117,16 @@ ROWS = [
     ("tensor_h100", "grouped_gemm", "G64x384N2816K4096", "bf16", "64 x 384 rows N2816 K4096"),
     ("tensor_h100", "grouped_gemm", "G64x384N2816K4096:uneven", "bf16", "uneven, 24576 rows N2816 K4096"),
     ("tensor_h100", "grouped_gemm", "G8x1024N28672K4096", "bf16", "8 x 1024 rows N28672 K4096"),
+    ("tensor_h100", "prefill_attention", "B2Hq32Hkv8S8192D128:causal", "bf16", "B2 Hq32 Hkv8 S8192 D128 causal"),
+    ("tensor_h100", "prefill_attention", "B2Hq32Hkv8S8192D128", "bf16", "B2 Hq32 Hkv8 S8192 D128"),
+    ("tensor_h100", "prefill_attention", "B2Hq32Hkv8S16384D128:causal", "bf16", "B2 Hq32 Hkv8 S16384 D128 causal"),
+    ("tensor_h100", "prefill_attention", "B2Hq32Hkv8S8192D64", "bf16", "B2 Hq32 Hkv8 S8192 D64"),
+    ("tensor_h100", "prefill_attention", "B2Hq32Hkv8S8192D256", "bf16", "B2 Hq32 Hkv8 S8192 D256"),
+    ("tensor_h100", "prefill_attention", "B2Hq32Hkv8S1024D128:causal", "bf16", "B2 Hq32 Hkv8 S1024 D128 causal"),
+    ("tensor_h100", "prefill_attention", "B16Hq32Hkv8Svar8192D128:causal", "bf16",
+     "varlen: 16 sequences of 128-8192, D128 causal"),
+    ("tensor_h100", "prefill_attention", "B1Hq32Hkv8S2048K16384D128:causal", "bf16",
+     "chunked: 2048 queries over 16384 keys, D128"),
     ("tensor_h100", "mla_decode", "B128Hq16Sq1T16384", "bf16", None),
     ("tensor_h100", "mla_decode", "B128Hq128Sq2T4096", "bf16", None),
     ("tensor_h100", "mla_decode", "B32Hq16Sq1T4096", "bf16", None),
@@ -127,7 +137,7 @@ ROWS = [
 PEER_NAMES = {"torch.builtin": None, "torch.eager": "torch eager", "torch.compile": "torch.compile"}
 BUILTIN = {"gemm": "torch.mm", "rmsnorm": "F.rms_norm", "softmax": "torch.softmax", "online_softmax": "torch.softmax+amax+logsumexp", "layernorm": "F.layer_norm",
            "vector_add": "torch.add", "topk": "torch.topk", "argmax": "torch.argmax",
-           "decode_attention": "SDPA", "paged_decode_attention": "SDPA (contiguous)"}
+           "decode_attention": "SDPA", "paged_decode_attention": "SDPA (contiguous)", "prefill_attention": "SDPA"}
 
 
 def load(results=RESULTS):
