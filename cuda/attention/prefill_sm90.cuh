@@ -22,16 +22,28 @@
 // shared memory before P V when the sequence ends inside the tile, so that another sequence's
 // rows (or a buffer's uninitialised tail, NaN included) never reach the output.
 //
-// Template parameters: PrefillConfig<Element (cutlass::bfloat16_t / cutlass::half_t), HeadDim
-// (64, 128, 256), BlockN (key tile), Stages (ring depth), Causal>.
+// Paged K / V (Page > 0): k and v are page pools [num_blocks, Page, Hkv, D] (addressed as
+// [page, token in page, head, D]) read through an int32 block table [B, max_blocks]: key t of
+// sequence b is row t % Page of page block_table[b, t / Page]. Sequence b has
+// cu_seqlens_k[b + 1] - cu_seqlens_k[b] keys, clamped to [0, max_blocks * Page]. A key tile is
+// loaded as BlockN / min(Page, BlockN) TMA boxes, one per page it spans; boxes past the
+// sequence's last key reload its last page (they are masked, and V's rows zeroed, like any key
+// past the end). Table entries are used as given: TMA fills a page outside the pool with zeros.
 //
-// Slots: ptrs = (q, k, v, out, lse, cu_seqlens_q or 0, cu_seqlens_k or 0);
+// Template parameters: PrefillConfig<Element (cutlass::bfloat16_t / cutlass::half_t), HeadDim
+// (64, 128, 256), BlockN (key tile), Stages (ring depth), Causal, Overlap, PingPong, Page (0:
+// contiguous K / V; 16, 32, 64 or 128: paged)>.
+//
+// Slots: ptrs = (q, k, v, out, lse, cu_seqlens_q or 0, cu_seqlens_k or 0, block_table or 0);
 // ints = (batch, Hq, Hkv, rows_q, rows_k, max_seqlen_q, seqlen_q, seqlen_k,
 //         q_batch, q_token, q_head, k_batch, k_token, k_head, v_batch, v_token, v_head,
-//         o_batch, o_token, o_head, lse_batch, lse_head); floats = (scale,).
+//         o_batch, o_token, o_head, lse_batch, lse_head, bt_row, max_blocks, num_blocks);
+// floats = (scale,).
 // rows_q / rows_k: the token extent of q / k (total rows in the varlen form, S in the batched
-// one); seqlen_q / seqlen_k: the batched form's lengths (ignored when cu_seqlens are given, where
-// a sequence's queries are cut at max_seqlen_q and its offsets clamped into the rows).
+// one, Page for pools); seqlen_q / seqlen_k: the batched form's lengths (ignored when cu_seqlens
+// are given, where a sequence's queries are cut at max_seqlen_q and its offsets clamped into the
+// rows). Paged: k_batch / v_batch are the pools' page strides, bt_row the block table's row
+// stride, num_blocks the pools' page count (bt_row, max_blocks, num_blocks are 0 otherwise).
 // The varlen form ignores o_batch and lse_batch (a sequence is its rows of one packed batch).
 // lse[b * lse_batch + h * lse_head + token] (the token within the sequence for the batched form,
 // the packed row for varlen).
@@ -57,7 +69,7 @@ namespace fray {
 namespace attention {
 
 template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kCausal_, bool kOverlap_ = false,
-          bool kPingPong_ = false>
+          bool kPingPong_ = false, int kPage_ = 0>
 struct PrefillConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -67,11 +79,15 @@ struct PrefillConfig {
   static constexpr bool kCausal = kCausal_;
   static constexpr bool kOverlap = kOverlap_;  // tile n's softmax under tile n+1's P V
   static constexpr bool kPingPong = kPingPong_;  // the consumer warpgroups take turns (needs kOverlap)
+  static constexpr int kPage = kPage_;  // 0: contiguous K / V; else the pools' page size
+  static constexpr int kBoxN = kPage == 0 || kPage >= kBlockN_ ? kBlockN_ : kPage;  // key rows per TMA box
   static constexpr int kConsumers = kBlockM / 64;  // warpgroups, 64 query rows each
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "key tile: a multiple of 16, 16..256");
   static_assert(!kPingPong || (kOverlap && kConsumers == 2), "ping-pong: two consumer warpgroups, with kOverlap");
+  static_assert(kPage == 0 || (kPage >= 16 && kPage <= 128 && (kPage & (kPage - 1)) == 0),
+                "page size: 16, 32, 64 or 128 (whole 8-row swizzle atoms per box)");
 
   using TileQK = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kHeadDim>>;
   using TilePV = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kBlockN>>;
@@ -92,6 +108,17 @@ struct PrefillConfig {
                                              cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
                                              cute::Step<cute::_2, cute::_1, cute::_3>{}));
 
+  // One TMA box of a stage: kBoxN key rows of the K tile, kBoxN key columns of the V tile (the
+  // whole tile when contiguous). A box's rows keep the tile's strides (a sub-block of it).
+  using SmemKBox = decltype(cute::composition(
+      cute::take<0, 2>(SmemK{}),
+      cute::make_layout(cute::Shape<cute::Int<kBoxN>, cute::Int<kHeadDim>>{},
+                        cute::make_stride(cute::_1{}, cute::Int<kBlockN>{}))));
+  using SmemVBox = decltype(cute::composition(
+      cute::take<0, 2>(SmemV{}),
+      cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBoxN>>{},
+                        cute::make_stride(cute::_1{}, cute::Int<kHeadDim>{}))));
+
   using PipelineK = cutlass::PipelineTmaAsync<kStages>;
   using PipelineV = cutlass::PipelineTmaAsync<kStages>;
 
@@ -107,9 +134,11 @@ struct PrefillConfig {
   static_assert(kSmemBytes <= 227 * 1024, "tiles exceed the SM's shared memory");
 
   static void describe(char* buf, int n) {
-    snprintf(buf, n, "prefill_sm90 %s D%d tile %dx%d stages %d %s%s%s",
+    char page[24] = "";
+    if (kPage) snprintf(page, sizeof(page), " paged %d", kPage);
+    snprintf(buf, n, "prefill_sm90 %s D%d tile %dx%d stages %d %s%s%s%s",
              cute::is_same_v<Element, cutlass::bfloat16_t> ? "bf16" : "fp16", kHeadDim, kBlockM, kBlockN,
-             kStages, kCausal ? "causal" : "full", kOverlap ? " overlap" : "", kPingPong ? " pingpong" : "");
+             kStages, kCausal ? "causal" : "full", kOverlap ? " overlap" : "", kPingPong ? " pingpong" : "", page);
   }
 };
 
@@ -129,14 +158,17 @@ struct TmaTypes {
                                    make_tensor(make_gmem_ptr(static_cast<E const*>(nullptr)), GmemShape{}, GmemStride{}),
                                    typename Config::SmemQ{},
                                    Shape<Int<Config::kBlockM>, Int<Config::kHeadDim>>{}, _1{}));
+  // (contiguous: the whole tile, exactly as the box layouts would give it)
+  using SmemKBox = conditional_t<Config::kPage == 0, decltype(take<0, 2>(typename Config::SmemK{})),
+                                 typename Config::SmemKBox>;
+  using SmemVBox = conditional_t<Config::kPage == 0, decltype(take<0, 2>(typename Config::SmemV{})),
+                                 typename Config::SmemVBox>;
   using K = decltype(make_tma_copy(SM90_TMA_LOAD{},
                                    make_tensor(make_gmem_ptr(static_cast<E const*>(nullptr)), GmemShape{}, GmemStride{}),
-                                   take<0, 2>(typename Config::SmemK{}),
-                                   Shape<Int<Config::kBlockN>, Int<Config::kHeadDim>>{}, _1{}));
+                                   SmemKBox{}, Shape<Int<Config::kBoxN>, Int<Config::kHeadDim>>{}, _1{}));
   using V = decltype(make_tma_copy(SM90_TMA_LOAD{},
                                    make_tensor(make_gmem_ptr(static_cast<E const*>(nullptr)), GmemShape{}, GmemStrideV{}),
-                                   take<0, 2>(typename Config::SmemV{}),
-                                   Shape<Int<Config::kHeadDim>, Int<Config::kBlockN>>{}, _1{}));
+                                   SmemVBox{}, Shape<Int<Config::kHeadDim>, Int<Config::kBoxN>>{}, _1{}));
 };
 
 template <class Config>
@@ -149,6 +181,9 @@ struct Params {
   float* lse;
   const int32_t* cu_q;
   const int32_t* cu_k;
+  const int32_t* block_table;  // paged only
+  int64_t bt_row;
+  int32_t max_blocks;
   int32_t hq, group;  // group = Hq / Hkv
   int32_t rows_q, rows_k, max_seqlen_q, seqlen_q, seqlen_k;
   int64_t o_batch, o_token, o_head, lse_batch, lse_head;
@@ -215,6 +250,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
     seqlen_k = k_end - k_start;
     tma_b = 0;
   }
+  if constexpr (Config::kPage != 0) {  // keys through the block table: cu_seqlens_k only counts them
+    k_start = 0;
+    seqlen_k = int(min(max(int64_t(p.cu_k[b + 1]) - p.cu_k[b], int64_t(0)), int64_t(p.max_blocks) * Config::kPage));
+  }
   if (m_block * kBlockM >= seqlen_q) return;  // the whole CTA, before any barrier
   const int n_max = key_tiles<Config>(m_block, seqlen_q, seqlen_k);
 
@@ -245,27 +284,63 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
     cutlass::arch::warpgroup_reg_dealloc<24>();
     if (!leader || n_max <= 0) return;
     Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q)(_, _, h, tma_b);
-    Tensor mK = p.tma_k.get_tma_tensor(p.shape_k)(_, _, hk, tma_b);
-    Tensor mV = p.tma_v.get_tma_tensor(p.shape_v)(_, _, hk, tma_b);
     Tensor gQ = local_tile(domain_offset(make_coord(q_start, _0{}), mQ), Shape<Int<kBlockM>, Int<kD>>{},
                            make_coord(m_block, _0{}));
-    Tensor gK = local_tile(domain_offset(make_coord(k_start, _0{}), mK), Shape<Int<kBlockN>, Int<kD>>{},
-                           make_coord(_, _0{}));  // (BlockN, D, tiles)
-    Tensor gV = local_tile(domain_offset(make_coord(_0{}, k_start), mV), Shape<Int<kD>, Int<kBlockN>>{},
-                           make_coord(_0{}, _));  // (D, BlockN, tiles)
     auto [tQg, tQs] = tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-    auto [tKg, tKs] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    auto [tVg, tVs] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-
     st.bar_q.arrive_and_expect_tx(kBlockM * kD * int(sizeof(E)));
     copy(p.tma_q.with(reinterpret_cast<uint64_t&>(st.bar_q), 0), tQg, tQs);
     auto write = cutlass::make_producer_start_state<PipeK>();
-    for (int n = n_max - 1; n >= 0; --n) {
-      pipe_k.producer_acquire(write);
-      copy(p.tma_k.with(*pipe_k.producer_get_barrier(write), 0), tKg(_, n), tKs(_, write.index()));
-      pipe_v.producer_acquire(write);
-      copy(p.tma_v.with(*pipe_v.producer_get_barrier(write), 0), tVg(_, n), tVs(_, write.index()));
-      ++write;
+    if constexpr (Config::kPage == 0) {
+      Tensor mK = p.tma_k.get_tma_tensor(p.shape_k)(_, _, hk, tma_b);
+      Tensor mV = p.tma_v.get_tma_tensor(p.shape_v)(_, _, hk, tma_b);
+      Tensor gK = local_tile(domain_offset(make_coord(k_start, _0{}), mK), Shape<Int<kBlockN>, Int<kD>>{},
+                             make_coord(_, _0{}));  // (BlockN, D, tiles)
+      Tensor gV = local_tile(domain_offset(make_coord(_0{}, k_start), mV), Shape<Int<kD>, Int<kBlockN>>{},
+                             make_coord(_0{}, _));  // (D, BlockN, tiles)
+      auto [tKg, tKs] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto [tVg, tVs] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      for (int n = n_max - 1; n >= 0; --n) {
+        pipe_k.producer_acquire(write);
+        copy(p.tma_k.with(*pipe_k.producer_get_barrier(write), 0), tKg(_, n), tKs(_, write.index()));
+        pipe_v.producer_acquire(write);
+        copy(p.tma_v.with(*pipe_v.producer_get_barrier(write), 0), tVg(_, n), tVs(_, write.index()));
+        ++write;
+      }
+    } else {
+      // One box per page a tile spans (a page holding several tiles: the tile's rows of it).
+      constexpr int kBoxN = Config::kBoxN, kPage = Config::kPage, kBoxes = kBlockN / kBoxN;
+      Tensor mK = p.tma_k.get_tma_tensor(p.shape_k)(_, _, hk, _);  // (Page, D, pages)
+      Tensor mV = p.tma_v.get_tma_tensor(p.shape_v)(_, _, hk, _);  // (D, Page, pages)
+      const int32_t* table = p.block_table + int64_t(b) * p.bt_row;
+      const int last = (seqlen_k - 1) / kPage;  // n_max > 0: seqlen_k >= 1
+      for (int n = n_max - 1; n >= 0; --n) {
+        int page[kBoxes], box[kBoxes];
+        CUTE_UNROLL
+        for (int i = 0; i < kBoxes; ++i) {
+          const int t0 = n * kBlockN + i * kBoxN;
+          page[i] = table[min(t0 / kPage, last)];
+          box[i] = (t0 % kPage) / kBoxN;
+        }
+        pipe_k.producer_acquire(write);
+        CUTE_UNROLL
+        for (int i = 0; i < kBoxes; ++i) {
+          Tensor gK = local_tile(mK(_, _, page[i]), Shape<Int<kBoxN>, Int<kD>>{}, make_coord(box[i], _0{}));
+          Tensor sKb = local_tile(sK(_, _, write.index()), Shape<Int<kBoxN>, Int<kD>>{}, make_coord(i, _0{}));
+          auto [tKg, tKs] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sKb),
+                                          group_modes<0, 2>(gK));
+          copy(p.tma_k.with(*pipe_k.producer_get_barrier(write), 0), tKg, tKs);
+        }
+        pipe_v.producer_acquire(write);
+        CUTE_UNROLL
+        for (int i = 0; i < kBoxes; ++i) {
+          Tensor gV = local_tile(mV(_, _, page[i]), Shape<Int<kD>, Int<kBoxN>>{}, make_coord(_0{}, box[i]));
+          Tensor sVb = local_tile(sV(_, _, write.index()), Shape<Int<kD>, Int<kBoxN>>{}, make_coord(_0{}, i));
+          auto [tVg, tVs] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sVb),
+                                          group_modes<0, 2>(gV));
+          copy(p.tma_v.with(*pipe_v.producer_get_barrier(write), 0), tVg, tVs);
+        }
+        ++write;
+      }
     }
     return;
   }
@@ -511,8 +586,8 @@ template <class Config>
 int launch(const FrayArgs* args, char* err, int32_t err_len) {
   using E = typename Config::Element;
   constexpr int kE = int(sizeof(E));
-  if (args->num_ptrs != 7 || args->num_ints != 22 || args->num_floats != 1) {
-    jit_set_err(err, err_len, "prefill_sm90: expected 7 pointers, 22 ints, 1 float, got %d, %d, %d", args->num_ptrs,
+  if (args->num_ptrs != 8 || args->num_ints != 25 || args->num_floats != 1) {
+    jit_set_err(err, err_len, "prefill_sm90: expected 8 pointers, 25 ints, 1 float, got %d, %d, %d", args->num_ptrs,
                 args->num_ints, args->num_floats);
     return 1;
   }
@@ -524,6 +599,13 @@ int launch(const FrayArgs* args, char* err, int32_t err_len) {
   const int64_t qb = in[8], qt = in[9], qh = in[10], kb = in[11], kt = in[12], kh = in[13];
   const int64_t vb = in[14], vt = in[15], vh = in[16];
   const bool varlen = ptr[5] != 0;
+  const int64_t bt_row = in[22], max_blocks = in[23], num_blocks = in[24];
+  if (Config::kPage != 0 && (!varlen || ptr[7] == 0 || max_blocks < 0 || num_blocks < 0 ||
+                             max_blocks * Config::kPage > INT32_MAX || rows_k != Config::kPage)) {
+    jit_set_err(err, err_len, "prefill_sm90: the paged kernel (page %d) takes the varlen form, a block table and "
+                "pools of that page size (got page rows %d)", Config::kPage, rows_k);
+    return 1;
+  }
   if (hkv <= 0 || hq % hkv != 0) {
     jit_set_err(err, err_len, "prefill_sm90: Hq=%d is not a multiple of Hkv=%d", hq, hkv);
     return 1;
@@ -547,25 +629,29 @@ int launch(const FrayArgs* args, char* err, int32_t err_len) {
       return 1;
     }
   }
-  const int tb = varlen ? 1 : batch;  // the TMA batch extent
+  const int tb = varlen ? 1 : batch;  // the TMA batch extent of q (and of contiguous k, v)
+  const int tbk = Config::kPage != 0 ? int(num_blocks) : tb;  // paged: the pools' pages
   Params<Config> p{};
   p.shape_q = GmemShape(rows_q, Config::kHeadDim, hq, tb);
-  p.shape_k = GmemShape(rows_k, Config::kHeadDim, hkv, tb);
-  p.shape_v = GmemShape(Config::kHeadDim, rows_k, hkv, tb);
+  p.shape_k = GmemShape(rows_k, Config::kHeadDim, hkv, tbk);
+  p.shape_v = GmemShape(Config::kHeadDim, rows_k, hkv, tbk);
   // A size-1 batch dimension still needs a TMA-legal stride: reuse the token stride's.
-  auto bstride = [&](int64_t s, int64_t tok) { return tb == 1 ? tok * 16 : s; };
+  auto bstride = [&](int extent, int64_t s, int64_t tok) { return extent == 1 ? tok * 16 : s; };
   auto gq = make_tensor(make_gmem_ptr(reinterpret_cast<E const*>(ptr[0])), p.shape_q,
-                        GmemStride(qt, _1{}, qh, bstride(qb, qt)));
+                        GmemStride(qt, _1{}, qh, bstride(tb, qb, qt)));
   auto gk = make_tensor(make_gmem_ptr(reinterpret_cast<E const*>(ptr[1])), p.shape_k,
-                        GmemStride(kt, _1{}, kh, bstride(kb, kt)));
+                        GmemStride(kt, _1{}, kh, bstride(tbk, kb, kt)));
   auto gv = make_tensor(make_gmem_ptr(reinterpret_cast<E const*>(ptr[2])), p.shape_v,
-                        GmemStrideV(_1{}, vt, vh, bstride(vb, vt)));
+                        GmemStrideV(_1{}, vt, vh, bstride(tbk, vb, vt)));
   p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gq, typename Config::SmemQ{},
                           Shape<Int<Config::kBlockM>, Int<Config::kHeadDim>>{}, _1{});
-  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gk, take<0, 2>(typename Config::SmemK{}),
-                          Shape<Int<Config::kBlockN>, Int<Config::kHeadDim>>{}, _1{});
-  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gv, take<0, 2>(typename Config::SmemV{}),
-                          Shape<Int<Config::kHeadDim>, Int<Config::kBlockN>>{}, _1{});
+  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gk, typename TmaTypes<Config>::SmemKBox{},
+                          Shape<Int<Config::kBoxN>, Int<Config::kHeadDim>>{}, _1{});
+  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gv, typename TmaTypes<Config>::SmemVBox{},
+                          Shape<Int<Config::kHeadDim>, Int<Config::kBoxN>>{}, _1{});
+  p.block_table = reinterpret_cast<const int32_t*>(ptr[7]);
+  p.bt_row = bt_row;
+  p.max_blocks = int32_t(max_blocks);
   p.out = reinterpret_cast<E*>(ptr[3]);
   p.lse = reinterpret_cast<float*>(ptr[4]);
   p.cu_q = reinterpret_cast<const int32_t*>(ptr[5]);

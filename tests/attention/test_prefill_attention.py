@@ -575,14 +575,39 @@ def test_ops_layer_paged_wiring_under_interpreter(monkeypatch):
         A._prefill_impl(q, kp, vp, cu_q, torch.tensor([0, 33, 53], dtype=torch.int32), bt, out, lse, True, 20, 40,
                         0.125, "auto")
     monkeypatch.delenv("FRAY_CHECK_INDICES")
-    # "cuda" resolved under "auto": paged K/V runs on Triton; forced, it is refused with the reason
+    # "cuda" resolved under "auto": paged K/V runs on Triton (A.PREFILL_PAGED_AUTO)
     monkeypatch.setattr(A.B, "resolve", lambda *a: "cuda")
     out.fill_(float("nan"))
     A._prefill_impl(q, kp, vp, cu_q, cu_k, bt, out, lse, False, 20, 30, 0.125, "auto")
     _check(out, lse, _expected(q, k, v, cu_q, cu_k, False, 0.125), torch.bfloat16, "ops paged cuda -> triton")
+    # forced: the CUDA kernel's paged configuration and slots (the build and the launch stubbed):
+    # pool strides (page, token, head), the page size as the key rows, the table's row stride,
+    # width and the pool's page count after the 22 contiguous-form ints; the table's pointer last
+    launched = []
+
+    class Kernel:
+        def launch(self, ptrs, ints, floats, dev, stream):
+            launched.append((ptrs, ints, floats))
+
+    from fray import jit
+    built = []
+    monkeypatch.setattr(jit, "build", lambda name, src, device: built.append((name, src)) or Kernel())
+    monkeypatch.setattr(A.B, "current_stream", lambda device: 0)
+    A._prefill_impl(q, kp, vp, cu_q, cu_k, bt, out, lse, True, 20, 30, 0.125, "cuda")
+    assert built == [A.prefill_cuda_source(torch.bfloat16, 64, True, 16)]
+    assert built[0][0] == "prefill_sm90_bf16_d64_n128_s3_ov_pp_page16_causal"
+    assert "PrefillConfig<cutlass::bfloat16_t, 64, 128, 3, true, true, true, 16>" in built[0][1]
+    (ptrs, ints, floats), = launched
+    assert ptrs == (q.data_ptr(), kp.data_ptr(), vp.data_ptr(), out.data_ptr(), lse.data_ptr(), cu_q.data_ptr(),
+                    cu_k.data_ptr(), bt.data_ptr())
+    assert ints[:8] == (2, 4, 2, 23, 16, 20, 0, 0)
+    assert ints[11:17] == kp.stride()[:3] + vp.stride()[:3]
+    assert ints[22:] == (bt.stride(0), bt.shape[1], kp.shape[0]) and floats == (0.125,)
+    # block size 1: a TMA box per key, refused when forced (Triton under "auto")
+    q1, _, _, cu_q1, cu_k1, kp1, vp1, bt1 = _paged_case(torch.bfloat16, [3], [5], 4, 2, 64, 1)
     with pytest.raises(ValueError, match=r"backend='cuda' cannot run prefill_attention here: "
-                                         r"paged K/V \(block_table\) runs on Triton so far"):
-        A._prefill_impl(q, kp, vp, cu_q, cu_k, bt, out, lse, True, 20, 30, 0.125, "cuda")
+                                         r"paged K/V with block size 1 runs on Triton"):
+        A._prefill_impl(q1, kp1, vp1, cu_q1, cu_k1, bt1, out[:3], lse[:, :3], True, 3, 5, 0.125, "cuda")
 
 
 @INTERPRET
@@ -661,15 +686,20 @@ def test_cuda_layout_reasons():
     assert A._prefill_cuda_layout_reason(q, k, v, odd).startswith("out: the CUDA kernel stores element pairs")
     one = torch.zeros(1, 4, 72, dtype=torch.bfloat16)[:1, :, :64]  # one token: its stride is free
     assert A._prefill_cuda_layout_reason(one, k[:1], v[:1], torch.empty_like(one)) is None
-    kp = torch.zeros(4, 16, 2, 64, dtype=torch.bfloat16)  # paged K/V: Triton so far, whatever the layout
+    kp = torch.zeros(4, 16, 2, 64, dtype=torch.bfloat16)  # paged K/V: block sizes 16 to 128 (TMA boxes)
     bt = torch.zeros(1, 4, dtype=torch.int32)
-    assert A._prefill_cuda_layout_reason(q, kp, kp, out, bt).startswith("paged K/V (block_table) runs on Triton")
+    assert A._prefill_cuda_layout_reason(q, kp, kp, out, bt) is None
+    kp1 = torch.zeros(64, 1, 2, 64, dtype=torch.bfloat16)
+    assert A._prefill_cuda_layout_reason(q, kp1, kp1, out, bt).startswith("paged K/V with block size 1 runs on Triton")
+    wide_pages = torch.zeros(4, 16, 2, 68, dtype=torch.bfloat16)[..., :64]  # the pool's strides, checked as k's
+    assert A._prefill_cuda_layout_reason(q, wide_pages, kp, out, bt).startswith("k: the CUDA kernel loads by TMA")
 
 
 def test_cuda_kernel_compiles_for_sm90a(tmp_path, monkeypatch):
     """The CUDA kernel (cuda/attention/prefill_sm90.cuh) through fray.jit for sm_90a without a GPU,
     loaded by the dynamic linker: the contract's exports are there and describe() names the
-    configuration (bf16, D 128, causal; the other configurations compile in the GPU tests)."""
+    configuration (bf16, D 128, causal; and a paged one: fp16, D 256, 16-key pages; the other
+    configurations compile in the GPU tests)."""
     import ctypes
     from fray import jit
     monkeypatch.setenv("FRAY_CACHE_DIR", str(tmp_path / "cache"))
@@ -678,6 +708,10 @@ def test_cuda_kernel_compiles_for_sm90a(tmp_path, monkeypatch):
         assert hasattr(lib, sym), sym
     lib.fray_jit_describe.restype = ctypes.c_char_p
     assert lib.fray_jit_describe().decode() == "prefill_sm90 bf16 D128 tile 128x128 stages 2 causal overlap"
+    # the paged configuration: 16-key pages into 64-key tiles (4 TMA boxes a tile), fp16, D 256
+    lib = ctypes.CDLL(str(jit.compile_only(*A.prefill_cuda_source(torch.float16, 256, False, 16))))
+    lib.fray_jit_describe.restype = ctypes.c_char_p
+    assert lib.fray_jit_describe().decode() == "prefill_sm90 fp16 D256 tile 128x64 stages 2 full overlap pingpong paged 16"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -918,7 +952,7 @@ def _gpu_paged(cuda, dtype, lens_q, lens_k, hq, hkv, d, page, seed, causal=True,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["auto", "triton"])
+@pytest.mark.parametrize("backend", ["auto", "triton", "cuda"])
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", [64, 128, 256])
@@ -942,7 +976,21 @@ def test_gpu_paged_non_causal_and_other_page_sizes(cuda, dtype, page):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["auto", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("page,d", [(32, 128), (128, 128), (16, 256), (128, 256), (32, 64)])
+def test_gpu_cuda_paged_non_causal_and_page_sizes(cuda, dtype, page, d):
+    """The CUDA kernel's paged path at the page sizes the 16 / 64 cases leave out: a page shorter
+    than the key tile (several boxes a tile), one as long (one box) and longer (a page spans
+    several tiles: D 256 tiles are 64 keys), non-causal."""
+    (q, k, v, cu_q, cu_k, _, _, _), y, lse = _gpu_paged(cuda, dtype, GPU_PAGED_LENS_Q, GPU_PAGED_LENS_K, 16, 4, d,
+                                                        page, 3 + page + d, causal=False, scale=0.07, backend="cuda")
+    torch.cuda.synchronize()
+    _check(y, lse, _expected(q, k, v, cu_q, cu_k, False, 0.07), dtype, "gpu cuda paged non-causal P%d D%d %s"
+           % (page, d, dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto", "triton", "cuda"])
 def test_gpu_paged_cuda_graph_replay_with_new_lengths_and_tables(cuda, backend):
     """One capture over fixed buffers (q rows, the pools, the table, cu_seqlens); replays with new
     lengths, new keys and a new shuffled table written into them: max_seqlen_q and max_seqlen_k
@@ -989,7 +1037,7 @@ def test_gpu_paged_cuda_graph_replay_with_new_lengths_and_tables(cuda, backend):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["auto", "triton"])
+@pytest.mark.parametrize("backend", ["auto", "triton", "cuda"])
 def test_gpu_paged_torch_compile_fullgraph(cuda, backend):
     q, k, v, cu_q, cu_k, kp, vp, bt = _paged_case(torch.float16, [70, 0, 130], [200, 5, 130], 8, 2, 64, 16, 11, cuda)
 
@@ -1007,13 +1055,15 @@ def test_gpu_paged_torch_compile_fullgraph(cuda, backend):
 
 @pytest.mark.gpu
 def test_gpu_paged_contract(cuda, monkeypatch):
-    """Forced CUDA refused (paged K/V runs on Triton so far), the capacity bound, the plan cache,
-    FRAY_CHECK_INDICES over the used table entries, and its refusal while capturing."""
+    """Forced CUDA refused at block size 1 (one TMA box per key), the capacity bound, the plan
+    cache, FRAY_CHECK_INDICES over the used table entries, and its refusal while capturing."""
+    q1, _, _, cu_q1, cu_k1, kp1, vp1, bt1 = _paged_case(torch.float16, [3], [5], 4, 2, 64, 1, 1, cuda)
+    with pytest.raises(ValueError, match=r"backend='cuda' cannot run prefill_attention here: "
+                                         r"paged K/V with block size 1 runs on Triton"):
+        fray.prefill_attention(q1, kp1, vp1, cu_seqlens_q=cu_q1, cu_seqlens_k=cu_k1, block_table=bt1, max_seqlen_q=3,
+                               max_seqlen_k=5, backend="cuda")
     q, k, v, cu_q, cu_k, kp, vp, bt = _paged_case(torch.float16, [10, 20], [30, 20], 4, 2, 64, 16, 1, cuda)
     kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, block_table=bt, max_seqlen_q=20, max_seqlen_k=30)
-    with pytest.raises(ValueError, match=r"backend='cuda' cannot run prefill_attention here: "
-                                         r"paged K/V \(block_table\) runs on Triton so far"):
-        fray.prefill_attention(q, kp, vp, backend="cuda", **kw)
     with pytest.raises(ValueError, match=r"max_seqlen_k: 33 is more keys than a block_table row holds"):
         fray.prefill_attention(q, kp, vp, **dict(kw, max_seqlen_k=33))
     with pytest.raises(ValueError, match="max_seqlen_k: the varlen form on CUDA tensors needs"):

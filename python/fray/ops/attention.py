@@ -885,23 +885,32 @@ _PREFILL_CT = {torch.bfloat16: "cutlass::bfloat16_t", torch.float16: "cutlass::h
 PREFILL_CUDA_TILES = {64: (128, 3, True, True), 128: (128, 2, True, False), 256: (64, 2, True, True)}
 
 
-def prefill_cuda_source(dtype, d, causal):
-    """(name, translation unit) of the CUDA prefill kernel for one (dtype, head dim, causal)."""
+# Paged K/V under "auto": Triton, until the CUDA kernel's paged path (backend="cuda") has passed
+# its GPU tests.
+PREFILL_PAGED_AUTO = "paged K/V runs on Triton under 'auto' until the CUDA kernel's paged path has run on a GPU"
+
+
+def prefill_cuda_source(dtype, d, causal, page=0):
+    """(name, translation unit) of the CUDA prefill kernel for one (dtype, head dim, causal, page
+    size of paged K/V: 0 for contiguous K/V)."""
     bn, stages, overlap, pingpong = PREFILL_CUDA_TILES[d]
-    name = "prefill_sm90_%s_d%d_n%d_s%d%s%s_%s" % (V.DTYPE_NAMES[dtype], d, bn, stages, "_ov" if overlap else "",
-                                                  "_pp" if pingpong else "", "causal" if causal else "full")
+    name = "prefill_sm90_%s_d%d_n%d_s%d%s%s%s_%s" % (
+        V.DTYPE_NAMES[dtype], d, bn, stages, "_ov" if overlap else "", "_pp" if pingpong else "",
+        "_page%d" % page if page else "", "causal" if causal else "full")
     cpp = ("false", "true")
     src = ('#include "cuda/attention/prefill_sm90.cuh"\n'
-           "using Config = fray::attention::PrefillConfig<%s, %d, %d, %d, %s, %s, %s>;\nFRAY_PREFILL_ENTRY(Config)\n"
-           % (_PREFILL_CT[dtype], d, bn, stages, cpp[causal], cpp[overlap], cpp[pingpong]))
+           "using Config = fray::attention::PrefillConfig<%s, %d, %d, %d, %s, %s, %s%s>;\nFRAY_PREFILL_ENTRY(Config)\n"
+           % (_PREFILL_CT[dtype], d, bn, stages, cpp[causal], cpp[overlap], cpp[pingpong],
+              ", %d" % page if page else ""))
     return name, src
 
 
 def _prefill_cuda_layout_reason(q, k, v, out, block_table=None):
     """Why the CUDA kernel cannot take these tensors' dtype / strides / paging, or None (pointers
     are checked per call: _PrefillPlan.aligned)."""
-    if block_table is not None:
-        return "paged K/V (block_table) runs on Triton so far: the CUDA kernel loads contiguous key tiles by TMA"
+    if block_table is not None and k.shape[1] < 16:
+        return ("paged K/V with block size %d runs on Triton: the CUDA kernel loads a page as one TMA box of "
+                "whole 8-row swizzle atoms (block sizes 16 to 128)" % k.shape[1])
     if q.dtype not in _PREFILL_CT:
         return "the CUDA prefill kernel takes bf16 and fp16 (got %s; fp32 runs on Triton)" % V.DTYPE_NAMES[q.dtype]
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -932,7 +941,8 @@ class _PrefillPlan:
         if self.kernel is not None:
             if (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0 and out.data_ptr() % 4 == 0:
                 ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-                        cu_q.data_ptr() if self.varlen else 0, cu_k.data_ptr() if self.varlen else 0)
+                        cu_q.data_ptr() if self.varlen else 0, cu_k.data_ptr() if self.varlen else 0,
+                        block_table.data_ptr() if block_table is not None else 0)
                 self.kernel.launch(ptrs, self.ints, (self.scale,), self.dev, B.current_stream(q.device))
                 return
             if self.forced:
@@ -980,25 +990,30 @@ def _prefill_plan(q, k, v, cu_q, block_table, out, lse, causal, max_q, max_k, sc
     p.kernel, p.ints, p.forced = None, None, be == "cuda" and not _auto(backend)
     if be == "cuda":
         why = _prefill_cuda_layout_reason(q, k, v, out, block_table)  # (nvcc, CUTLASS, sm_90a: checked by resolve)
+        if paged and not why and not p.forced:
+            why = PREFILL_PAGED_AUTO
         if why and p.forced:
             raise ValueError("backend='cuda' cannot run prefill_attention here: %s (use backend='triton' or 'auto')"
                              % why)
         if not why:
             from fray import jit
-            name, src = prefill_cuda_source(q.dtype, q.shape[-1], causal)
+            name, src = prefill_cuda_source(q.dtype, q.shape[-1], causal, p.page if paged else 0)
             p.kernel = jit.build(name, src, device=p.dev)
             # A dimension of size 1 is never stepped along, so its stride is free in torch; TMA still
-            # checks it: give it D (a multiple of 16 bytes).
+            # checks it: give it D (a multiple of 16 bytes). (varlen q / out / k / v: a batch of 1;
+            # page pools: [pages, block size, Hkv].)
             d = q.shape[-1]
-            dims = [(q, p.strides[0]), (k, p.strides[1]), (v, p.strides[2]), (out, p.strides[3])]
+            one = (1,) if p.varlen else ()  # the varlen form's batch of one
+            dims = [(q, one, p.strides[0]), (k, () if paged else one, p.strides[1]),
+                    (v, () if paged else one, p.strides[2]), (out, one, p.strides[3])]
             (qb, qt, qh), (kb, kt, kh), (vb, vt, vh), (ob, ot, oh) = [
-                tuple(d if n == 1 else st for st, n in zip(strides, ((1,) if p.varlen else ()) + tuple(t.shape[:-1])))
-                for t, strides in dims]
+                tuple(d if n == 1 else st for st, n in zip(strides, lead + tuple(t.shape[:-1])))
+                for t, lead, strides in dims]
             rows_q = q.shape[0] if p.varlen else q.shape[1]
-            rows_k = k.shape[0] if p.varlen else k.shape[1]
-            p.ints = (p.batch, q.shape[-2], k.shape[-2], rows_q, rows_k, max_q,
-                      0 if p.varlen else q.shape[1], p.seqlen_k,
-                      qb, qt, qh, kb, kt, kh, vb, vt, vh, ob, ot, oh) + p.strides[4]
+            rows_k = k.shape[1] if paged else (k.shape[0] if p.varlen else k.shape[1])
+            p.ints = ((p.batch, q.shape[-2], k.shape[-2], rows_q, rows_k, max_q, 0 if p.varlen else q.shape[1],
+                       p.seqlen_k, qb, qt, qh, kb, kt, kh, vb, vt, vh, ob, ot, oh) + p.strides[4]
+                      + ((p.bt_stride, block_table.shape[1], k.shape[0]) if paged else (0, 0, 0)))
     return p
 
 
@@ -1079,12 +1094,13 @@ def prefill_attention(q, k, v, *, causal=True, cu_seqlens_q=None, cu_seqlens_k=N
     [0, num_blocks)) with a host sync (ValueError; a RuntimeError during CUDA-graph capture); CPU
     calls always check them. window_left, logits_soft_cap and sinks (sliding windows,
     soft-capping, attention sinks) are refused with ValueError unless None.
-    Backends: "cuda" (cuda/attention/prefill_sm90.cuh, JIT-compiled per dtype x D x causal on first
-    use: bf16 / fp16, contiguous (not paged) K/V, q / k / v strides multiples of 16 bytes and
-    16-byte aligned pointers, out with even strides), "triton" (every dtype, layout and form),
-    "auto": CUDA where it takes the call, else Triton (paged K/V runs on Triton so far). Forcing
-    "cuda" where it cannot run raises ValueError (dtype, layout, paged K/V, pointers) or
-    RuntimeError (no nvcc / CUTLASS / sm_90a device).
+    Backends: "cuda" (cuda/attention/prefill_sm90.cuh, JIT-compiled per dtype x D x causal x block
+    size on first use: bf16 / fp16, q / k / v strides multiples of 16 bytes and 16-byte aligned
+    pointers, out with even strides; paged K/V with block sizes 16 to 128), "triton" (every dtype,
+    layout and form), "auto": CUDA where it takes the call, else Triton; paged K/V runs on Triton
+    under "auto" until the CUDA kernel's paged path has run on a GPU (backend="cuda" runs it).
+    Forcing "cuda" where it cannot run raises ValueError (dtype, layout, block size 1, pointers)
+    or RuntimeError (no nvcc / CUTLASS / sm_90a device).
     """
     if not _compiling():
         key = P.signature("prefill_attention", backend, (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, out),
@@ -1587,9 +1603,7 @@ def check_cases(device):
                 if backend == "cuda" and dtype == torch.float32:
                     continue  # the CUDA kernel is 16-bit; fp32 runs on Triton
                 out.append((name, prefill_shape, lambda d=dtype, b=backend: prefill_run(d, device, False, b)))
-                if backend == "triton":  # paged K/V runs on Triton so far
-                    out.append((name, paged_shape,
-                                lambda d=dtype, b=backend: prefill_run(d, device, False, b, paged=True)))
+                out.append((name, paged_shape, lambda d=dtype, b=backend: prefill_run(d, device, False, b, paged=True)))
             elif op == "mla_decode":
                 out.append((name, mla_shape, lambda d=dtype, b=backend: mla_run(d, device, False, b)))
             elif op.startswith("kv_append"):
