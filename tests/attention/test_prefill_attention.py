@@ -714,6 +714,60 @@ def test_cuda_kernel_compiles_for_sm90a(tmp_path, monkeypatch):
     assert lib.fray_jit_describe().decode() == "prefill_sm90 fp16 D256 tile 128x64 stages 2 full overlap pingpong paged 16"
 
 
+_BOX_CHECK = r"""
+#include <cstdio>
+#include "cuda/attention/prefill_sm90.cuh"
+using namespace cute;
+// Every TMA box of a paged stage must be a sub-block of the K / V tile: box i's element (r, c) at
+// the tile's (i * BoxN + r, c), the swizzle applied to the absolute offset (box bases are whole
+// 1024-byte periods).
+template <class C> int check() {
+  constexpr int D = C::kHeadDim, BN = C::kBlockN, BX = C::kBoxN;
+  auto full_k = take<0, 2>(typename C::SmemK{});
+  auto full_v = take<0, 2>(typename C::SmemV{});
+  auto sw = get_swizzle_portion(full_k);
+  auto box_k = get_nonswizzle_portion(typename C::SmemKBox{});
+  auto box_v = get_nonswizzle_portion(typename C::SmemVBox{});
+  int bad = 0;
+  for (int i = 0; i < BN / BX; ++i)
+    for (int r = 0; r < BX; ++r)
+      for (int c = 0; c < D; ++c) {
+        const int base = i * BX * 64;
+        bad += full_k(i * BX + r, c) != sw(base + box_k(r, c));
+        bad += full_v(c, i * BX + r) != sw(base + box_v(c, r));
+      }
+  return bad;
+}
+template <int D, int BN, int S, bool P, int Page> int one() {
+  return check<fray::attention::PrefillConfig<cutlass::bfloat16_t, D, BN, S, true, true, P, Page>>();
+}
+int main() {
+  int bad = one<64, 128, 3, true, 16>() + one<64, 128, 3, true, 32>() + one<64, 128, 3, true, 64>() +
+            one<64, 128, 3, true, 128>() + one<128, 128, 2, false, 16>() + one<128, 128, 2, false, 32>() +
+            one<128, 128, 2, false, 64>() + one<128, 128, 2, false, 128>() + one<256, 64, 2, true, 16>() +
+            one<256, 64, 2, true, 32>() + one<256, 64, 2, true, 64>() + one<256, 64, 2, true, 128>();
+  printf("mismatches %d\n", bad);
+  return bad != 0;
+}
+"""
+
+
+def test_cuda_paged_boxes_are_sub_blocks_of_the_tile(tmp_path):
+    """The paged kernel's TMA box layouts (PrefillConfig::SmemKBox / SmemVBox) address exactly the
+    tile's elements, swizzle included, at every shipped head dim and page size: a host program
+    built by nvcc against the CUTLASS headers the JIT uses."""
+    import subprocess
+    from fray import jit
+    src = tmp_path / "boxes.cu"
+    src.write_text(_BOX_CHECK)
+    exe = tmp_path / "boxes"
+    subprocess.run([jit.nvcc_path(), "-std=c++17", "-O1", "--expt-relaxed-constexpr", "-arch=sm_90a",
+                    "-I" + jit.include_root(), "-I" + jit.cutlass_include(), str(src), "-o", str(exe)],
+                   check=True, capture_output=True, timeout=600)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "mismatches 0", run.stdout + run.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU
 
