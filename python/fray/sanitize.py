@@ -302,6 +302,37 @@ def _attention_cases():
         out["kv_append_hnd_%s" % d] = _case(append, 512, race=False)
         out["kv_append_nhd_%s" % d] = _case(lambda append=append: append(layout="NHD"), 512, race=False)
         out["kv_append_paged_%s" % d] = _case(lambda append=append: append(paged=True), 512, race=False)
+    # prefill_attention: the CUDA kernel (JIT) at each shipped configuration (dtype x head dim x
+    # causal) and its paged path (16- and 64-key pages), the Triton kernel's paged path
+    # (unfiltered): query / key lengths ending inside tiles, an empty sequence, fewer queries than
+    # keys (chunked), GQA 4; the pools' unused rows are NaN.
+    from fray.ops.attention import _paged_kv
+    lens_q, lens_k = (1, 130, 0, 70), (5, 200, 3, 70)
+    for d in ("bf16", "fp16"):
+        for hd in (64, 128, 256):
+            for causal in (True, False):
+                def prefill(dt=_dt(d), hd=hd, causal=causal, page=None, backend="cuda"):
+                    q = _randn(sum(lens_q), 8, hd, dtype=dt)
+                    k = _randn(sum(lens_k), 2, hd, dtype=dt, seed=1)
+                    v = _randn(sum(lens_k), 2, hd, dtype=dt, seed=2)
+                    cu_q, cu_k = (torch.tensor((0,) + lens, device="cuda").cumsum(0).to(torch.int32)
+                                  for lens in (lens_q, lens_k))
+                    kw = dict(causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                              max_seqlen_k=max(lens_k), return_lse=True, backend=backend)
+                    if page:
+                        k, v, kw["block_table"] = _paged_kv(k, v, lens_k, page,
+                                                            torch.Generator(device="cuda").manual_seed(3))
+                    fray.prefill_attention(q, k, v, **kw)
+                tag = "%s_d%d_%s" % (d, hd, "causal" if causal else "full")
+                size = 2 * sum(lens_k) * 2 * hd
+                out["prefill_%s" % tag] = _case(prefill, size)
+                if causal:
+                    for page in (16, 64):
+                        out["prefill_paged_p%d_%s" % (page, tag)] = _case(
+                            lambda prefill=prefill, page=page: prefill(page=page), size)
+        out["prefill_triton_paged_p16_%s_d128_causal" % d] = _case(
+            lambda prefill=prefill, dt=_dt(d): prefill(dt=dt, hd=128, causal=True, page=16, backend="triton"),
+            2 * sum(lens_k) * 2 * 128, unfiltered=True)
     # mla_decode (Triton: unfiltered): s_q 2 over lens 0 / 65 / 130, one split and three, the
     # transposed form at Hq 16 and the 64-row one at Hq 32
     from fray.ops.attention import _mla_case
@@ -707,7 +738,7 @@ def _wall(work, est, jobs, tools):
 # Families whose cases build kernels through fray.jit: their cases run once without a tool before
 # the sweep (nvcc and CUTLASS's templates take seconds to minutes a kernel, and under a tool that
 # time would count against the process limit).
-JIT_FAMILIES = ("gemm", "quant")
+JIT_FAMILIES = ("attention", "gemm", "quant")  # attention: prefill_attention's CUDA kernel
 
 
 def warm(families, jobs, deadline):

@@ -56,6 +56,14 @@ def test_case_lists_name_every_family_and_the_sampling_launch_paths():
     # the narrow one-block rows, then clusters of 2, 4, 8 and 16 blocks and the 192 KB slices
     for shape in ("3x1", "3x7", "3x1000", "3x2047", "3x8192", "3x16384", "3x32768", "1x65536", "1x393216"):
         assert "sampling/sample_topp_fp32_%s" % shape in names, shape
+    # prefill_attention's JIT kernel: every shipped configuration, its paged path, Triton's paged path
+    for d in ("bf16", "fp16"):
+        for hd in (64, 128, 256):
+            for mode in ("causal", "full"):
+                assert "attention/prefill_%s_d%d_%s" % (d, hd, mode) in names
+            assert "attention/prefill_paged_p16_%s_d%d_causal" % (d, hd) in names
+        assert "attention/prefill_triton_paged_p16_%s_d128_causal" % d in names
+    assert "attention" in sanitize.JIT_FAMILIES  # its kernels are built before the tools run
     with pytest.raises(ValueError, match="families"):
         sanitize.case_names(["nope"])
 
