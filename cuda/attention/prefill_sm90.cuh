@@ -88,6 +88,8 @@ struct PrefillConfig {
   static_assert(!kPingPong || (kOverlap && kConsumers == 2), "ping-pong: two consumer warpgroups, with kOverlap");
   static_assert(kPage == 0 || (kPage >= 16 && kPage <= 128 && (kPage & (kPage - 1)) == 0),
                 "page size: 16, 32, 64 or 128 (whole 8-row swizzle atoms per box)");
+  static_assert(kPage == 0 || (kBlockN_ % kBoxN == 0 && kPage % kBoxN == 0),
+                "paged: a key tile is whole pages or lies within one");
 
   using TileQK = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kHeadDim>>;
   using TilePV = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kBlockN>>;

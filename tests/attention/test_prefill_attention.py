@@ -711,7 +711,8 @@ def test_cuda_kernel_compiles_for_sm90a(tmp_path, monkeypatch):
     # the paged configuration: 16-key pages into 64-key tiles (4 TMA boxes a tile), fp16, D 256
     lib = ctypes.CDLL(str(jit.compile_only(*A.prefill_cuda_source(torch.float16, 256, False, 16))))
     lib.fray_jit_describe.restype = ctypes.c_char_p
-    assert lib.fray_jit_describe().decode() == "prefill_sm90 fp16 D256 tile 128x64 stages 2 full overlap pingpong paged 16"
+    assert lib.fray_jit_describe().decode() == ("prefill_sm90 fp16 D256 tile 128x64 stages 2 full overlap pingpong "
+                                                "paged 16")
 
 
 _BOX_CHECK = r"""

@@ -881,7 +881,9 @@ def _prefill_lse_shape(q, varlen):
 # K and V 64 KB each); D 256 takes 64-key tiles (192 KB).
 _PREFILL_CT = {torch.bfloat16: "cutlass::bfloat16_t", torch.float16: "cutlass::half_t"}
 # D -> (key tile, ring stages, overlap, ping-pong): the fastest of the schedules in
-# cuda/attention/prefill_sm90.cuh as measured at B2 Hq32 Hkv8 S8192 / S16384 (bench/NOTES.md).
+# cuda/attention/prefill_sm90.cuh as measured at B2 Hq32 Hkv8 S8192 / S16384 (bench/NOTES.md;
+# bench/micro/prefill_schedules.py sweeps them). The paged kernel takes the same tile, which must be
+# whole pages of 16-128 keys or lie within one (the header's static_assert).
 PREFILL_CUDA_TILES = {64: (128, 3, True, True), 128: (128, 2, True, False), 256: (64, 2, True, True)}
 
 
