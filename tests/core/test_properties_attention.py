@@ -1,6 +1,7 @@
 """Property-based tests (hypothesis) of the attention family's and rope's Triton kernels under
 Triton's CPU interpreter against the float64 references: rope, kv_append, kv_append_paged,
-decode_attention, paged_decode_attention, prefill_attention (varlen and batched) and mla_decode.
+decode_attention, paged_decode_attention, prefill_attention (varlen, batched and paged) and
+mla_decode.
 
 Shapes are drawn small (the interpreter runs every program in Python) but off every tile: batch
 1-3, GQA groups 1-16 (3, 5, 7 included), every head dim the kernels take, lengths of 0, 1, odd
@@ -710,6 +711,83 @@ def test_triton_prefill_attention_matches_its_oracle(data):
         rest_o[..., :hq, :d], rest_l[:, :hq, :rows_q] = float("nan"), float("nan")
     _same_bits(rest_o, _sentinel(obuf.shape, dtype), what + ": out's buffer outside the rows written")
     _same_bits(rest_l, _sentinel(lbuf.shape, torch.float32), what + ": lse's buffer outside the rows written")
+
+
+@settings(max_examples=15)
+@given(data=st.data())
+def test_triton_paged_prefill_attention_matches_its_oracle_and_the_contiguous_call(data):
+    """fray_triton.prefill_attention.prefill over paged K/V: 1-3 sequences of 0-40 queries over
+    0-40 keys in pages of 1, 16 or 32 tokens behind a shuffled block table, causal or not, GQA
+    groups 1-5, D 64 / 128, 16 / 32-row tiles or the default ones. Pool rows and pages no
+    sequence uses hold NaN, inf or 1e30, block-table entries past a sequence's keys name pages
+    outside the pool (-1, 10^6): none is read. Out and lse within the oracle's bounds and bit for
+    bit those of the same kernel on the keys packed contiguously; nothing written outside
+    out[:total_q] / lse[:, :total_q]."""
+    from fray_triton import prefill_attention as tp
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    causal = data.draw(st.booleans(), label="causal")
+    batch = data.draw(st.integers(1, 3), label="batch")
+    hkv = data.draw(st.integers(1, 2), label="hkv")
+    hq = hkv * data.draw(st.sampled_from((1, 2, 3, 5)), label="group")
+    d = data.draw(st.sampled_from((64, 128)), label="d")
+    page = data.draw(st.sampled_from((1, 16, 32)), label="page")
+    n = st.one_of(st.integers(0, 3), st.integers(4, 40))
+    lens_q = [data.draw(n, label="n_q") for _ in range(batch)]
+    lens_k = [data.draw(n, label="n_k") for _ in range(batch)]
+    block = data.draw(st.sampled_from((None, 16, 32)), label="block")
+    scale = 1.0 / math.sqrt(d)
+    g = _generator(data)
+    eq, ek = _score_exponents(data, dtype)
+    ev = _value_exponent(data, dtype)
+    garbage = data.draw(st.sampled_from(GARBAGE), label="garbage")
+    tq, tk = sum(lens_q), sum(lens_k)
+    q = _values(data, g, (tq, hq, d), eq, _finite_specials(dtype, eq)).to(dtype)
+    k = _values(data, g, (tk, hkv, d), ek, _finite_specials(dtype, ek)).to(dtype)
+    v = _values(data, g, (tk, hkv, d), ev, _finite_specials(dtype, ev)).to(dtype)
+    # the pool: each sequence's pages, spare pages, shuffled; garbage wherever no key lies
+    blocks = [-(-n_k // page) for n_k in lens_k]
+    max_blocks = max(blocks + [1]) + _pad(data)
+    num_pages = sum(blocks) + _pad(data) + 1
+    order = torch.randperm(num_pages, generator=g)
+    bt = torch.tensor([[(-1, 10 ** 6)[(b + j) % 2] for j in range(max_blocks)] for b in range(batch)],
+                      dtype=torch.int32)
+    kp, vp = _filled((num_pages, page, hkv, d), garbage, dtype), _filled((num_pages, page, hkv, d), garbage, dtype)
+    used, start = 0, 0
+    for b, n_k in enumerate(lens_k):
+        for j in range(blocks[b]):
+            bt[b, j] = int(order[used])
+            rows = slice(start + j * page, start + min(n_k, (j + 1) * page))
+            kp[bt[b, j], :rows.stop - rows.start] = k[rows]
+            vp[bt[b, j], :rows.stop - rows.start] = v[rows]
+            used += 1
+        start += n_k
+    cu_q = torch.tensor(np.cumsum([0] + lens_q).tolist(), dtype=torch.int32)
+    cu_k = torch.tensor(np.cumsum([0] + lens_k).tolist(), dtype=torch.int32)
+    max_q = max(lens_q) + data.draw(st.integers(0, 20), label="max_seqlen_q - longest")
+    results = []
+    for paged in (True, False):
+        obuf, lbuf = _sentinel((tq + 1, hq, d), dtype), _sentinel((hq, tq + 1), torch.float32)
+        out, lse = obuf[:tq], lbuf[:, :tq]
+        kk, vv = (kp, vp) if paged else (k, v)
+        kv_strides = kk.stride()[:3] if paged else (0,) + kk.stride()[:2]
+        tp.prefill(q, kk, vv, out, lse, cu_q, cu_k, scale, causal=causal, batch=batch, max_seqlen_q=max_q,
+                   seqlen_k=0, q_strides=(0,) + q.stride()[:2], k_strides=kv_strides, v_strides=kv_strides,
+                   out_strides=(0,) + out.stride()[:2], lse_strides=(0, lse.stride(0)), block_m=block, block_n=block,
+                   block_table=bt if paged else None, bt_stride=bt.stride(0), page_size=page if paged else 1)
+        results.append((obuf, lbuf))
+    what = "paged prefill %s causal=%s B%d Hq%d Hkv%d D%d page %d lens_q=%s lens_k=%s block=%s" % (
+        dtype, causal, batch, hq, hkv, d, page, lens_q, lens_k, block)
+    (po, pl), (co, cl) = results
+    _same_bits(po, co, what + ": out against the contiguous call")
+    _same_bits(pl, cl, what + ": lse against the contiguous call")
+    cq, ck = np.cumsum([0] + lens_q).tolist(), np.cumsum([0] + lens_k).tolist()
+    seqs = [(q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]]) for b in range(batch)]
+    qs, ks, vs = zip(*seqs)
+    e, el, mag, terms, vsum = _prefill_oracle(qs, ks, vs, lens_q, lens_k, causal, scale)
+    assert_close(po[:tq], e, dtype, what, scale=_out_scale(mag, vsum, dtype))
+    _check_lse(pl[:, :tq], el, terms, what)
+    _same_bits(po[tq:], _sentinel((1, hq, d), dtype), what + ": out's row past the packed rows")
+    _same_bits(pl[:, tq:], _sentinel((hq, 1), torch.float32), what + ": lse's column past the packed rows")
 
 
 # ---------------------------------------------------------------------------------------------
