@@ -37,6 +37,31 @@ def flash_decoding(Q, K, V, Output):
     return _attention.decode_attention(Q, K, V, lens, out=Output)
 
 
+def flash_attn_cute(q, k, v, softmax_scale=None, causal=False, window_size=(None, None), learnable_sink=None,
+                    softcap=0.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                    page_table=None):
+    """FlashAttention's CuTe interface (flash_attn.cute's flash_attn_func, and flash_attn_varlen_func
+    through cu_seqlens / page_table) on fray.prefill_attention: q [B, S_q, Hq, D], k, v [B, S_k,
+    Hkv, D]; or varlen q [total_q, Hq, D], k, v [total_k, Hkv, D] with int32 cu_seqlens_q /
+    cu_seqlens_k [B + 1] (max_seqlen_q / max_seqlen_k as Python ints on CUDA tensors, where Fray
+    reads nothing on the host), k and v page pools [num_blocks, block_size, Hkv, D] with
+    page_table int32 [B, max_blocks]. causal: bottom-right aligned, as FlashAttention's. Returns
+    (out, lse): lse fp32 [B, Hq, S_q] or [Hq, total_q], FlashAttention's layouts. A sliding window
+    (window_size other than (None, None) / (-1, -1)), learnable_sink and softcap != 0 are refused
+    with ValueError, not approximated."""
+    if not (isinstance(window_size, (tuple, list)) and tuple(window_size) in ((None, None), (-1, -1))):
+        raise ValueError("window_size: sliding-window attention is not supported; got %r (expected (None, None) "
+                         "or (-1, -1))" % (window_size,))
+    if softcap:
+        raise ValueError("softcap: logit soft-capping is not supported; got %r (expected 0.0)" % (softcap,))
+    if learnable_sink is not None:
+        raise ValueError("learnable_sink: attention sinks are not supported; expected None")
+    return _attention.prefill_attention(q, k, v, causal=causal, cu_seqlens_q=cu_seqlens_q,
+                                        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                        max_seqlen_k=max_seqlen_k, scale=softmax_scale, return_lse=True,
+                                        block_table=page_table)
+
+
 def flash_mla(q, k_cache, block_table, cache_seqlens, head_dim_v=512, tile_scheduler_metadata=None, num_splits=None,
               softmax_scale=None, causal=False):
     """FlashMLA's flash_mla_with_kvcache, argument for argument, on fray.mla_decode: q [B, s_q, Hq,

@@ -1164,3 +1164,27 @@ def test_kernel_compiles_for_sm90a_without_spills():
                            "stride_ob", "stride_ot", "stride_oh", "stride_lb", "stride_lh", "stride_btb")))
     for spec, r in zip(specs, compile_triton_sm90(specs)):
         assert r["wgmma"] and r["spills"] == 0, (spec["constexprs"], r)
+
+
+def test_seed_flash_attn_cute():
+    """fray.jit_kernels.flash_attn_cute, FlashAttention's CuTe interface: batched and varlen (and
+    paged through page_table) calls give prefill_attention's (out, lse) in FlashAttention's
+    layouts, causal off by default; sliding windows, soft-capping and sinks refused by their
+    FlashAttention names."""
+    q, k, v, cu_q, cu_k, kp, vp, bt = _paged_case(torch.float32, [5, 9], [7, 9], 4, 2, 64, 16, seed=21)
+    out, lse = fray.jit_kernels.flash_attn_cute(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    _check(out, lse, _expected(q, k, v, cu_q, cu_k, causal=False), torch.float32, "flash_attn_cute varlen")
+    out, lse = fray.jit_kernels.flash_attn_cute(q, kp, vp, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                                page_table=bt, softmax_scale=0.2)
+    _check(out, lse, _expected(q, k, v, cu_q, cu_k, True, 0.2), torch.float32, "flash_attn_cute paged")
+    qb, kb, vb = q[5:].reshape(1, 9, 4, 64), k[7:].reshape(1, 9, 2, 64), v[7:].reshape(1, 9, 2, 64)
+    out, lse = fray.jit_kernels.flash_attn_cute(qb, kb, vb, causal=True, window_size=(-1, -1))
+    assert out.shape == (1, 9, 4, 64) and lse.shape == (1, 4, 9)  # FlashAttention's [B, Hq, S_q]
+    e = _expected(qb, kb, vb, causal=True)
+    _check(out[0], lse[0], (e[0][0], e[1][0], e[2][0]), torch.float32, "flash_attn_cute batched")
+    for kw, msg in ((dict(window_size=(128, 0)), "window_size: sliding-window attention is not supported"),
+                    (dict(window_size=128), "window_size: sliding-window attention is not supported"),
+                    (dict(softcap=30.0), "softcap: logit soft-capping is not supported"),
+                    (dict(learnable_sink=torch.zeros(4)), "learnable_sink: attention sinks are not supported")):
+        with pytest.raises(ValueError, match=msg):
+            fray.jit_kernels.flash_attn_cute(qb, kb, vb, **kw)
