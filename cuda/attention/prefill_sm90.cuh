@@ -202,7 +202,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // The accumulator fragment ((2, 2, N/8), MMA_M, MMA_N) as (rows, cols): rows ((2), MMA_M) are the
 // fragment's two row halves, cols ((2, N/8), MMA_N) its column pairs.
 template <class L>
-__device__ __forceinline__ constexpr auto rows_cols(L l) {
+CUTE_HOST_DEVICE constexpr auto rows_cols(L l) {
   auto v = get<0>(l);
   return make_layout(make_layout(get<1>(v), get<1>(l)), make_layout(get<0>(v), get<2>(v), get<2>(l)));
 }
@@ -216,6 +216,14 @@ __device__ __forceinline__ constexpr auto acc_as_a(L l) {
   auto pairs = logical_divide(get<2>(v), Layout<_2>{});  // (2, N/16)
   return make_layout(make_layout(get<0>(v), get<1>(v), get<0>(pairs)), get<1>(l),
                      coalesce(make_layout(get<1>(pairs), get<2>(l))));
+}
+
+// The mask of key tile key0 for query `row` (within its sequence) as one bound on the column
+// offsets col - col0 of the thread's elements in that row (col0: the thread's first column): keys
+// past the sequence (key >= seqlen_k) and, causal, past the row's diagonal (key > row + diag).
+CUTE_HOST_DEVICE int mask_bound(bool causal, int row, int key0, int col0, int seqlen_k, int diag) {
+  const int past_end = seqlen_k - key0 - col0;
+  return causal ? cute::min(past_end, row + diag + 1 - key0 - col0) : past_end;
 }
 
 // Which key tiles a query tile sees: [0, n_max); n_max <= 0 means none.
@@ -403,13 +411,16 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
     const bool tail = key0 + kBlockN > seqlen_k;
     const bool crosses = Config::kCausal && key0 + kBlockN - 1 > m_block * kBlockM + diag;
     if (tail || crosses) {
+      // One bound per row against each element's column offset from the thread's first column
+      // (a constant of the unrolled loop), rather than a (row, key) pair per element.
+      const int col0 = get<1>(cS(0, 0));
       CUTE_UNROLL
       for (int i = 0; i < size<0>(S); ++i) {
+        const int row = m_block * kBlockM + get<0>(cS(i, 0));
+        const int limit = mask_bound(Config::kCausal, row, key0, col0, seqlen_k, diag);
         CUTE_UNROLL
         for (int j = 0; j < size<1>(S); ++j) {
-          const int row = m_block * kBlockM + get<0>(cS(i, j));
-          const int key = key0 + get<1>(cS(i, j));
-          if (key >= seqlen_k || (Config::kCausal && key > row + diag)) S(i, j) = -INFINITY;
+          if (get<1>(cS(i, j)) - col0 >= limit) S(i, j) = -INFINITY;
         }
       }
     }

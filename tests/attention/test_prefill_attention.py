@@ -742,21 +742,53 @@ template <class C> int check() {
 template <int D, int BN, int S, bool P, int Page> int one() {
   return check<fray::attention::PrefillConfig<cutlass::bfloat16_t, D, BN, S, true, true, P, Page>>();
 }
+// The kernel's mask (one bound per row on each element's column offset, mask_bound) against its
+// definition, key >= seqlen_k or (causal) key > row + diag, for every consumer thread's elements of
+// S, over query tiles, key tiles, sequence ends and diagonals around the tile's edges.
+template <bool Causal, int BN> int check_mask() {
+  using C = fray::attention::PrefillConfig<cutlass::bfloat16_t, 128, BN, 2, Causal>;
+  typename C::MmaQK mma;
+  int bad = 0;
+  for (int t = 0; t < 128 * C::kConsumers; ++t) {
+    Tensor tc = mma.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<C::kBlockM>, Int<BN>>{}));
+    Tensor c = make_tensor(tc.data(), fray::attention::detail::rows_cols(tc.layout()));
+    const int col0 = get<1>(c(0, 0));
+    for (int m_block : {0, 1, 3})
+      for (int n : {0, 1, 2})
+        for (int end : {1, 7, BN - 1, BN, BN + 1, 2 * BN + 5, 10 * BN})
+          for (int diag : {-300, -130, -64, -1, 0, 1, 63, 129, 500}) {
+            const int key0 = n * BN;
+            for (int i = 0; i < size<0>(c); ++i) {
+              const int row = m_block * C::kBlockM + get<0>(c(i, 0));
+              const int limit = fray::attention::detail::mask_bound(Causal, row, key0, col0, end, diag);
+              for (int j = 0; j < size<1>(c); ++j) {
+                const int key = key0 + get<1>(c(i, j));
+                const int r = m_block * C::kBlockM + get<0>(c(i, j));
+                const bool want = key >= end || (Causal && key > r + diag);
+                bad += (get<1>(c(i, j)) - col0 >= limit) != want;
+              }
+            }
+          }
+  }
+  return bad;
+}
 int main() {
   int bad = one<64, 128, 3, true, 16>() + one<64, 128, 3, true, 32>() + one<64, 128, 3, true, 64>() +
             one<64, 128, 3, true, 128>() + one<128, 128, 2, false, 16>() + one<128, 128, 2, false, 32>() +
             one<128, 128, 2, false, 64>() + one<128, 128, 2, false, 128>() + one<256, 64, 2, true, 16>() +
             one<256, 64, 2, true, 32>() + one<256, 64, 2, true, 64>() + one<256, 64, 2, true, 128>();
+  bad += check_mask<true, 128>() + check_mask<false, 128>() + check_mask<true, 64>() + check_mask<true, 176>();
   printf("mismatches %d\n", bad);
   return bad != 0;
 }
 """
 
 
-def test_cuda_paged_boxes_are_sub_blocks_of_the_tile(tmp_path):
-    """The paged kernel's TMA box layouts (PrefillConfig::SmemKBox / SmemVBox) address exactly the
-    tile's elements, swizzle included, at every shipped head dim and page size: a host program
-    built by nvcc against the CUTLASS headers the JIT uses."""
+def test_cuda_kernel_index_math_on_the_host(tmp_path):
+    """The CUDA kernel's index math, run on the host by a program nvcc builds against the CUTLASS
+    headers the JIT uses: the paged kernel's TMA box layouts (PrefillConfig::SmemKBox / SmemVBox)
+    address exactly the tile's elements, swizzle included, at every shipped head dim and page
+    size; the mask (mask_bound) equals its definition for every consumer thread's elements."""
     import subprocess
     from fray import jit
     src = tmp_path / "boxes.cu"
