@@ -25,7 +25,8 @@ def _lens(*v):
     return torch.tensor(v, dtype=i32)
 
 
-# op -> () -> (args, kwargs): a small valid call on CPU tensors.
+# op -> () -> (args, kwargs): a small valid call on CPU tensors. "op:form" entries add a form of
+# an op whose arguments differ (prefill_attention over paged K/V): its cases run as the op's.
 VALID = {
     "add_rmsnorm": lambda: ((_r(4, 64), _r(4, 64, seed=1), _r(64, seed=2)), {}),
     "apply_penalties": lambda: ((_r(3, 50), torch.tensor([1, 2, 3, 4, 5, 6], dtype=i32),
@@ -66,6 +67,11 @@ VALID = {
                                   dict(cu_seqlens_q=torch.tensor([0, 8, 16], dtype=i32),
                                        cu_seqlens_k=torch.tensor([0, 8, 16], dtype=i32),
                                        max_seqlen_q=8, max_seqlen_k=8)),
+    "prefill_attention:paged": lambda: ((_r(16, 4, 64), _r(4, 16, 2, 64, seed=1), _r(4, 16, 2, 64, seed=2)),
+                                        dict(cu_seqlens_q=torch.tensor([0, 8, 16], dtype=i32),
+                                             cu_seqlens_k=torch.tensor([0, 8, 16], dtype=i32),
+                                             block_table=torch.tensor([[2, 0], [1, 3]], dtype=i32),
+                                             max_seqlen_q=8, max_seqlen_k=8)),
     "quantize": lambda: ((_r(4, 64, dtype=bf16),), dict(granularity="token")),
     "relu": lambda: ((_r(64),), {}),
     "scaled_gemm": lambda: ((torch.randint(-127, 128, (4, 64), dtype=torch.int8),
@@ -92,9 +98,14 @@ VALID = {
 }
 
 
+def _fn(op):
+    """The public function of a VALID key (an op, or "op:form")."""
+    return getattr(fray, op.partition(":")[0])
+
+
 def _bound(op):
     args, kwargs = VALID[op]()
-    sig = inspect.signature(getattr(fray, op))
+    sig = inspect.signature(_fn(op))
     b = sig.bind(*args, **kwargs)
     return sig, dict(b.arguments)
 
@@ -102,7 +113,7 @@ def _bound(op):
 def _call(op, sig, arguments):
     b = sig.bind_partial()
     b.arguments.update(arguments)
-    return getattr(fray, op)(*b.args, **b.kwargs)
+    return _fn(op)(*b.args, **b.kwargs)
 
 
 def _tensor_params(op):
@@ -139,8 +150,9 @@ ALL_SCALARS = [p for op in sorted(VALID) for p in _scalar_params(op)]
 
 
 def test_every_op_has_a_census_entry():
-    assert sorted(VALID) == sorted(fray.OPS), "census entries missing for %s / stale for %s" % (
-        sorted(set(fray.OPS) - set(VALID)), sorted(set(VALID) - set(fray.OPS)))
+    ops = {op.partition(":")[0] for op in VALID}
+    assert ops == set(fray.OPS), "census entries missing for %s / stale for %s" % (
+        sorted(set(fray.OPS) - ops), sorted(ops - set(fray.OPS)))
 
 
 @pytest.mark.parametrize("op", sorted(VALID))
@@ -258,7 +270,7 @@ def test_a_zero_size_dim_is_refused_or_computed(op, name):
         assert any(n in str(e) for n in names), "%s: %s" % (op, e)
 
 
-OUT_OPS = sorted(op for op in VALID if "out" in inspect.signature(getattr(fray, op)).parameters)
+OUT_OPS = sorted(op for op in VALID if "out" in inspect.signature(_fn(op)).parameters)
 
 
 @pytest.mark.parametrize("op", OUT_OPS)
@@ -304,12 +316,12 @@ def _gpu_call(op, backend, device):
     """(sig, arguments) of op's valid call on `device` with `backend` (skipped where op has no such
     kernel there), its deterministic option taken."""
     from fray import backend as B
-    reason = B.available(op, fray.CUDA_FAMILY[op], device).get(backend)
+    reason = B.available(op, fray.CUDA_FAMILY[op.partition(":")[0]], device).get(backend)
     if reason is not None:
         pytest.skip("%s has no %s kernel here: %s" % (op, backend, reason))
     sig, arguments = _bound(op)
     arguments = {k: _on(v, device) for k, v in arguments.items()}
-    arguments.update(DETERMINISTIC_OPTION.get(op, {}))
+    arguments.update(DETERMINISTIC_OPTION.get(op.partition(":")[0], {}))
     if "backend" in sig.parameters:
         arguments["backend"] = backend
     return sig, arguments
