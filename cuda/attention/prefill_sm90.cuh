@@ -251,18 +251,18 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
 
   // This sequence's rows: varlen offsets clamped into the packed rows, queries cut at max_seqlen_q.
   int q_start = 0, k_start = 0, seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, tma_b = b;
-  if (p.cu_q != nullptr) {
+  if (p.cu_q != nullptr) {  // (the paged kernel takes only this form)
     q_start = min(max(p.cu_q[b], 0), p.rows_q);
     const int q_end = min(max(p.cu_q[b + 1], q_start), p.rows_q);
-    k_start = min(max(p.cu_k[b], 0), p.rows_k);
-    const int k_end = min(max(p.cu_k[b + 1], k_start), p.rows_k);
     seqlen_q = min(q_end - q_start, p.max_seqlen_q);
-    seqlen_k = k_end - k_start;
+    if constexpr (Config::kPage == 0) {
+      k_start = min(max(p.cu_k[b], 0), p.rows_k);
+      const int k_end = min(max(p.cu_k[b + 1], k_start), p.rows_k);
+      seqlen_k = k_end - k_start;
+    } else {  // keys through the block table: cu_seqlens_k only counts them
+      seqlen_k = int(min(max(int64_t(p.cu_k[b + 1]) - p.cu_k[b], int64_t(0)), int64_t(p.max_blocks) * Config::kPage));
+    }
     tma_b = 0;
-  }
-  if constexpr (Config::kPage != 0) {  // keys through the block table: cu_seqlens_k only counts them
-    k_start = 0;
-    seqlen_k = int(min(max(int64_t(p.cu_k[b + 1]) - p.cu_k[b], int64_t(0)), int64_t(p.max_blocks) * Config::kPage));
   }
   if (m_block * kBlockM >= seqlen_q) return;  // the whole CTA, before any barrier
   const int n_max = key_tiles<Config>(m_block, seqlen_q, seqlen_k);

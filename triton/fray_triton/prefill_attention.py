@@ -29,9 +29,10 @@ Paged K/V (PAGED, varlen only: prefix caching, chunked prefill over a paged cach
 pools of NHD pages [num_blocks, PAGE_SIZE, Hkv, D] and key j of sequence b is row j % PAGE_SIZE
 of page BT[b, j // PAGE_SIZE]. The loop is the same; each K / V tile gathers its rows, one page
 lookup per row (4 bytes of table per row of 2 * D * 2 bytes of K and V, and neighbouring rows
-share the line), so a tile may span several pages (PAGE_SIZE < BLOCK_N) or lie inside one. cu_seqlens_k gives only the key counts;
-a count is clamped to the table's capacity max_blocks * PAGE_SIZE, so the table is never read
-past its row, and the entries themselves are used as given, as in the paged decode kernel.
+share the line), so a tile may span several pages (PAGE_SIZE < BLOCK_N) or lie inside one.
+cu_seqlens_k gives only the key counts; a count is clamped to the table's capacity max_blocks *
+PAGE_SIZE, so the table is never read past its row, and the entries themselves are used as given,
+as in the paged decode kernel.
 """
 import os
 

@@ -1384,32 +1384,23 @@ def _random_case(dtype, dev, batch=2, hq=4, hkv=2, capacity=37, d=64, page=16, l
     q = torch.randn(batch, hq, d, device=dev, generator=g).to(dtype)
     k = torch.randn(batch, hkv, capacity, d, device=dev, generator=g).to(dtype)
     v = torch.randn(batch, hkv, capacity, d, device=dev, generator=g).to(dtype)
-    max_blocks = -(-capacity // page)
-    num_pages = batch * max_blocks + 3
-    perm = torch.randperm(num_pages, device=dev, generator=g)[: batch * max_blocks]
-    bt = perm.view(batch, max_blocks).to(torch.int32)
-    kp = torch.zeros(num_pages, page, hkv, d, device=dev, dtype=dtype)
-    vp = torch.zeros_like(kp)
-    pad = max_blocks * page - capacity
-    kn = torch.nn.functional.pad(k.transpose(1, 2), (0, 0, 0, 0, 0, pad))  # [B, T', Hkv, D]
-    vn = torch.nn.functional.pad(v.transpose(1, 2), (0, 0, 0, 0, 0, pad))
-    kp[bt.long()] = kn.reshape(batch, max_blocks, page, hkv, d)
-    vp[bt.long()] = vn.reshape(batch, max_blocks, page, hkv, d)
+    kp, vp, bt = _paged_kv(*(t.transpose(1, 2).reshape(batch * capacity, hkv, d) for t in (k, v)),
+                           [capacity] * batch, page, g, fill=0.0)
     return q, k, v, kp, vp, bt, torch.tensor(lens, dtype=torch.int32, device=dev)
 
 
-def _paged_kv(k, v, lens_k, page, generator, spare=3):
+def _paged_kv(k, v, lens_k, page, generator, spare=3, fill=float("nan")):
     """Packed varlen keys k, v [total_k, Hkv, D] (sequence lengths lens_k) moved into NHD page pools
     behind a shuffled block table, the paged form of prefill_attention: (k_pages, v_pages,
     block_table). The pool rows no sequence uses (the tail of a last page, `spare` unused pages)
-    hold NaN, so a kernel that reads one shows it."""
+    hold `fill`: NaN by default, so a kernel that reads one shows it."""
     dev = k.device
     batch = len(lens_k)
     max_blocks = max([1] + [-(-n // page) for n in lens_k])
     num_pages = batch * max_blocks + spare
     bt = torch.randperm(num_pages, device=dev, generator=generator)[: batch * max_blocks].view(batch, max_blocks)
-    kp = torch.full((num_pages, page) + tuple(k.shape[1:]), float("nan"), dtype=k.dtype, device=dev)
-    vp = torch.full_like(kp, float("nan"))
+    kp = torch.full((num_pages, page) + tuple(k.shape[1:]), fill, dtype=k.dtype, device=dev)
+    vp = torch.full_like(kp, fill)
     start = 0
     for b, n in enumerate(lens_k):
         t = torch.arange(n, device=dev)
@@ -1436,7 +1427,7 @@ def _mla_case(dtype, dev, batch=3, s_q=2, hq=16, lens=(0, 65, 130), page=64, max
 def check_cases(device):
     """On a GPU: CUDA and Triton x dtype x layout (contiguous HND/NHD, paged) against the
     reference, kv_append(_paged) of both backends, and prefill_attention (varlen, chunked, empty
-    sequences; the same over 16-token pages on Triton) and mla_decode (s_q 2, lens 0 / 65 / 130)
+    sequences; the same over 16-token pages) and mla_decode (s_q 2, lens 0 / 65 / 130)
     of each backend they have. On the CPU: the references against hand-computed values and the
     Triton kernels under the interpreter."""
     from fray.testing import assert_close
