@@ -127,6 +127,8 @@ ROWS = [
      "varlen: 16 sequences of 128-8192, D128 causal"),
     ("tensor_h100", "prefill_attention", "B1Hq32Hkv8S2048K16384D128:causal", "bf16",
      "chunked: 2048 queries over 16384 keys, D128"),
+    ("tensor_h100", "prefill_attention", "B1Hq32Hkv8S2048K16384D128P64:causal", "bf16",
+     "chunked over a paged prefix (64-key pages), D128"),
     ("tensor_h100", "mla_decode", "B128Hq16Sq1T16384", "bf16", None),
     ("tensor_h100", "mla_decode", "B128Hq128Sq2T4096", "bf16", None),
     ("tensor_h100", "mla_decode", "B32Hq16Sq1T4096", "bf16", None),

@@ -37,7 +37,7 @@ def main():
     for d, cands in CANDIDATES.items():
         for c in cands:
             for causal in (True, False):
-                A.PREFILL_CUDA_TILES[d] = c
+                A.PREFILL_CUDA_TILES[(d, causal)] = c
                 items.append(A.prefill_cuda_source(torch.bfloat16, d, causal) + ((),))
     built = dict(zip([it[0] for it in items], jit.build_many(items, device=0)))
     g = torch.Generator(device=dev).manual_seed(0)
@@ -54,10 +54,10 @@ def main():
                 us = time_us(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True))
             print("%-28s %-26s %9.1f us %5.0f TFLOP/s" % (shape, name, us, flops / us / 1e6), flush=True)
         for c in CANDIDATES[d]:
-            A.PREFILL_CUDA_TILES[d] = c
+            A.PREFILL_CUDA_TILES[(d, causal)] = c
             P.PLANS.clear()
             label = "n%d s%d%s%s%s" % (c[0], c[1], " ov" if c[2] else "", " pp" if c[3] else "",
-                                      " (shipped)" if c == shipped[d] else "")
+                                      " (shipped)" if c == shipped[(d, causal)] else "")
             kernel = built[A.prefill_cuda_source(torch.bfloat16, d, causal)[0]]
             if isinstance(kernel, Exception):
                 print("%-28s %-26s build failed: %s" % (shape, label, str(kernel).splitlines()[-1][:100]), flush=True)
@@ -67,7 +67,7 @@ def main():
             us = time_us(lambda: fray.prefill_attention(q, k, v, causal=causal, out=out, backend="cuda"))
             print("%-28s %-26s %9.1f us %5.0f TFLOP/s  max|cuda - triton| %.3g" % (
                 shape, label, us, flops / us / 1e6, err), flush=True)
-        A.PREFILL_CUDA_TILES[d] = shipped[d]
+        A.PREFILL_CUDA_TILES[(d, causal)] = shipped[(d, causal)]
 
 
 if __name__ == "__main__":

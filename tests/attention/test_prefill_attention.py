@@ -232,14 +232,27 @@ def test_registration():
     assert fray.OPS["prefill_attention"] == "attention" and hasattr(torch.ops.fray, "prefill_attention")
     assert B._PREFERENCE["prefill_attention"] == ("cuda", "triton")
     name, src = A.prefill_cuda_source(torch.bfloat16, 128, True)
-    assert name == "prefill_sm90_bf16_d128_n128_s2_ov_causal"
-    assert "PrefillConfig<cutlass::bfloat16_t, 128, 128, 2, true, true, false>" in src
+    assert name == "prefill_sm90_bf16_d128_n128_s2_ov_pp_causal"
+    assert "PrefillConfig<cutlass::bfloat16_t, 128, 128, 2, true, true, true>" in src
+    assert A.prefill_cuda_source(torch.bfloat16, 128, False)[0] == "prefill_sm90_bf16_d128_n128_s2_ov_full"
     assert "FRAY_PREFILL_ENTRY(Config)" in src
     name, src = A.prefill_cuda_source(torch.float16, 256, False)
     assert name == "prefill_sm90_fp16_d256_n64_s2_ov_pp_full"
     assert "PrefillConfig<cutlass::half_t, 256, 64, 2, false, true, true>" in src
-    assert "PrefillConfig<cutlass::bfloat16_t, 64, 128, 3, true, true, true>" in A.prefill_cuda_source(
+    assert "PrefillConfig<cutlass::bfloat16_t, 64, 192, 2, true, true, true>" in A.prefill_cuda_source(
         torch.bfloat16, 64, True)[1]
+    # every shipped tile is whole pages or lies within one; where it is not (192 keys, 128-key
+    # pages), the paged kernel takes PREFILL_CUDA_PAGED_TILE
+    for (d, causal), tile in A.PREFILL_CUDA_TILES.items():
+        for page in (16, 32, 64, 128):
+            got = A.prefill_cuda_tile(d, causal, page)
+            box = min(page, got[0])
+            assert got[0] % box == 0 and page % box == 0, (d, causal, page, got)
+            assert got == (tile if tile[0] % min(page, tile[0]) == 0 and page % min(page, tile[0]) == 0
+                           else A.PREFILL_CUDA_PAGED_TILE)
+    assert A.prefill_cuda_tile(64, True, 128) == A.PREFILL_CUDA_PAGED_TILE
+    assert "PrefillConfig<cutlass::bfloat16_t, 64, 128, 2, true, true, true, 128>" in A.prefill_cuda_source(
+        torch.bfloat16, 64, True, 128)[1]
     assert list(inspect.signature(fray.triton.attention_prefill).parameters) == ["q_all", "k_all", "v_all", "causal"]
     with pytest.raises(ValueError, match="backend: 'triton' needs CUDA tensors"):
         fray.triton.attention_prefill(*(t[None] for t in _varlen_case(torch.float16, [4], [4], 2, 2, 64)[:3]))
@@ -575,12 +588,8 @@ def test_ops_layer_paged_wiring_under_interpreter(monkeypatch):
         A._prefill_impl(q, kp, vp, cu_q, torch.tensor([0, 33, 53], dtype=torch.int32), bt, out, lse, True, 20, 40,
                         0.125, "auto")
     monkeypatch.delenv("FRAY_CHECK_INDICES")
-    # "cuda" resolved under "auto": paged K/V runs on Triton (A.PREFILL_PAGED_AUTO)
-    monkeypatch.setattr(A.B, "resolve", lambda *a: "cuda")
-    out.fill_(float("nan"))
-    A._prefill_impl(q, kp, vp, cu_q, cu_k, bt, out, lse, False, 20, 30, 0.125, "auto")
-    _check(out, lse, _expected(q, k, v, cu_q, cu_k, False, 0.125), torch.bfloat16, "ops paged cuda -> triton")
-    # forced: the CUDA kernel's paged configuration and slots (the build and the launch stubbed):
+    # "cuda" resolved under "auto": the CUDA kernel's paged configuration and slots (the build and
+    # the launch stubbed):
     # pool strides (page, token, head), the page size as the key rows, the table's row stride,
     # width and the pool's page count after the 22 contiguous-form ints; the table's pointer last
     launched = []
@@ -593,10 +602,12 @@ def test_ops_layer_paged_wiring_under_interpreter(monkeypatch):
     built = []
     monkeypatch.setattr(jit, "build", lambda name, src, device: built.append((name, src)) or Kernel())
     monkeypatch.setattr(A.B, "current_stream", lambda device: 0)
-    A._prefill_impl(q, kp, vp, cu_q, cu_k, bt, out, lse, True, 20, 30, 0.125, "cuda")
+    monkeypatch.setattr(A.B, "resolve", lambda *a: "cuda")
+    P.PLANS.clear()  # (the calls above left a Triton plan under this signature)
+    A._prefill_impl(q, kp, vp, cu_q, cu_k, bt, out, lse, True, 20, 30, 0.125, "auto")
     assert built == [A.prefill_cuda_source(torch.bfloat16, 64, True, 16)]
-    assert built[0][0] == "prefill_sm90_bf16_d64_n128_s3_ov_pp_page16_causal"
-    assert "PrefillConfig<cutlass::bfloat16_t, 64, 128, 3, true, true, true, 16>" in built[0][1]
+    assert built[0][0] == "prefill_sm90_bf16_d64_n192_s2_ov_pp_page16_causal"
+    assert "PrefillConfig<cutlass::bfloat16_t, 64, 192, 2, true, true, true, 16>" in built[0][1]
     (ptrs, ints, floats), = launched
     assert ptrs == (q.data_ptr(), kp.data_ptr(), vp.data_ptr(), out.data_ptr(), lse.data_ptr(), cu_q.data_ptr(),
                     cu_k.data_ptr(), bt.data_ptr())
@@ -707,7 +718,7 @@ def test_cuda_kernel_compiles_for_sm90a(tmp_path, monkeypatch):
     for sym in ("fray_jit_launch", "fray_jit_workspace_bytes", "fray_jit_describe"):
         assert hasattr(lib, sym), sym
     lib.fray_jit_describe.restype = ctypes.c_char_p
-    assert lib.fray_jit_describe().decode() == "prefill_sm90 bf16 D128 tile 128x128 stages 2 causal overlap"
+    assert lib.fray_jit_describe().decode() == "prefill_sm90 bf16 D128 tile 128x128 stages 2 causal overlap pingpong"
     # the paged configuration: 16-key pages into 64-key tiles (4 TMA boxes a tile), fp16, D 256
     lib = ctypes.CDLL(str(jit.compile_only(*A.prefill_cuda_source(torch.float16, 256, False, 16))))
     lib.fray_jit_describe.restype = ctypes.c_char_p

@@ -28,8 +28,7 @@ is_causal; causal_lower_right for the chunked shape) under sdpa_kernel(<backend>
 [B, H, S, D] transposed views of the same tensors (no copy); varlen: torch.builtin:padded (SDPA
 on the zero-padded batch with a boolean mask, the default backend choice) and
 torch.builtin:per_sequence (SDPA flash once per sequence); a backend that cannot run the shape
-leaves an error row. Paged prefill: fray.cuda, fray.triton and fray.auto (which runs paged K/V
-on Triton until the CUDA kernel's paged path has run on a GPU) against the same SDPA peers on the keys
+leaves an error row. Paged prefill: fray.cuda and fray.triton against the same SDPA peers on the keys
 gathered into a contiguous [B, Hkv, S_k, D] view (causal_lower_right), the gather outside the timing.
 Decode impls: fray.cuda / fray.triton (public API, HND caches, preallocated out); on B32 also
 fray.cuda:NHD / fray.triton:NHD (kv_layout="NHD", same data transposed). Peers: torch.builtin =
@@ -420,7 +419,6 @@ def impls(op, spec, inp):
         if spec.page:
             kw = dict(cu_seqlens_q=inp["cu_q"], cu_seqlens_k=inp["cu_k"], block_table=inp["block_table"],
                       max_seqlen_q=spec.seq, max_seqlen_k=spec.seq_k or spec.seq)
-            backends = ("cuda", "triton", "auto")  # "auto" runs paged K/V on Triton for now
         k, v = (inp["k_pages"], inp["v_pages"]) if spec.page else (inp["k"], inp["v"])
         for backend in backends:
             out["fray." + backend] = lambda b=backend: fray.prefill_attention(inp["q"], k, v, causal=spec.causal,

@@ -880,22 +880,32 @@ def _prefill_lse_shape(q, varlen):
 # depth per head dim: 128-key tiles in two stages fill 160 KB of shared memory at D 128 (Q 32 KB,
 # K and V 64 KB each); D 256 takes 64-key tiles (192 KB).
 _PREFILL_CT = {torch.bfloat16: "cutlass::bfloat16_t", torch.float16: "cutlass::half_t"}
-# D -> (key tile, ring stages, overlap, ping-pong): the fastest of the schedules in
+# (D, causal) -> (key tile, ring stages, overlap, ping-pong): the fastest of the schedules in
 # cuda/attention/prefill_sm90.cuh as measured at B2 Hq32 Hkv8 S8192 / S16384 (bench/NOTES.md;
-# bench/micro/prefill_schedules.py sweeps them). The paged kernel takes the same tile, which must be
-# whole pages of 16-128 keys or lie within one (the header's static_assert).
-PREFILL_CUDA_TILES = {64: (128, 3, True, True), 128: (128, 2, True, False), 256: (64, 2, True, True)}
+# bench/micro/prefill_schedules.py sweeps them). The paged kernel takes the same tile where it is
+# whole pages of 16-128 keys or lies within one (the header's static_assert), else the 128-key
+# tile of PREFILL_CUDA_PAGED_TILE.
+PREFILL_CUDA_TILES = {
+    (64, False): (128, 3, True, False), (64, True): (192, 2, True, True),
+    (128, False): (128, 2, True, False), (128, True): (128, 2, True, True),
+    (256, False): (64, 2, True, True), (256, True): (64, 2, True, True),
+}
+PREFILL_CUDA_PAGED_TILE = (128, 2, True, True)
 
 
-# Paged K/V under "auto": Triton, until the CUDA kernel's paged path (backend="cuda") has passed
-# its GPU tests.
-PREFILL_PAGED_AUTO = "paged K/V runs on Triton under 'auto' until the CUDA kernel's paged path has run on a GPU"
+def prefill_cuda_tile(d, causal, page=0):
+    """(key tile, stages, overlap, ping-pong) of the CUDA prefill kernel for head dim d."""
+    tile = PREFILL_CUDA_TILES[(d, causal)]
+    box = min(page, tile[0])
+    if page and (tile[0] % box or page % box):
+        return PREFILL_CUDA_PAGED_TILE
+    return tile
 
 
 def prefill_cuda_source(dtype, d, causal, page=0):
     """(name, translation unit) of the CUDA prefill kernel for one (dtype, head dim, causal, page
     size of paged K/V: 0 for contiguous K/V)."""
-    bn, stages, overlap, pingpong = PREFILL_CUDA_TILES[d]
+    bn, stages, overlap, pingpong = prefill_cuda_tile(d, causal, page)
     name = "prefill_sm90_%s_d%d_n%d_s%d%s%s%s_%s" % (
         V.DTYPE_NAMES[dtype], d, bn, stages, "_ov" if overlap else "", "_pp" if pingpong else "",
         "_page%d" % page if page else "", "causal" if causal else "full")
@@ -992,8 +1002,6 @@ def _prefill_plan(q, k, v, cu_q, block_table, out, lse, causal, max_q, max_k, sc
     p.kernel, p.ints, p.forced = None, None, be == "cuda" and not _auto(backend)
     if be == "cuda":
         why = _prefill_cuda_layout_reason(q, k, v, out, block_table)  # (nvcc, CUTLASS, sm_90a: checked by resolve)
-        if paged and not why and not p.forced:
-            why = PREFILL_PAGED_AUTO
         if why and p.forced:
             raise ValueError("backend='cuda' cannot run prefill_attention here: %s (use backend='triton' or 'auto')"
                              % why)
@@ -1099,8 +1107,7 @@ def prefill_attention(q, k, v, *, causal=True, cu_seqlens_q=None, cu_seqlens_k=N
     Backends: "cuda" (cuda/attention/prefill_sm90.cuh, JIT-compiled per dtype x D x causal x block
     size on first use: bf16 / fp16, q / k / v strides multiples of 16 bytes and 16-byte aligned
     pointers, out with even strides; paged K/V with block sizes 16 to 128), "triton" (every dtype,
-    layout and form), "auto": CUDA where it takes the call, else Triton; paged K/V runs on Triton
-    under "auto" until the CUDA kernel's paged path has run on a GPU (backend="cuda" runs it).
+    layout and form), "auto": CUDA where it takes the call (paged K/V included), else Triton.
     Forcing "cuda" where it cannot run raises ValueError (dtype, layout, block size 1, pointers)
     or RuntimeError (no nvcc / CUTLASS / sm_90a device).
     """
