@@ -62,6 +62,7 @@
 #include "cutlass/numeric_types.h"
 #include "cutlass/pipeline/pipeline.hpp"
 
+#include "cuda/attention/wgmma_softmax.cuh"
 #include "cuda/common/jit_entry.h"
 #include "cuda/common/launch_abi.h"
 
@@ -192,20 +193,6 @@ struct Params {
   float scale_log2;  // softmax scale * log2(e)
   float scale;
 };
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// The accumulator fragment ((2, 2, N/8), MMA_M, MMA_N) as (rows, cols): rows ((2), MMA_M) are the
-// fragment's two row halves, cols ((2, N/8), MMA_N) its column pairs.
-template <class L>
-CUTE_HOST_DEVICE constexpr auto rows_cols(L l) {
-  auto v = get<0>(l);
-  return make_layout(make_layout(get<1>(v), get<1>(l)), make_layout(get<0>(v), get<2>(v), get<2>(l)));
-}
 
 // The same fragment as the A operand of the next wgmma (k = 16 per step): ((2, 2, 2), MMA_M,
 // MMA_K = N/16 * MMA_N). Each 16 columns of the m64nN accumulator hold exactly the values a

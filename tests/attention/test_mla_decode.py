@@ -1,9 +1,11 @@
 """fray.mla_decode (DeepSeek's latent attention decode over a paged latent cache): the float64
 reference (hand values, a direct softmax formula), the Triton kernels under the interpreter (both
 MMA orientations, several splits and head blocks, block sizes above and below the tile, garbage
-past lens), the ops layer's wiring, the split heuristic, the error contract, the sm_90a compile;
-GPU: Hq 16 / 64 / 128 x bf16 / fp16 x s_q 1 / 2 against the reference, forced split counts,
-graph replay with new lens, torch.compile, out=, the seed's flash_mla."""
+past lens), the ops layer's wiring (the CUDA kernel's slots with its build stubbed), the split
+heuristic, the error contract, the sm_90a compiles, the CUDA kernel's shared-memory views, TMA
+boxes and mask checked on the host; GPU, both backends: Hq 16 / 64 / 128 x bf16 / fp16 x s_q 1 / 2
+against the reference, every block size and odd head / query counts, forced split counts,
+garbage past lens, graph replay with new lens, torch.compile, out=, the seed's flash_mla."""
 import contextlib
 import math
 import os
@@ -166,9 +168,11 @@ def test_public_api_numpy_and_cpu_tensors():
 
 def test_registration():
     assert fray.OPS["mla_decode"] == "attention" and hasattr(torch.ops.fray, "mla_decode")
-    assert B._PREFERENCE["mla_decode"] == ("triton",)
-    avail = B.available("mla_decode", "attention", torch.device("cpu"))
-    assert avail["cuda"] == "there is no CUDA MLA decode kernel yet"
+    assert B._PREFERENCE["mla_decode"] == ("triton", "cuda") and A.CUDA_FAMILIES["mla_decode"] == "gemm"
+    name, src = A.mla_cuda_source(torch.bfloat16, 64)
+    assert name == "mla_sm90_bf16_page64"
+    assert "MlaConfig<cutlass::bfloat16_t, 64>" in src and "FRAY_MLA_ENTRY(Config)" in src
+    assert "MlaConfig<cutlass::half_t, 16>" in A.mla_cuda_source(torch.float16, 16)[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,8 +237,7 @@ ERRORS = [
     (dict(num_splits=2.0), TypeError, "num_splits: expected an int or None"),
     (dict(scale=0.0), ValueError, "scale: expected a finite value > 0"),
     (dict(scale="0.1"), TypeError, "scale: expected a float or None"),
-    (dict(backend="cuda"), RuntimeError, "backend='cuda' cannot run mla_decode: there is no CUDA MLA decode kernel "
-                                         "yet"),
+    (dict(backend="cuda"), ValueError, "backend: 'cuda' needs CUDA tensors"),
     (dict(backend="triton"), ValueError, "backend: 'triton' needs CUDA tensors"),
     (dict(backend="fast"), ValueError, "backend: expected one of"),
 ]
@@ -413,10 +416,47 @@ def test_ops_layer_wiring_under_interpreter(monkeypatch):
     # no blocks at all: zero rows, lse -inf, no launch
     A._mla_impl(q, kv, bt[:, :0], lens, out, lse, 0.05, 0, "auto")
     assert (out == 0).all() and (lse == -math.inf).all()
-    # FRAY_BACKEND=cuda reaches the plan: refused with the reason
+    # "cuda" resolved: the CUDA kernel's configuration and slots (the build and the launch stubbed):
+    # block_h heads x s_q queries in 64 rows, the split plan in whole 64-token tiles, strides of
+    # size-1 dimensions 0, the partials allocated per call
+    launched = []
+
+    class Kernel:
+        def launch(self, ptrs, ints, floats, dev, stream):
+            launched.append((ptrs, ints, floats))
+
+    from fray import jit
+    built = []
+    monkeypatch.setattr(jit, "build", lambda name, src, device: built.append((name, src)) or Kernel())
+    monkeypatch.setattr(A.B, "current_stream", lambda device: 0)
     monkeypatch.setattr(A.B, "resolve", lambda *a: "cuda")
-    with pytest.raises(RuntimeError, match="there is no CUDA MLA decode kernel yet"):
-        A._mla_impl(q, kv, bt, lens, out, lse, 0.05, 0, "auto")
+    P.PLANS.clear()  # (the Triton plans above share these signatures)
+    qs = big_q[..., :D]
+    A._mla_impl(qs, kv, bt, lens, out, lse, 0.05, 3, "auto")
+    assert built == [A.mla_cuda_source(torch.bfloat16, 64)]
+    (ptrs, ints, floats), = launched
+    assert ptrs[:6] == (qs.data_ptr(), kv.data_ptr(), bt.data_ptr(), lens.data_ptr(), out.data_ptr(), lse.data_ptr())
+    assert ptrs[6] and ptrs[7]  # 3 splits: partials
+    # capacity 3 x 64 = 192 tokens in 3 splits of one tile
+    assert ints == ((3, 2, 16, 16, 3, 64, 3, kv.shape[0]) + qs.stride()[:3] + kv.stride()[:2]
+                    + (bt.stride(0),) + out.stride()[:3] + lse.stride()) and floats == (0.05,)
+    assert A.mla_cuda_plan(3, 2, 16, torch.bfloat16, 256, 3, 132) == (16, 2, 128)
+    assert A.mla_cuda_plan(1, 1, 128, torch.bfloat16, 64, 1, 132) == (64, 1, 64)
+    assert A.mla_cuda_plan(1, 3, 20, torch.bfloat16, 1000, None, 132)[0] == 20  # 60 of 64 rows
+    # one split (the kernel writes out and lse itself, no partials); a size-1 s_q's stride is 0
+    launched.clear()
+    A._mla_impl(qs[:, :1], kv, bt, lens, out[:, :1], lse[:, :1], 0.05, 1, "auto")
+    (ptrs, ints, floats), = launched
+    assert ptrs[6:] == (0, 0) and ints[1] == 1 and ints[4:6] == (1, 192) and ints[9] == 0 and ints[15] == 0
+    # forced "cuda" where the kernel cannot run: fp32, and misaligned pointers
+    q32, kv32, bt32, lens32 = _case(torch.float32, [3], s_q=1, hq=4)
+    with pytest.raises(ValueError, match="backend='cuda' cannot run mla_decode here: the CUDA MLA kernel takes bf16 "
+                                         "and fp16"):
+        A._mla_impl(q32, kv32, bt32, lens32, torch.empty(1, 1, 4, DV), torch.empty(1, 1, 4), 0.05, 0, "cuda")
+    buf = torch.zeros(3 * 2 * 16 * D + 1, dtype=torch.bfloat16)
+    qm = buf[1:].view(3, 2, 16, D)  # 2 bytes off 16-byte alignment
+    with pytest.raises(ValueError, match="backend='cuda' loads q and kv_cache in 16-byte chunks"):
+        A._mla_impl(qm, kv, bt, lens, out, lse, 0.05, 3, "cuda")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,42 +508,65 @@ def _gpu_case(cuda, dtype, s_q, hq, seed=0, lens=GPU_LENS, **kw):
     return _case(dtype, lens, s_q=s_q, hq=hq, seed=seed, device=cuda, **kw)
 
 
+BACKENDS = ["triton", "cuda"]
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("s_q", [1, 2])
 @pytest.mark.parametrize("hq", [16, 64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_vs_reference(cuda, dtype, hq, s_q):
+def test_gpu_vs_reference(cuda, dtype, hq, s_q, backend):
     q, kv, bt, lens = _gpu_case(cuda, dtype, s_q, hq, seed=hq + s_q)
     e = _expected(q, kv, bt, lens)
     for splits in (None, 1, 5, 16):
         out = torch.full((len(GPU_LENS), s_q, hq, DV), float("nan"), device=cuda, dtype=dtype)
-        y, lse = fray.mla_decode(q, kv, bt, lens, out=out, return_lse=True, num_splits=splits)
+        y, lse = fray.mla_decode(q, kv, bt, lens, out=out, return_lse=True, num_splits=splits, backend=backend)
         assert y is out
-        _check(y, lse, e, dtype, "%s Hq=%d s_q=%d splits=%s" % (dtype, hq, s_q, splits))
+        _check(y, lse, e, dtype, "%s %s Hq=%d s_q=%d splits=%s" % (backend, dtype, hq, s_q, splits))
 
 
 @pytest.mark.gpu
-def test_gpu_fp32_block_sizes_and_odd_shapes(cuda):
-    for dtype, page, hq, s_q in ((torch.float32, 64, 16, 2), (torch.bfloat16, 16, 20, 3), (torch.float16, 128, 128, 4)):
-        q, kv, bt, lens = _gpu_case(cuda, dtype, s_q, hq, seed=page, lens=[0, 2, 129, 1024],
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_block_sizes_and_odd_shapes(cuda, backend):
+    """Every block size (a 64-token tile of four, two, one page or half of one); heads that do not
+    fill the 64 rows (20 x 3 = 60), queries that take them all (128 heads x 4: 16 heads a head
+    block); lengths around the tiles."""
+    for dtype, page, hq, s_q in ((torch.float32, 64, 16, 2), (torch.bfloat16, 16, 20, 3), (torch.float16, 128, 128, 4),
+                                 (torch.bfloat16, 32, 1, 1), (torch.float16, 64, 7, 8)):
+        if dtype == torch.float32 and backend == "cuda":
+            continue
+        q, kv, bt, lens = _gpu_case(cuda, dtype, s_q, hq, seed=page, lens=[0, 2, 129, 1024, 64, 65],
                                     page=page, max_blocks=1024 // page)
-        y, lse = fray.mla_decode(q, kv, bt, lens, return_lse=True, scale=0.03)
-        _check(y, lse, _expected(q, kv, bt, lens, 0.03), dtype, "%s P%d Hq=%d s_q=%d" % (dtype, page, hq, s_q))
+        for splits in (None, 1, 3):
+            y, lse = fray.mla_decode(q, kv, bt, lens, return_lse=True, scale=0.03, backend=backend,
+                                     num_splits=splits)
+            _check(y, lse, _expected(q, kv, bt, lens, 0.03), dtype, "%s %s P%d Hq=%d s_q=%d splits=%s"
+                   % (backend, dtype, page, hq, s_q, splits))
 
 
 @pytest.mark.gpu
-def test_gpu_deterministic_and_split_independent(cuda):
+def test_gpu_cuda_refuses_fp32_when_forced(cuda):
+    q, kv, bt, lens = _gpu_case(cuda, torch.float32, 1, 16, lens=[3])
+    with pytest.raises(ValueError, match="the CUDA MLA kernel takes bf16 and fp16"):
+        fray.mla_decode(q, kv, bt, lens, backend="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_deterministic_and_split_independent(cuda, backend):
     q, kv, bt, lens = _gpu_case(cuda, torch.bfloat16, 2, 64, seed=5)
-    a = fray.mla_decode(q, kv, bt, lens, num_splits=7)
-    assert torch.equal(a, fray.mla_decode(q, kv, bt, lens, num_splits=7))
+    a = fray.mla_decode(q, kv, bt, lens, num_splits=7, backend=backend)
+    assert torch.equal(a, fray.mla_decode(q, kv, bt, lens, num_splits=7, backend=backend))
     e = _expected(q, kv, bt, lens)
     for splits in (1, 3, 16):  # every split count within the tolerance of the reference: of each other
-        assert_close(fray.mla_decode(q, kv, bt, lens, num_splits=splits).double(), torch.from_numpy(e[0]),
-                     torch.bfloat16, "splits=%d" % splits, scale=torch.from_numpy(e[2]))
+        assert_close(fray.mla_decode(q, kv, bt, lens, num_splits=splits, backend=backend).double(),
+                     torch.from_numpy(e[0]), torch.bfloat16, "splits=%d" % splits, scale=torch.from_numpy(e[2]))
 
 
 @pytest.mark.gpu
-def test_gpu_ignores_what_lies_past_lens(cuda):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_ignores_what_lies_past_lens(cuda, backend):
     q, kv, bt, lens = _gpu_case(cuda, torch.bfloat16, 2, 16, seed=9, lens=[5, 70, 0, 1000], page=16, max_blocks=64)
     e = _expected(q, kv, bt, lens)
     bt = bt.clone()
@@ -515,20 +578,21 @@ def test_gpu_ignores_what_lies_past_lens(cuda):
         bt[b, used::2] = -7
         bt[b, used + 1::2] = 10 ** 6
     for splits in (None, 1, 8):
-        y, lse = fray.mla_decode(q, kv, bt, lens, return_lse=True, num_splits=splits)
-        _check(y, lse, e, torch.bfloat16, "garbage past lens, splits=%s" % splits)
+        y, lse = fray.mla_decode(q, kv, bt, lens, return_lse=True, num_splits=splits, backend=backend)
+        _check(y, lse, e, torch.bfloat16, "%s garbage past lens, splits=%s" % (backend, splits))
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("splits", [None, 1, 6])
-def test_gpu_graph_capture_with_new_lens(cuda, splits):
+def test_gpu_graph_capture_with_new_lens(cuda, splits, backend):
     q, kv, bt, lens = _gpu_case(cuda, torch.bfloat16, 2, 128, seed=12, lens=[1024, 3, 0, 500])
     out = torch.empty(4, 2, 128, DV, device=cuda, dtype=torch.bfloat16)
-    fray.mla_decode(q, kv, bt, lens, out=out, num_splits=splits)  # warm-up: Triton compiles, the plan is built
+    fray.mla_decode(q, kv, bt, lens, out=out, num_splits=splits, backend=backend)  # warm-up: compiles, plans
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        _, lse = fray.mla_decode(q, kv, bt, lens, out=out, return_lse=True, num_splits=splits)
+        _, lse = fray.mla_decode(q, kv, bt, lens, out=out, return_lse=True, num_splits=splits, backend=backend)
     for new in ([17, 1024, 64, 1], [0, 0, 0, 0], [65, 2, 1023, 1024]):
         lens.copy_(torch.tensor(new, dtype=torch.int32))
         q.copy_(torch.randn_like(q))
@@ -539,11 +603,12 @@ def test_gpu_graph_capture_with_new_lens(cuda, splits):
 
 
 @pytest.mark.gpu
-def test_gpu_torch_compile_fullgraph(cuda):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_torch_compile_fullgraph(cuda, backend):
     q, kv, bt, lens = _gpu_case(cuda, torch.float16, 2, 64, seed=13)
 
     def f(q, kv, bt, lens):
-        y, lse = fray.mla_decode(q * 2.0, kv, bt, lens, return_lse=True, scale=0.02)
+        y, lse = fray.mla_decode(q * 2.0, kv, bt, lens, return_lse=True, scale=0.02, backend=backend)
         return y + 1.0, lse
 
     y, lse = torch.compile(f, fullgraph=True)(q, kv, bt, lens)
@@ -554,7 +619,8 @@ def test_gpu_torch_compile_fullgraph(cuda):
 
 
 @pytest.mark.gpu
-def test_gpu_strided_inputs_out_and_side_stream(cuda):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_strided_inputs_out_and_side_stream(cuda, backend):
     q, kv, bt, lens = _gpu_case(cuda, torch.bfloat16, 2, 16, seed=14)
     big = torch.zeros(q.shape[:3] + (D + 64,), device=cuda, dtype=torch.bfloat16)
     big[..., 32:32 + D] = q
@@ -563,15 +629,15 @@ def test_gpu_strided_inputs_out_and_side_stream(cuda):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        y, lse = fray.mla_decode(qs, kv, bt, lens, out=out, return_lse=True)
+        y, lse = fray.mla_decode(qs, kv, bt, lens, out=out, return_lse=True, backend=backend)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     assert y is out
     _check(y, lse, _expected(q, kv, bt, lens), torch.bfloat16, "strided, side stream")
-    plain = fray.mla_decode(q, kv, bt, lens)
+    plain = fray.mla_decode(q, kv, bt, lens, backend=backend)
     assert isinstance(plain, torch.Tensor) and torch.equal(plain, y)
     n = len(P.PLANS)
-    assert torch.equal(fray.mla_decode(q, kv, bt, lens), plain) and len(P.PLANS) == n  # the cached plan
+    assert torch.equal(fray.mla_decode(q, kv, bt, lens, backend=backend), plain) and len(P.PLANS) == n  # cached
 
 
 @pytest.mark.gpu
@@ -581,8 +647,8 @@ def test_gpu_seed_alias_backends_and_check_indices(cuda, monkeypatch):
     fy, flse = fray.jit_kernels.flash_mla(q, kv, bt, lens, 512, None, None, 0.05, True)
     assert torch.equal(fy, y) and torch.equal(flse, lse.transpose(1, 2)) and flse.shape == (len(GPU_LENS), 16, 2)
     assert torch.equal(fray.triton.mla_decode(q, kv, bt, lens, scale=0.05), y)
-    with pytest.raises(RuntimeError, match="there is no CUDA MLA decode kernel yet"):
-        fray.mla_decode(q, kv, bt, lens, backend="cuda")
+    yc, lc = fray.mla_decode(q, kv, bt, lens, return_lse=True, scale=0.05, backend="cuda")
+    _check(yc, lc, _expected(q, kv, bt, lens, 0.05), torch.bfloat16, "cuda beside the seed alias")
     monkeypatch.setenv("FRAY_CHECK_INDICES", "1")
     bad = bt.clone()
     bad[4, 1] = kv.shape[0]   # lens[4] = 65 uses blocks 0 and 1
@@ -597,3 +663,98 @@ def test_gpu_seed_alias_backends_and_check_indices(cuda, monkeypatch):
     with pytest.raises(RuntimeError, match="FRAY_CHECK_INDICES=1"):
         with torch.cuda.graph(graph):
             fray.mla_decode(q, kv, bt, lens)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the CUDA kernel's index math on the host, and its compile for sm_90a
+
+_LAYOUT_CHECK = r"""
+#include <cstdio>
+#include "cuda/attention/mla_sm90.cuh"
+using namespace cute;
+// One shared-memory cache tile, three views: K-major [64 tokens, 576] for S = Q K^T, and the two
+// MN-major [256, 64 tokens] value halves of P V at 0 and kHalfOffset elements past the tile's base.
+// Each value half's element (d, t) must be the K view's (t, half * 256 + d). The TMA boxes of a
+// paged tile: box i's element (r, c) at the tile's (i * BoxN + r, c), the swizzle applied to the
+// absolute offset.
+template <class C> int check_layouts() {
+  auto k = typename C::SmemK{};
+  auto v = typename C::SmemVHalf{};
+  auto sw = get_swizzle_portion(k);
+  auto box = get_nonswizzle_portion(typename C::SmemKBox{});
+  int bad = 0;
+  for (int t = 0; t < C::kBlockN; ++t)
+    for (int d = 0; d < C::kDV; ++d) bad += k(t, d) != v(d % C::kHalf, t) + (d / C::kHalf) * C::kHalfOffset;
+  for (int i = 0; i < C::kBlockN / C::kBoxN; ++i)
+    for (int r = 0; r < C::kBoxN; ++r)
+      for (int c = 0; c < C::kD; ++c) bad += k(i * C::kBoxN + r, c) != sw(i * C::kBoxN * 64 + box(r, c));
+  return bad;
+}
+// The kernel's mask (mla_mask_bound, after its early return for tiles wholly before the first
+// query's end) against its definition for every element of warpgroup 1's S fragments.
+int check_mask() {
+  using C = fray::attention::MlaConfig<cutlass::bfloat16_t, 64>;
+  typename C::MmaQK mma;
+  int bad = 0;
+  for (int t = 0; t < 128; ++t) {
+    Tensor tc = mma.get_thread_slice(t).partition_C(make_identity_tensor(Shape<_64, _64>{}));
+    Tensor c = make_tensor(tc.data(), fray::attention::rows_cols(tc.layout()));
+    const int col0 = get<1>(c(0, 0));
+    for (int s_q : {1, 2, 3, 8})
+      for (int block_h : {1, 7, 16, 64 / s_q})
+        for (int seqlen : {1, 2, 5, 63, 64, 65, 130, 1000})
+          for (int t0 = 0; t0 < seqlen; t0 += 64) {
+            const bool skip = t0 + 64 <= seqlen - s_q + 1;
+            for (int i = 0; i < size<0>(c); ++i) {
+              const int row = get<0>(c(i, 0));
+              const int limit = fray::attention::mla::mla_mask_bound(row, t0, col0, block_h, s_q, seqlen);
+              for (int j = 0; j < size<1>(c); ++j) {
+                const int key = t0 + get<1>(c(i, j));
+                const bool want = key >= seqlen - s_q + 1 + get<0>(c(i, j)) / block_h || key >= seqlen;
+                bad += (skip ? false : get<1>(c(i, j)) - col0 >= limit) != want;
+              }
+            }
+          }
+  }
+  return bad;
+}
+int main() {
+  using BF = cutlass::bfloat16_t;
+  using H = cutlass::half_t;
+  int bad = check_layouts<fray::attention::MlaConfig<BF, 16>>() + check_layouts<fray::attention::MlaConfig<BF, 32>>() +
+            check_layouts<fray::attention::MlaConfig<BF, 64>>() + check_layouts<fray::attention::MlaConfig<H, 128>>();
+  bad += check_mask();
+  printf("mismatches %d\n", bad);
+  return bad != 0;
+}
+"""
+
+
+def test_cuda_kernel_index_math_on_the_host(tmp_path):
+    """The CUDA kernel's index math, run on the host by a program nvcc builds against the CUTLASS
+    headers the JIT uses: the value halves read MN-major from the K-major cache tile address the
+    same elements, the paged TMA boxes are sub-blocks of the tile at every block size, and the
+    mask equals its definition for every element of S a thread holds."""
+    import subprocess
+    from fray import jit
+    src = tmp_path / "mla.cu"
+    src.write_text(_LAYOUT_CHECK)
+    exe = tmp_path / "mla"
+    subprocess.run([jit.nvcc_path(), "-std=c++17", "-O1", "--expt-relaxed-constexpr", "-arch=sm_90a",
+                    "-I" + jit.include_root(), "-I" + jit.cutlass_include(), str(src), "-o", str(exe)],
+                   check=True, capture_output=True, timeout=600)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "mismatches 0", run.stdout + run.stderr
+
+
+def test_cuda_kernel_compiles_for_sm90a(tmp_path, monkeypatch):
+    """The CUDA kernel through fray.jit for sm_90a without a GPU, loaded by the dynamic linker:
+    the contract's exports are there and describe() names the configuration."""
+    import ctypes
+    from fray import jit
+    monkeypatch.setenv("FRAY_CACHE_DIR", str(tmp_path / "cache"))
+    lib = ctypes.CDLL(str(jit.compile_only(*A.mla_cuda_source(torch.bfloat16, 64))))
+    for sym in ("fray_jit_launch", "fray_jit_workspace_bytes", "fray_jit_describe"):
+        assert hasattr(lib, sym), sym
+    lib.fray_jit_describe.restype = ctypes.c_char_p
+    assert lib.fray_jit_describe().decode() == "mla_sm90 bf16 D576/512 rows 64 tile 64 stages 2 page 64"

@@ -55,10 +55,12 @@ __all__ = list(OPS)
 for _op_name in OPS[:4]:
     B.register_preference(_op_name, ("cuda", "triton"))
 B.register_preference("prefill_attention", ("cuda", "triton"))
-# prefill_attention's CUDA kernel is JIT-compiled (fray.jit + CUTLASS headers), as the gemm family's
-# are: its availability is that family's (nvcc, the headers, sm_90a), not fray._C._attention's.
-CUDA_FAMILIES = {"prefill_attention": "gemm"}
-B.register_preference("mla_decode", ("triton",), missing={"cuda": "there is no CUDA MLA decode kernel yet"})
+# prefill_attention's and mla_decode's CUDA kernels are JIT-compiled (fray.jit + CUTLASS headers), as
+# the gemm family's are: their availability is that family's (nvcc, the headers, sm_90a), not
+# fray._C._attention's.
+CUDA_FAMILIES = {"prefill_attention": "gemm", "mla_decode": "gemm"}
+# mla_decode: Triton first under "auto" until the CUDA kernel (backend="cuda") has passed its GPU tests.
+B.register_preference("mla_decode", ("triton", "cuda"))
 
 LAYOUTS = ("HND", "NHD")
 HEAD_DIMS = (64, 128, 256)
@@ -1245,12 +1247,55 @@ def _check_mla_out(out, q):
     V.require_distinct_elements("out", out)
 
 
+# The CUDA MLA kernel (cuda/attention/mla_sm90.cuh): 64 query rows (query token x head) a CTA,
+# 64-token cache tiles in two stages, one JIT translation unit per (dtype, block size).
+MLA_CUDA_ROWS, MLA_CUDA_TILE = 64, 64
+
+
+def mla_cuda_source(dtype, page):
+    """(name, translation unit) of the CUDA MLA decode kernel for one (dtype, cache block size)."""
+    name = "mla_sm90_%s_page%d" % (V.DTYPE_NAMES[dtype], page)
+    src = ('#include "cuda/attention/mla_sm90.cuh"\n'
+           "using Config = fray::attention::MlaConfig<%s, %d>;\nFRAY_MLA_ENTRY(Config)\n" % (_PREFILL_CT[dtype], page))
+    return name, src
+
+
+def mla_cuda_plan(batch, s_q, hq, dtype, capacity, num_splits, num_sms):
+    """(block_h, num_splits, split_size) of one CUDA launch: block_h heads x s_q queries fill a
+    CTA's 64 rows; the split count is the Triton kernel's model (fray_triton.mla_decode.
+    num_splits_for) at 64 rows and 64-token tiles, or num_splits (at most 128), rounded so that
+    every split is whole tiles."""
+    from fray_triton import mla_decode as tmla
+    block_h = min(hq, MLA_CUDA_ROWS // s_q)
+    if num_splits is None:
+        num_splits = tmla.num_splits_for(batch, -(-hq // block_h), MLA_CUDA_ROWS, capacity, num_sms, MLA_CUDA_TILE,
+                                         MLA_HEAD_DIM * dtype.itemsize, MLA_HEAD_DIM_V * 4)
+    tiles = -(-max(capacity, 1) // MLA_CUDA_TILE)
+    split_size = -(-tiles // min(num_splits, tmla.MAX_SPLITS)) * MLA_CUDA_TILE
+    return block_h, -(-max(capacity, 1) // split_size), split_size
+
+
+def _mla_cuda_layout_reason(q, kv, out):
+    """Why the CUDA MLA kernel cannot take these tensors' dtype / strides, or None (pointers are
+    checked per call)."""
+    if q.dtype not in _PREFILL_CT:
+        return "the CUDA MLA kernel takes bf16 and fp16 (got %s; fp32 runs on Triton)" % V.DTYPE_NAMES[q.dtype]
+    for name, t in (("q", q), ("kv_cache", kv)):
+        if any(st % 8 for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
+            return ("%s: the CUDA kernel loads 16-byte chunks (TMA for the cache), which needs strides that are "
+                    "multiples of 8 elements; got strides %s" % (name, tuple(t.stride())))
+    if any(st % 2 for st, n in zip(out.stride()[:-1], out.shape[:-1]) if n > 1):
+        return "out: the CUDA kernel stores element pairs, which needs even strides; got %s" % (tuple(out.stride()),)
+    return None
+
+
 class _MlaPlan:
-    """One MLA signature's Triton launch with every host-side argument fixed (strides, the
-    kernel configuration and the split plan); per call only FRAY_CHECK_INDICES and the data."""
+    """One MLA signature's launch with every host-side argument fixed (strides, the kernel
+    configuration and the split plan); per call only FRAY_CHECK_INDICES, the pointers' alignment
+    (CUDA) and the data."""
 
     __slots__ = ("capacity", "page", "scale", "dev", "launch", "q_strides", "kv_strides", "bt_stride",
-                 "out_strides", "lse_strides", "lse_shape")
+                 "out_strides", "lse_strides", "lse_shape", "kernel", "ints", "forced", "parts")
 
     def __call__(self, q, kv, block_table, lens, out, lse):
         if env.check_indices():  # here rather than in the wrapper: compiled graphs check too
@@ -1259,6 +1304,21 @@ class _MlaPlan:
             out.zero_()
             lse.fill_(float("-inf"))
             return
+        if self.kernel is not None:
+            if (q.data_ptr() | kv.data_ptr()) % 16 == 0 and out.data_ptr() % 4 == 0:
+                po = pl = None
+                if self.parts is not None:  # the splits' partials, merged by the kernel's second launch
+                    po = torch.empty(self.parts + (MLA_HEAD_DIM_V,), dtype=torch.float32, device=q.device)
+                    pl = torch.empty(self.parts, dtype=torch.float32, device=q.device)
+                ptrs = (q.data_ptr(), kv.data_ptr(), block_table.data_ptr(), lens.data_ptr(), out.data_ptr(),
+                        lse.data_ptr(), po.data_ptr() if po is not None else 0, pl.data_ptr() if pl is not None else 0)
+                self.kernel.launch(ptrs, self.ints, (self.scale,), self.dev, B.current_stream(q.device))
+                return
+            if self.forced:
+                raise ValueError("q / kv_cache / out: backend='cuda' loads q and kv_cache in 16-byte chunks "
+                                 "(16-byte aligned data pointers) and stores out in element pairs (4-byte "
+                                 "aligned); got pointers %#x, %#x, %#x (use backend='triton' or 'auto')"
+                                 % (q.data_ptr(), kv.data_ptr(), out.data_ptr()))
         from fray_triton import mla_decode as tmla
         with torch.cuda.device(self.dev):
             tmla.decode(q, kv, block_table, lens, out, lse, self.scale, q_strides=self.q_strides,
@@ -1269,8 +1329,7 @@ class _MlaPlan:
 def _mla_plan(q, kv, block_table, out, lse, scale, num_splits, backend):
     if q.shape[0] == 0:
         return _no_mla
-    be = B.resolve("mla_decode", FAMILY, backend, q.device)
-    _refuse_missing("mla_decode", be)  # FRAY_BACKEND=cuda
+    be = B.resolve("mla_decode", CUDA_FAMILIES["mla_decode"], backend, q.device)
     from fray_triton import mla_decode as tmla
     p = _MlaPlan()
     p.page = kv.shape[1]
@@ -1282,6 +1341,21 @@ def _mla_plan(q, kv, block_table, out, lse, scale, num_splits, backend):
     p.q_strides, p.out_strides, p.lse_strides = q.stride()[:3], out.stride()[:3], lse.stride()
     p.kv_strides, p.bt_stride = (kv.stride(0), kv.stride(1)), block_table.stride(0)
     p.lse_shape = tuple(lse.shape)
+    p.kernel, p.ints, p.parts, p.forced = None, None, None, be == "cuda" and not _auto(backend)
+    if be == "cuda" and p.capacity > 0:
+        why = _mla_cuda_layout_reason(q, kv, out)
+        if why and p.forced:
+            raise ValueError("backend='cuda' cannot run mla_decode here: %s (use backend='triton' or 'auto')" % why)
+        if not why:
+            from fray import jit
+            p.kernel = jit.build(*mla_cuda_source(q.dtype, p.page), device=p.dev)
+            block_h, splits, split_size = mla_cuda_plan(batch, s_q, hq, q.dtype, p.capacity, num_splits or None,
+                                                        B.num_sms(p.dev))
+            p.parts = (batch, s_q, hq, splits) if splits > 1 else None
+            # a dimension of size 1 is never stepped along: its stride is free in torch, 0 here
+            qs, os_ = [tuple(0 if n == 1 else st for st, n in zip(t.stride()[:3], t.shape[:3])) for t in (q, out)]
+            p.ints = ((batch, s_q, hq, block_h, splits, split_size, block_table.shape[1], kv.shape[0]) + qs
+                      + (kv.stride(0), kv.stride(1), block_table.stride(0)) + os_ + tuple(lse.stride()))
     return p
 
 
@@ -1340,7 +1414,12 @@ def mla_decode(q, kv_cache, block_table, lens, *, head_dim_v=512, scale=None, ou
     capturable and replays with new lengths; the kernel clamps lens[b] to [0, T] and block-table
     entries below lens[b] are used as given. FRAY_CHECK_INDICES=1 checks both with a host sync
     (ValueError; RuntimeError during CUDA-graph capture); CPU calls always check them.
-    Backends: Triton only; backend="cuda" raises RuntimeError (there is no CUDA MLA kernel yet).
+    Backends: "cuda" (cuda/attention/mla_sm90.cuh, JIT-compiled per dtype x block size on first
+    use: bf16 / fp16, q and kv_cache strides multiples of 8 elements and 16-byte aligned pointers,
+    out with even strides; 64 query rows (heads x queries) a CTA, wgmma with two consumer
+    warpgroups splitting the 512 value columns, TMA loads of 64-token cache tiles), "triton" (every
+    dtype and layout); "auto": Triton until the CUDA kernel has passed its GPU tests. Forcing
+    "cuda" where it cannot run raises ValueError (dtype, strides, pointers).
     Seed name: fray.jit_kernels.flash_mla (FlashMLA's argument order).
     """
     if not _compiling():
@@ -1350,7 +1429,6 @@ def mla_decode(q, kv_cache, block_table, lens, *, head_dim_v=512, scale=None, ou
         if plan is not None:
             return _mla_launch(plan, q, kv_cache, block_table, lens, out, return_lse)
     V.require_backend(backend, B.BACKENDS)
-    _refuse_missing("mla_decode", backend)
     if not isinstance(return_lse, bool):
         raise TypeError("return_lse: expected a bool, got %s" % type(return_lse).__name__)
     _check_head_dim_v(head_dim_v)
