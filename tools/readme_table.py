@@ -132,6 +132,7 @@ ROWS = [
     ("tensor_h100", "mla_decode", "B128Hq16Sq1T16384", "bf16", None),
     ("tensor_h100", "mla_decode", "B128Hq128Sq2T4096", "bf16", None),
     ("tensor_h100", "mla_decode", "B32Hq16Sq1T4096", "bf16", None),
+    ("tensor_h100", "mla_decode", "B128Hq16Sq2T4096", "bf16", None),
     ("tensor_h100", "mla_decode", "B1Hq128Sq1T4096:graph", "bf16", None),
     ("tensor_h100", "rmsnorm_quant", "plain:16384x8192", "bf16->int8", None),
     ("tensor_h100", "rmsnorm_quant", "residual:16384x8192", "bf16->int8", None),

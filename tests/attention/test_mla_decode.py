@@ -168,7 +168,7 @@ def test_public_api_numpy_and_cpu_tensors():
 
 def test_registration():
     assert fray.OPS["mla_decode"] == "attention" and hasattr(torch.ops.fray, "mla_decode")
-    assert B._PREFERENCE["mla_decode"] == ("triton", "cuda") and A.CUDA_FAMILIES["mla_decode"] == "gemm"
+    assert B._PREFERENCE["mla_decode"] == ("cuda", "triton") and A.CUDA_FAMILIES["mla_decode"] == "gemm"
     name, src = A.mla_cuda_source(torch.bfloat16, 64)
     assert name == "mla_sm90_bf16_page64"
     assert "MlaConfig<cutlass::bfloat16_t, 64>" in src and "FRAY_MLA_ENTRY(Config)" in src

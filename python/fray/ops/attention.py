@@ -1,11 +1,11 @@
 """The attention family: single-token (decode) attention over contiguous and paged KV caches, the
 KV-cache appends that precede it, multi-token (prefill) attention over packed varlen or batched
-sequences or a paged KV cache, and DeepSeek's latent attention decode over a paged latent cache
-(mla_decode: Triton only so far, see its docstring).
+sequences or a paged KV cache, and DeepSeek's latent attention decode over a paged latent cache.
 
 Backends: the CUDA C++ kernels (cuda/attention, fray._C._attention: tensor-core split-KV decode
-for 16-bit caches, CUDA-core for fp32, one kv_append kernel; prefill_attention's TMA + wgmma
-kernel, cuda/attention/prefill_sm90.cuh, JIT-compiled by fray.jit) and the Triton kernels
+for 16-bit caches, CUDA-core for fp32, one kv_append kernel; prefill_attention's and mla_decode's
+TMA + wgmma kernels, cuda/attention/prefill_sm90.cuh and mla_sm90.cuh, JIT-compiled by fray.jit)
+and the Triton kernels
 (fray_triton.attention, .prefill_attention, .mla_decode); "auto" tries CUDA first. Both implement
 the same contract (split count from T, B * Hkv and the SM count; deterministic combine; the same
 clamping of lens). The CUDA decode kernels copy K/V rows with 16-byte cp.async: caches whose
@@ -59,8 +59,7 @@ B.register_preference("prefill_attention", ("cuda", "triton"))
 # the gemm family's are: their availability is that family's (nvcc, the headers, sm_90a), not
 # fray._C._attention's.
 CUDA_FAMILIES = {"prefill_attention": "gemm", "mla_decode": "gemm"}
-# mla_decode: Triton first under "auto" until the CUDA kernel (backend="cuda") has passed its GPU tests.
-B.register_preference("mla_decode", ("triton", "cuda"))
+B.register_preference("mla_decode", ("cuda", "triton"))
 
 LAYOUTS = ("HND", "NHD")
 HEAD_DIMS = (64, 128, 256)
@@ -1418,8 +1417,8 @@ def mla_decode(q, kv_cache, block_table, lens, *, head_dim_v=512, scale=None, ou
     use: bf16 / fp16, q and kv_cache strides multiples of 8 elements and 16-byte aligned pointers,
     out with even strides; 64 query rows (heads x queries) a CTA, wgmma with two consumer
     warpgroups splitting the 512 value columns, TMA loads of 64-token cache tiles), "triton" (every
-    dtype and layout); "auto": Triton until the CUDA kernel has passed its GPU tests. Forcing
-    "cuda" where it cannot run raises ValueError (dtype, strides, pointers).
+    dtype and layout); "auto": CUDA where it takes the call, else Triton. Forcing "cuda" where it
+    cannot run raises ValueError (dtype, strides, pointers).
     Seed name: fray.jit_kernels.flash_mla (FlashMLA's argument order).
     """
     if not _compiling():
