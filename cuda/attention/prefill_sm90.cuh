@@ -194,17 +194,6 @@ struct Params {
   float scale;
 };
 
-// The same fragment as the A operand of the next wgmma (k = 16 per step): ((2, 2, 2), MMA_M,
-// MMA_K = N/16 * MMA_N). Each 16 columns of the m64nN accumulator hold exactly the values a
-// thread supplies for a m64k16 register A operand.
-template <class L>
-__device__ __forceinline__ constexpr auto acc_as_a(L l) {
-  auto v = get<0>(l);
-  auto pairs = logical_divide(get<2>(v), Layout<_2>{});  // (2, N/16)
-  return make_layout(make_layout(get<0>(v), get<1>(v), get<0>(pairs)), get<1>(l),
-                     coalesce(make_layout(get<1>(pairs), get<2>(l))));
-}
-
 // The mask of key tile key0 for query `row` (within its sequence) as one bound on the column
 // offsets col - col0 of the thread's elements in that row (col0: the thread's first column): keys
 // past the sequence (key >= seqlen_k) and, causal, past the row's diagonal (key > row + diag).
