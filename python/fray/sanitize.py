@@ -333,16 +333,22 @@ def _attention_cases():
         out["prefill_triton_paged_p16_%s_d128_causal" % d] = _case(
             lambda prefill=prefill, dt=_dt(d): prefill(dt=dt, hd=128, causal=True, page=16, backend="triton"),
             2 * sum(lens_k) * 2 * 128, unfiltered=True)
-    # mla_decode (Triton: unfiltered): s_q 2 over lens 0 / 65 / 130, one split and three, the
-    # transposed form at Hq 16 and the 64-row one at Hq 32
+    # mla_decode, s_q 2 over lens 0 / 65 / 130, one split and three: the CUDA kernel (JIT) at Hq 16
+    # (32 of 64 rows) and 128 (four head blocks) over 64- and 16-token pages; Triton (unfiltered)
+    # in its transposed form at Hq 16 and the 64-row one at Hq 32
     from fray.ops.attention import _mla_case
     for d in ("bf16", "fp16"):
-        for hq in (16, 32):
+        for backend, hq, page in (("cuda", 16, 64), ("cuda", 128, 16), ("triton", 16, 64), ("triton", 32, 64)):
             for splits in (1, 3):
-                def mla(dt=_dt(d), hq=hq, splits=splits):
-                    q, kv, bt, lens = _mla_case(dt, torch.device("cuda"), hq=hq, max_blocks=3)
-                    fray.mla_decode(q, kv, bt, lens, return_lse=True, num_splits=splits, backend="triton")
-                out["mla_decode_%s_hq%d_split%d" % (d, hq, splits)] = _case(mla, 3 * 3 * 64 * 576, unfiltered=True)
+                def mla(dt=_dt(d), hq=hq, splits=splits, backend=backend, page=page):
+                    q, kv, bt, lens = _mla_case(dt, torch.device("cuda"), hq=hq, page=page,
+                                                max_blocks=3 * 64 // page)
+                    fray.mla_decode(q, kv, bt, lens, return_lse=True, num_splits=splits, backend=backend)
+                name = "mla_decode_%s_hq%d_split%d" % (d, hq, splits)
+                if backend == "cuda":
+                    out["mla_cuda_%s_p%d_hq%d_split%d" % (d, page, hq, splits)] = _case(mla, 3 * 3 * 64 * 576)
+                else:
+                    out[name] = _case(mla, 3 * 3 * 64 * 576, unfiltered=True)
     return out
 
 
@@ -738,7 +744,7 @@ def _wall(work, est, jobs, tools):
 # Families whose cases build kernels through fray.jit: their cases run once without a tool before
 # the sweep (nvcc and CUTLASS's templates take seconds to minutes a kernel, and under a tool that
 # time would count against the process limit).
-JIT_FAMILIES = ("attention", "gemm", "quant")  # attention: prefill_attention's CUDA kernel
+JIT_FAMILIES = ("attention", "gemm", "quant")  # attention: prefill_attention's and mla_decode's CUDA kernels
 
 
 def warm(families, jobs, deadline):

@@ -63,6 +63,9 @@ def test_case_lists_name_every_family_and_the_sampling_launch_paths():
                 assert "attention/prefill_%s_d%d_%s" % (d, hd, mode) in names
             assert "attention/prefill_paged_p16_%s_d%d_causal" % (d, hd) in names
         assert "attention/prefill_triton_paged_p16_%s_d128_causal" % d in names
+        # mla_decode's JIT kernel: 64- and 16-token pages, one split and the merge
+        for case in ("p64_hq16_split1", "p64_hq16_split3", "p16_hq128_split1", "p16_hq128_split3"):
+            assert "attention/mla_cuda_%s_%s" % (d, case) in names
     assert "attention" in sanitize.JIT_FAMILIES  # its kernels are built before the tools run
     with pytest.raises(ValueError, match="families"):
         sanitize.case_names(["nope"])
