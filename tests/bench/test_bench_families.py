@@ -207,7 +207,7 @@ def test_mla_peer_matches_reference(name):
     assert inp["q"].shape == (spec.batch, spec.s_q, spec.hq, 576)
     assert sorted(inp["block_table"].flatten().tolist()) == list(range(spec.batch * spec.seq // 64))
     fns = ba.impls("mla_decode", spec, inp)
-    assert set(fns) == {"fray.triton", "torch.eager"}  # fray.cuda joins once a CUDA MLA kernel exists
+    assert set(fns) == {"fray.cuda", "fray.triton", "torch.eager"}
     want = fray.mla_decode(inp["q"], inp["kv_cache"], inp["block_table"], inp["lens"], backend="reference")
     torch.testing.assert_close(fns["torch.eager"](), want, rtol=1e-4, atol=1e-5)
     # shorter sequences too (the causal mask among s_q and the padding past lens)

@@ -400,12 +400,10 @@ def impls(op, spec, inp):
     """{impl name: zero-argument callable} for one shape."""
     out = {}
     if op == "mla_decode":
-        from fray import backend as B
         q, kv, bt, lens = inp["q"], inp["kv_cache"], inp["block_table"], inp["lens"]
         o = torch.empty(q.shape[:3] + (MLA_DIM_V,), dtype=q.dtype, device=q.device)
         for backend in ("cuda", "triton"):
-            if not B.missing_reason(op, backend):
-                out["fray." + backend] = lambda b=backend: fray.mla_decode(q, kv, bt, lens, out=o, backend=b)
+            out["fray." + backend] = lambda b=backend: fray.mla_decode(q, kv, bt, lens, out=o, backend=b)
         scale = 1.0 / MLA_DIM ** 0.5
         out["torch.eager"] = lambda: eager_mla(q, kv, bt, lens, scale)
         return out
