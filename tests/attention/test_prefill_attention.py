@@ -762,7 +762,7 @@ template <bool Causal, int BN> int check_mask() {
   int bad = 0;
   for (int t = 0; t < 128 * C::kConsumers; ++t) {
     Tensor tc = mma.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<C::kBlockM>, Int<BN>>{}));
-    Tensor c = make_tensor(tc.data(), fray::attention::detail::rows_cols(tc.layout()));
+    Tensor c = make_tensor(tc.data(), fray::attention::rows_cols(tc.layout()));
     const int col0 = get<1>(c(0, 0));
     for (int m_block : {0, 1, 3})
       for (int n : {0, 1, 2})
