@@ -7,21 +7,16 @@
 // of it) once for all of them:
 //   - warpgroup 0, the producer: one elected thread issues the TMA loads of 64-token cache tiles
 //     (one box per page a tile spans) into a two-stage ring and keeps 24 registers a thread;
-//   - warpgroups 1 and 2, the consumers, each holding one half of the 64 x 512 fp32 output (256
-//     value columns, 128 registers a thread), take the tiles in turn: for its tiles (n = cw, cw +
-//     2, ...) a consumer computes S = Q K^T (64 x 64, K = 576) by wgmma with Q and K in shared
-//     memory, the mask and the online softmax in registers, publishes P (rounded to the input
-//     type) and the rows' new maximum through shared memory and adds P V for its half from
-//     registers; for the other consumer's tiles it rescales to the published maximum and adds P
-//     V from the published P ("absorb"). Both follow the same running maximum; each sums the
-//     exponentials of its own tiles, and the two sums are added in the epilogue.
-// So the two big products of a tile pair (S of tile n and of n + 1) run on different warpgroups
-// at the same time, and one's softmax runs under the other's products; with two 72 KB stages
-// the load of tile n + 2 only waits for tile n's products. A tile's stage is released by each
-// consumer once its P V of that tile is done. V is read MN-major from the same shared-memory
-// tile as K: a K-major [64 tokens, 576] tile of 128-byte swizzled rows is, for its first 512
-// columns, exactly the MN-major [512, 64 tokens] operand of P V (both are 8-row x 128-byte
-// swizzle atoms, token atoms first), which the host test checks element by element.
+//   - warpgroup 1: S = Q K^T (64 x 64, K = 576) by wgmma with Q and K in shared memory, the mask
+//     and the online softmax in registers, P rounded to the input type and stored to shared
+//     memory with the rows' rescale factors, then O[:, 0:256] += P V[:, 0:256];
+//   - warpgroup 2: O[:, 256:512] += P V[:, 256:512] from the same P, rescaled by the same factors.
+// Each warpgroup holds its half of the 64 x 512 fp32 accumulator (128 registers a thread). Tile
+// n's S is issued together with tile n-1's P V, so warpgroup 1's softmax runs under that product
+// and under warpgroup 2's. V is read MN-major from the same shared-memory tile as K: a K-major
+// [64 tokens, 576] tile of 128-byte swizzled rows is, for its first 512 columns, exactly the
+// MN-major [512, 64 tokens] operand of P V (both are 8-row x 128-byte swizzle atoms, token atoms
+// first), which the host test checks element by element.
 //
 // Rows. Row r of a CTA is query token r / block_h and head hb * block_h + r % block_h (hb: the
 // CTA's head block, block_h = min(Hq, 64 / s_q)); rows past s_q x block_h, or past Hq, are zeros
@@ -94,11 +89,6 @@ struct MlaConfig {
                                  cute::Shape<cute::Int<kRows>, cute::Int<kHalf>, cute::Int<kBlockN>>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
 
-  using MmaPVRegs = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<kRows>, cute::Int<kHalf>, cute::Int<kBlockN>>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
-
   // Q and one cache tile K-major ([rows, 576], D contiguous); P K-major ([rows, tokens]); one
   // warpgroup's half of the value as the P V product's B operand: [256, tokens], D contiguous
   // (MN-major), at kHalf x kBlockN elements past the tile's base for the second half.
@@ -123,8 +113,8 @@ struct MlaConfig {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemQ>> q;
     alignas(1024) cute::array_aligned<Element, kStages * kTileElems> kv;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemP>> p;
-    float max[kRows];     // the rows' running maximum after the last published tile
-    float sum[2][kRows];  // each consumer warpgroup's row sums, for the epilogue
+    float corr[kRows];  // the rows' rescale factors of the current tile
+    float inv[kRows];   // 1 / the rows' sums, for the epilogue
     typename Pipeline::SharedStorage pipe;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
@@ -280,248 +270,220 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
     asm volatile("bar.sync 1, 256;");
   }
 
-  // The two consumer warpgroups take the tiles in turn: warpgroup cw computes S = Q K^T and the
-  // softmax of tiles cw, cw + 2, ... ("its" tiles), publishes P and the rows' new maximum, and
-  // adds P V for its half of the value columns from registers; for the other warpgroup's tiles
-  // it reads P from shared memory (the "absorb" step). Both rescale their half of O at every
-  // tile, so both follow the same running maximum; each keeps the row sums of its own tiles.
-  const int cw = wg - 1;  // the value half and the tile parity of this warpgroup
-  typename Config::MmaQK mma_qk;
-  typename Config::MmaPV mma_pv;     // P from shared memory
-  typename Config::MmaPVRegs mma_pr;  // P from registers
-  auto thr_qk = mma_qk.get_thread_slice(tid);
+  // Rows of this thread's fragments: the same for S (64 x 64) and each O half (64 x 256).
+  typename Config::MmaPV mma_pv;
   auto thr_pv = mma_pv.get_thread_slice(tid);
-  auto thr_pr = mma_pr.get_thread_slice(tid);
-  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
-  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
-  Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kBlockN>>{}));
-  Tensor S = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
-  Tensor cS = make_tensor(tScS.data(), rows_cols(tScS.layout()));
-  Tensor tOrPs = thr_pv.partition_fragment_A(sP);
-  Tensor rP = make_tensor<E>(tSrS.layout());
-  Tensor tOrPr = make_tensor(rP.data(), acc_as_a(rP.layout()));
+  Tensor tOrP = thr_pv.partition_fragment_A(sP);
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kRows>, Int<kHalf>>{});
   Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kHalf>>{}));
   Tensor O = make_tensor(tOrO.data(), rows_cols(tOrO.layout()));
   Tensor cO = make_tensor(tOcO.data(), rows_cols(tOcO.layout()));
   constexpr int kR = decltype(size<0>(O))::value;  // 2
-  static_assert(decltype(size<0>(S))::value == kR, "one row split for S and O");
   clear(tOrO);
-  float row_max[kR], row_sum[kR];
-  CUTE_UNROLL
-  for (int i = 0; i < kR; ++i) {
-    row_max[i] = -INFINITY;
-    row_sum[i] = 0.f;
-  }
-  // Tile n's ring slot: stage n % 2 in phase (n / 2) & 1 (both warpgroups read every tile).
-  auto tile = [](int n) { return typename Pipe::PipelineState(n % Config::kStages, (n / Config::kStages) & 1, n); };
-  auto sV = [&](int n) {  // this warpgroup's value half of tile n's stage
-    return make_tensor(make_smem_ptr(kv_base + (n % Config::kStages) * Config::kTileElems + cw * Config::kHalfOffset),
-                       typename Config::SmemVHalf{});
-  };
-  auto issue_qk = [&](int n) {  // S = Q K^T of tile n, issued
-    Tensor tSrK = thr_qk.partition_fragment_B(stage_k(n % Config::kStages));
-    warpgroup_fence_operand(tSrS);
+  const int half = wg - 1;
+  auto issue_pv = [&](int stage) {  // O[:, half] += P V[:, half], issued
+    Tensor sV = make_tensor(make_smem_ptr(kv_base + stage * Config::kTileElems + half * Config::kHalfOffset),
+                            typename Config::SmemVHalf{});
+    Tensor tOrV = thr_pv.partition_fragment_B(sV);
+    warpgroup_fence_operand(tOrO);
     warpgroup_arrive();
-    mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
-    // 36 k-steps: fully unrolled, the loop-invariant Q descriptors (two registers each) are
-    // hoisted out of the tile loop and spill; by 9 they are not.
-#pragma unroll 9
-    for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
-      gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
-      mma_qk.accumulate_ = GMMA::ScaleOut::One;
-    }
+    gemm(mma_pv, tOrP, tOrV, tOrO);
     warpgroup_commit_batch();
   };
   auto rescale = [&](const float (&corr)[kR]) {
     CUTE_UNROLL
     for (int i = 0; i < kR; ++i) {
-      row_sum[i] *= corr[i];
       CUTE_UNROLL
       for (int j = 0; j < size<1>(O); ++j) O(i, j) *= corr[i];
     }
   };
-  // Positions past each row's visible end to -inf (only tiles reaching past the first row's).
-  auto mask = [&](int n) {
-    const int t0 = start + n * kBlockN;
-    if (t0 + kBlockN <= seqlen - p.s_q + 1) return;
-    const int col0 = get<1>(cS(0, 0));
-    CUTE_UNROLL
-    for (int i = 0; i < kR; ++i) {
-      const int limit = mla_mask_bound(get<0>(cS(i, 0)), t0, col0, p.block_h, p.s_q, seqlen);
-      CUTE_UNROLL
-      for (int j = 0; j < size<1>(S); ++j) {
-        if (get<1>(cS(i, j)) - col0 >= limit) S(i, j) = -INFINITY;
-      }
-    }
-  };
-  // The softmax of one of this warpgroup's tiles: the new maximum, corr (what O and the sums
-  // are multiplied by to move to it), S replaced by its exponentials, their sum in `sum` (O and
-  // the sums are left to the caller, which may still have a product into O running).
-  auto softmax = [&](float (&corr)[kR], float (&sum)[kR]) {
-    CUTE_UNROLL
-    for (int i = 0; i < kR; ++i) {
-      float mx = row_max[i];
-      CUTE_UNROLL
-      for (int j = 0; j < size<1>(S); ++j) mx = fmaxf(mx, S(i, j));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-      const float base = mx == -INFINITY ? 0.f : mx * p.scale_log2;
-      corr[i] = row_max[i] == -INFINITY ? 0.f : fast_exp2(row_max[i] * p.scale_log2 - base);
-      row_max[i] = mx;
-      sum[i] = 0.f;
-      CUTE_UNROLL
-      for (int j = 0; j < size<1>(S); ++j) {
-        const float e = fast_exp2(S(i, j) * p.scale_log2 - base);
-        S(i, j) = e;
-        sum[i] += e;
-      }
-    }
-  };
-  // Tile n's P (rounded to E) and the rows' maximum into shared memory for the other warpgroup,
-  // value rows past the sequence zeroed in the last tile's stage (QK^T is done reading it); then
-  // the same P into registers for this warpgroup's own product.
-  auto publish = [&](int n) {
-    const int valid = seqlen - (start + n * kBlockN);
-    if (valid < kBlockN) {
-      Tensor sK = stage_k(n % Config::kStages);
-      for (int idx = tid; idx < (kBlockN - valid) * (Config::kDV / 8); idx += 128) {
-        const int t = valid + idx / (Config::kDV / 8), c = 8 * (idx % (Config::kDV / 8));
-        *reinterpret_cast<uint4*>(&sK(t, c)) = make_uint4(0, 0, 0, 0);
-      }
-    }
-    constexpr int kN = decltype(size(tSrS))::value;
-    cutlass::NumericArrayConverter<E, float, kN> convert;
-    *reinterpret_cast<cutlass::Array<E, kN>*>(rP.data()) =
-        convert(*reinterpret_cast<const cutlass::Array<float, kN>*>(tSrS.data()));
-    Tensor P = make_tensor(rP.data(), rows_cols(rP.layout()));
-    CUTE_UNROLL
-    for (int i = 0; i < kR; ++i) {
-      const int r = get<0>(cS(i, 0));
-      CUTE_UNROLL
-      for (int j = 0; j < size<1>(P); j += 2) {
-        *reinterpret_cast<cutlass::Array<E, 2>*>(&sP(r, get<1>(cS(i, j)))) =
-            *reinterpret_cast<const cutlass::Array<E, 2>*>(&P(i, j));
-      }
-      if ((tid & 3) == 0) st.max[r] = row_max[i];
-    }
-    cutlass::arch::fence_view_async_shared();
-    asm volatile("bar.arrive %0, 256;" ::"r"(2 + cw));  // tile n published
-  };
-  // The other warpgroup's tile n: its maximum (corr for O and the sums), then O += P V from the P
-  // it published; the stage is released once the product is done.
-  auto absorb = [&](int n) {
-    asm volatile("bar.sync %0, 256;" ::"r"(3 - cw));  // tile n published
-    pipe.consumer_wait(tile(n));
-    float corr[kR];
-    CUTE_UNROLL
-    for (int i = 0; i < kR; ++i) {
-      const float mx = st.max[get<0>(cO(i, 0))];
-      corr[i] = row_max[i] == -INFINITY ? 0.f : fast_exp2((row_max[i] - mx) * p.scale_log2);
-      row_max[i] = mx;
-    }
-    rescale(corr);
-    Tensor tOrV = thr_pv.partition_fragment_B(sV(n));
-    warpgroup_fence_operand(tOrO);
-    warpgroup_arrive();
-    gemm(mma_pv, tOrPs, tOrV, tOrO);
-    warpgroup_commit_batch();
-  };
+  typename Pipe::PipelineState read;
+  float row_sum[kR], row_max[kR];
 
-  int n = cw;
-  if (n < n_tiles) {
-    pipe.consumer_wait(tile(n));
-    issue_qk(n);
-  }
-  for (; n < n_tiles; n += 2) {
-    if (n > 0) {
-      absorb(n - 1);        // issued behind S = Q K^T of tile n
-      warpgroup_wait<1>();  // S done; the other tile's P V still running
-    } else {
-      warpgroup_wait<0>();
+  if (wg == 1) {
+    typename Config::MmaQK mma_qk;
+    auto thr_qk = mma_qk.get_thread_slice(tid);
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+    Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
+    Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kBlockN>>{}));
+    Tensor S = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
+    Tensor cS = make_tensor(tScS.data(), rows_cols(tScS.layout()));
+    static_assert(decltype(size<0>(S))::value == kR, "one row split for S and O");
+    CUTE_UNROLL
+    for (int i = 0; i < kR; ++i) {
+      row_max[i] = -INFINITY;
+      row_sum[i] = 0.f;
     }
+    auto issue_qk = [&](int stage) {  // S = Q K^T, issued
+      Tensor tSrK = thr_qk.partition_fragment_B(stage_k(stage));
+      warpgroup_fence_operand(tSrS);
+      warpgroup_arrive();
+      mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
+      // 36 k-steps: fully unrolled, the loop-invariant Q descriptors (two registers each) are
+      // hoisted out of the tile loop and spill; by 9 they are not.
+#pragma unroll 9
+      for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
+        gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
+        mma_qk.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+    };
+    // Positions past each row's visible end to -inf (only tiles reaching past the first row's).
+    auto mask = [&](int n) {
+      const int t0 = start + n * kBlockN;
+      if (t0 + kBlockN <= seqlen - p.s_q + 1) return;
+      const int col0 = get<1>(cS(0, 0));
+      CUTE_UNROLL
+      for (int i = 0; i < kR; ++i) {
+        const int limit = mla_mask_bound(get<0>(cS(i, 0)), t0, col0, p.block_h, p.s_q, seqlen);
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(S); ++j) {
+          if (get<1>(cS(i, j)) - col0 >= limit) S(i, j) = -INFINITY;
+        }
+      }
+    };
+    auto softmax = [&](float (&corr)[kR]) {
+      CUTE_UNROLL
+      for (int i = 0; i < kR; ++i) {
+        float mx = row_max[i];
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(S); ++j) mx = fmaxf(mx, S(i, j));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        const float base = mx == -INFINITY ? 0.f : mx * p.scale_log2;
+        corr[i] = row_max[i] == -INFINITY ? 0.f : fast_exp2(row_max[i] * p.scale_log2 - base);
+        row_max[i] = mx;
+        float sum = 0.f;
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(S); ++j) {
+          const float e = fast_exp2(S(i, j) * p.scale_log2 - base);
+          S(i, j) = e;
+          sum += e;
+        }
+        row_sum[i] = row_sum[i] * corr[i] + sum;
+      }
+    };
+    // P (rounded to E) and the rescale factors into shared memory for both warpgroups; value rows
+    // past the sequence zeroed in the last tile's stage (QK^T is done reading it).
+    auto publish = [&](int n, int stage, const float (&corr)[kR]) {
+      const int valid = seqlen - (start + n * kBlockN);
+      if (valid < kBlockN) {
+        Tensor sK = stage_k(stage);
+        for (int idx = tid; idx < (kBlockN - valid) * (Config::kDV / 8); idx += 128) {
+          const int t = valid + idx / (Config::kDV / 8), c = 8 * (idx % (Config::kDV / 8));
+          *reinterpret_cast<uint4*>(&sK(t, c)) = make_uint4(0, 0, 0, 0);
+        }
+      }
+      CUTE_UNROLL
+      for (int i = 0; i < kR; ++i) {
+        const int r = get<0>(cS(i, 0));
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(S); j += 2) {
+          cutlass::Array<float, 2> pair;
+          pair[0] = S(i, j);
+          pair[1] = S(i, j + 1);
+          cutlass::NumericArrayConverter<E, float, 2> convert;
+          *reinterpret_cast<cutlass::Array<E, 2>*>(&sP(r, get<1>(cS(i, j)))) = convert(pair);
+        }
+        if ((tid & 3) == 0) st.corr[r] = corr[i];
+      }
+      cutlass::arch::fence_view_async_shared();
+      asm volatile("bar.arrive 2, 256;");  // P ready
+    };
+
+    float corr[kR];
+    typename Pipe::PipelineState read_v;
+    pipe.consumer_wait(read);
+    issue_qk(read.index());
+    warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
-    mask(n);
-    float corr[kR], sum[kR];
-    softmax(corr, sum);  // under the other tile's P V
-    if (n > 0) {
+    mask(0);
+    softmax(corr);
+    publish(0, read.index(), corr);
+    ++read;
+    for (int n = 1; n < n_tiles; ++n) {
+      pipe.consumer_wait(read);
+      issue_qk(read.index());
+      issue_pv(read_v.index());
+      warpgroup_wait<1>();  // S done; P V still running
+      warpgroup_fence_operand(tSrS);
+      mask(n);
+      softmax(corr);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
-      pipe.consumer_release(tile(n - 1));
+      pipe.consumer_release(read_v);
+      ++read_v;
+      rescale(corr);
+      asm volatile("bar.sync 3, 256;");  // warpgroup 2 is done with the previous P
+      publish(n, read.index(), corr);
+      ++read;
     }
-    rescale(corr);
-    CUTE_UNROLL
-    for (int i = 0; i < kR; ++i) row_sum[i] += sum[i];
-    publish(n);
-    // O += P V of tile n from registers; waited here, so that the stage is released before the
-    // next tile of this warpgroup, two ahead, is waited for (two stages: the same one).
-    Tensor tOrV = thr_pr.partition_fragment_B(sV(n));
-    warpgroup_fence_operand(tOrO);
-    warpgroup_arrive();
-    gemm(mma_pr, tOrPr, tOrV, tOrO);
-    warpgroup_commit_batch();
+    issue_pv(read_v.index());
     warpgroup_wait<0>();
     warpgroup_fence_operand(tOrO);
-    pipe.consumer_release(tile(n));
-    if (n + 2 < n_tiles) {
-      pipe.consumer_wait(tile(n + 2));
-      issue_qk(n + 2);
-    }
-  }
-  if ((n_tiles - 1) % 2 != cw) {  // the last tile is the other warpgroup's
-    absorb(n_tiles - 1);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tOrO);
-    pipe.consumer_release(tile(n_tiles - 1));
-  }
+    pipe.consumer_release(read_v);
 
-  // The rows' sums: a row's 4 threads, then both warpgroups' (both now at the same maximum).
-  float inv[kR];
-  CUTE_UNROLL
-  for (int i = 0; i < kR; ++i) {
-    float s = row_sum[i];
-    s += __shfl_xor_sync(0xffffffff, s, 1);
-    s += __shfl_xor_sync(0xffffffff, s, 2);
-    if ((tid & 3) == 0) st.sum[cw][get<0>(cO(i, 0))] = s;
-  }
-  asm volatile("bar.sync 4, 256;");
-  CUTE_UNROLL
-  for (int i = 0; i < kR; ++i) {
-    const int r = get<0>(cO(i, 0));
-    const float s = st.sum[0][r] + st.sum[1][r];
-    inv[i] = s > 0.f ? 1.f / s : 0.f;
-    if (cw == 0 && (tid & 3) == 0 && row_ok(r)) {
-      const float l = s > 0.f ? logf(s) + row_max[i] * p.scale : -INFINITY;
-      if (single) {
-        p.lse[int64_t(b) * p.l_batch + int64_t(row_q(r)) * p.l_token + int64_t(row_h(r)) * p.l_head] = l;
-      } else {
-        p.part_lse[((int64_t(b) * p.s_q + row_q(r)) * p.hq + row_h(r)) * p.num_splits + split] = l;
+    // The rows' sums (a row's 4 threads), 1 / sum for warpgroup 2, and the LSE.
+    CUTE_UNROLL
+    for (int i = 0; i < kR; ++i) {
+      float s = row_sum[i];
+      s += __shfl_xor_sync(0xffffffff, s, 1);
+      s += __shfl_xor_sync(0xffffffff, s, 2);
+      row_sum[i] = s;
+      const int r = get<0>(cS(i, 0));
+      if ((tid & 3) == 0) {
+        st.inv[r] = s > 0.f ? 1.f / s : 0.f;
+        if (row_ok(r)) {
+          const float l = s > 0.f ? logf(s) + row_max[i] * p.scale : -INFINITY;
+          if (single) {
+            p.lse[int64_t(b) * p.l_batch + int64_t(row_q(r)) * p.l_token + int64_t(row_h(r)) * p.l_head] = l;
+          } else {
+            p.part_lse[((int64_t(b) * p.s_q + row_q(r)) * p.hq + row_h(r)) * p.num_splits + split] = l;
+          }
+        }
       }
     }
+  } else {
+    for (int n = 0; n < n_tiles; ++n) {
+      pipe.consumer_wait(read);
+      asm volatile("bar.sync 2, 256;");  // P ready
+      float corr[kR];
+      CUTE_UNROLL
+      for (int i = 0; i < kR; ++i) corr[i] = st.corr[get<0>(cO(i, 0))];
+      rescale(corr);
+      issue_pv(read.index());
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      if (n + 1 < n_tiles) asm volatile("bar.arrive 3, 256;");  // P may be overwritten
+      pipe.consumer_release(read);
+      ++read;
+    }
   }
+  asm volatile("bar.sync 4, 256;");  // st.inv written
 
   // Epilogue: each warpgroup stores its 256 columns of the rows it may write.
   CUTE_UNROLL
   for (int i = 0; i < kR; ++i) {
     const int r = get<0>(cO(i, 0));
     if (!row_ok(r)) continue;
+    const float inv = st.inv[r];
     const int64_t row = (int64_t(b) * p.s_q + row_q(r)) * p.hq + row_h(r);
     if (single) {
       E* dst = p.out + int64_t(b) * p.o_batch + int64_t(row_q(r)) * p.o_token + int64_t(row_h(r)) * p.o_head +
-               cw * kHalf;
+               half * kHalf;
       CUTE_UNROLL
       for (int j = 0; j < size<1>(O); j += 2) {
         cutlass::Array<float, 2> pair;
-        pair[0] = O(i, j) * inv[i];
-        pair[1] = O(i, j + 1) * inv[i];
+        pair[0] = O(i, j) * inv;
+        pair[1] = O(i, j + 1) * inv;
         cutlass::NumericArrayConverter<E, float, 2> convert;
         *reinterpret_cast<cutlass::Array<E, 2>*>(dst + get<1>(cO(i, j))) = convert(pair);
       }
     } else {
-      float* dst = p.part_o + (row * p.num_splits + split) * Config::kDV + cw * kHalf;
+      float* dst = p.part_o + (row * p.num_splits + split) * Config::kDV + half * kHalf;
       CUTE_UNROLL
       for (int j = 0; j < size<1>(O); j += 2) {
-        *reinterpret_cast<float2*>(dst + get<1>(cO(i, j))) = make_float2(O(i, j) * inv[i], O(i, j + 1) * inv[i]);
+        *reinterpret_cast<float2*>(dst + get<1>(cO(i, j))) = make_float2(O(i, j) * inv, O(i, j + 1) * inv);
       }
     }
   }
