@@ -342,27 +342,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
         }
       }
     };
-    auto softmax = [&](float (&corr)[kR]) {
-      CUTE_UNROLL
-      for (int i = 0; i < kR; ++i) {
-        float mx = row_max[i];
-        CUTE_UNROLL
-        for (int j = 0; j < size<1>(S); ++j) mx = fmaxf(mx, S(i, j));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-        const float base = mx == -INFINITY ? 0.f : mx * p.scale_log2;
-        corr[i] = row_max[i] == -INFINITY ? 0.f : fast_exp2(row_max[i] * p.scale_log2 - base);
-        row_max[i] = mx;
-        float sum = 0.f;
-        CUTE_UNROLL
-        for (int j = 0; j < size<1>(S); ++j) {
-          const float e = fast_exp2(S(i, j) * p.scale_log2 - base);
-          S(i, j) = e;
-          sum += e;
-        }
-        row_sum[i] = row_sum[i] * corr[i] + sum;
-      }
-    };
+    auto softmax = [&](float (&corr)[kR]) { online_softmax(S, row_max, row_sum, corr, p.scale_log2); };
     // P (rounded to E) and the rescale factors into shared memory for both warpgroups; value rows
     // past the sequence zeroed in the last tile's stage (QK^T is done reading it).
     auto publish = [&](int n, int stage, const float (&corr)[kR]) {

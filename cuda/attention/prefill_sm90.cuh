@@ -403,27 +403,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
   };
   // Online softmax of S in place (a row's values sit in the 4 threads of a quad); corr[i]: what
   // O's row i must be multiplied by to move to the new maximum.
-  auto softmax = [&](float (&corr)[kRows]) {
-    CUTE_UNROLL
-    for (int i = 0; i < kRows; ++i) {
-      float mx = row_max[i];
-      CUTE_UNROLL
-      for (int j = 0; j < size<1>(S); ++j) mx = fmaxf(mx, S(i, j));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-      const float base = mx == -INFINITY ? 0.f : mx * p.scale_log2;
-      corr[i] = row_max[i] == -INFINITY ? 0.f : fast_exp2(row_max[i] * p.scale_log2 - base);
-      row_max[i] = mx;
-      float sum = 0.f;
-      CUTE_UNROLL
-      for (int j = 0; j < size<1>(S); ++j) {
-        const float e = fast_exp2(S(i, j) * p.scale_log2 - base);
-        S(i, j) = e;
-        sum += e;
-      }
-      row_sum[i] = row_sum[i] * corr[i] + sum;
-    }
-  };
+  auto softmax = [&](float (&corr)[kRows]) { online_softmax(S, row_max, row_sum, corr, p.scale_log2); };
   auto rescale = [&](const float (&corr)[kRows]) {
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
