@@ -188,3 +188,19 @@ def assert_moe_close(actual, expected_f64, mag, terms, dtype, what="", rows=None
         keep = torch.from_numpy(np.asarray(rows, bool))
         a, e, m, t = a[keep], e[keep], m[keep], t[keep]
     _assert_within(a, e, lambda: moe_bound(e, m, t, dtype), "%s (%s)" % (what, dtype), what)
+
+
+def stub_jit(monkeypatch):
+    """For the ops layer's wiring tests on CPU tensors: fray.jit.build and the current stream
+    stubbed. Returns (built, launched): the (name, source) of every build and the (ptrs, ints,
+    floats) of every launch of the stub kernels it returns."""
+    from fray import backend, jit
+    built, launched = [], []
+
+    class Kernel:
+        def launch(self, ptrs, ints, floats, dev, stream):
+            launched.append((ptrs, ints, floats))
+
+    monkeypatch.setattr(jit, "build", lambda name, src, device: built.append((name, src)) or Kernel())
+    monkeypatch.setattr(backend, "current_stream", lambda device: 0)
+    return built, launched

@@ -19,7 +19,7 @@ from fray import _plan as P
 from fray import backend as B
 from fray.ops import attention as A
 from fray.reference import attention as ref
-from fray.testing import assert_close
+from fray.testing import assert_close, stub_jit
 
 INTERPRET = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                reason="needs TRITON_INTERPRET=1 (the Bazel CPU target sets it)")
@@ -419,16 +419,7 @@ def test_ops_layer_wiring_under_interpreter(monkeypatch):
     # "cuda" resolved: the CUDA kernel's configuration and slots (the build and the launch stubbed):
     # block_h heads x s_q queries in 64 rows, the split plan in whole 64-token tiles, strides of
     # size-1 dimensions 0, the partials allocated per call
-    launched = []
-
-    class Kernel:
-        def launch(self, ptrs, ints, floats, dev, stream):
-            launched.append((ptrs, ints, floats))
-
-    from fray import jit
-    built = []
-    monkeypatch.setattr(jit, "build", lambda name, src, device: built.append((name, src)) or Kernel())
-    monkeypatch.setattr(A.B, "current_stream", lambda device: 0)
+    built, launched = stub_jit(monkeypatch)
     monkeypatch.setattr(A.B, "resolve", lambda *a: "cuda")
     P.PLANS.clear()  # (the Triton plans above share these signatures)
     qs = big_q[..., :D]

@@ -17,7 +17,7 @@ from fray import _plan as P
 from fray import backend as B
 from fray.ops import attention as A
 from fray.reference import attention as ref
-from fray.testing import assert_close
+from fray.testing import assert_close, stub_jit
 
 INTERPRET = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                reason="needs TRITON_INTERPRET=1 (the Bazel CPU target sets it)")
@@ -592,16 +592,7 @@ def test_ops_layer_paged_wiring_under_interpreter(monkeypatch):
     # the launch stubbed):
     # pool strides (page, token, head), the page size as the key rows, the table's row stride,
     # width and the pool's page count after the 22 contiguous-form ints; the table's pointer last
-    launched = []
-
-    class Kernel:
-        def launch(self, ptrs, ints, floats, dev, stream):
-            launched.append((ptrs, ints, floats))
-
-    from fray import jit
-    built = []
-    monkeypatch.setattr(jit, "build", lambda name, src, device: built.append((name, src)) or Kernel())
-    monkeypatch.setattr(A.B, "current_stream", lambda device: 0)
+    built, launched = stub_jit(monkeypatch)
     monkeypatch.setattr(A.B, "resolve", lambda *a: "cuda")
     P.PLANS.clear()  # (the calls above left a Triton plan under this signature)
     A._prefill_impl(q, kp, vp, cu_q, cu_k, bt, out, lse, True, 20, 30, 0.125, "auto")
