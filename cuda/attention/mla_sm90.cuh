@@ -37,7 +37,9 @@
 // shared memory before P V, so whatever lies there (NaN included) cannot reach O as 0 x NaN.
 //
 // Template parameters: MlaConfig<Element (cutlass::bfloat16_t / cutlass::half_t), Page (16, 32, 64
-// or 128)>.
+// or 128), Turns (default false: the schedule above; true: the two consumers take the tiles in
+// turn, each computing S, the softmax and P of every other tile, publishing P and the rows'
+// maximum, and absorbing the other's, so that two S products run at once; not yet run on a GPU)>.
 // Slots: ptrs = (q, kv, block_table, lens, out, lse, partial_o, partial_lse);
 // ints = (batch, s_q, Hq, block_h, num_splits, split_size, max_blocks, num_blocks,
 //         q_batch, q_token, q_head, kv_page, kv_token, bt_row,
@@ -66,7 +68,7 @@
 namespace fray {
 namespace attention {
 
-template <class Element_, int kPage_>
+template <class Element_, int kPage_, bool kTurns_ = false>
 struct MlaConfig {
   using Element = Element_;
   static constexpr int kD = 576;    // key: 512 latent + 64 rotary
@@ -76,6 +78,9 @@ struct MlaConfig {
   static constexpr int kHalf = kDV / 2;  // value columns per consumer warpgroup
   static constexpr int kStages = 2;
   static constexpr int kPage = kPage_;
+  // The consumers' schedule: false, warpgroup 1 computes every tile's S and P; true, the two
+  // take the tiles in turn (bench/NOTES.md, MLA; not yet run on a GPU).
+  static constexpr bool kTurns = kTurns_;
   static constexpr int kBoxN = kPage >= kBlockN ? kBlockN : kPage;
   static constexpr int kThreads = 384;
   static constexpr int kTileElems = kBlockN * kD;
@@ -86,6 +91,10 @@ struct MlaConfig {
                                               cute::Shape<cute::Int<kRows>, cute::Int<kBlockN>, cute::Int<kD>>>()));
   using MmaPV = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::Int<kRows>, cute::Int<kHalf>, cute::Int<kBlockN>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+  using MmaPVRegs = decltype(cute::make_tiled_mma(  // kTurns: P from registers
+      cute::GMMA::rs_op_selector<Element, Element, float,
                                  cute::Shape<cute::Int<kRows>, cute::Int<kHalf>, cute::Int<kBlockN>>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
 
@@ -116,13 +125,20 @@ struct MlaConfig {
     float corr[kRows];  // the rows' rescale factors of the current tile
     float inv[kRows];   // 1 / the rows' sums, for the epilogue
     typename Pipeline::SharedStorage pipe;
+    struct Turns {  // kTurns
+      float max[kRows];     // the rows' running maximum after the last published tile
+      float sum[2][kRows];  // each consumer warpgroup's row sums
+    };
+    struct None {};
+    cute::conditional_t<kTurns, Turns, None> turns;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "tiles exceed the SM's shared memory");
 
   static void describe(char* buf, int n) {
-    snprintf(buf, n, "mla_sm90 %s D576/512 rows %d tile %d stages %d page %d",
-             cute::is_same_v<Element, cutlass::bfloat16_t> ? "bf16" : "fp16", kRows, kBlockN, kStages, kPage);
+    snprintf(buf, n, "mla_sm90 %s D576/512 rows %d tile %d stages %d page %d%s",
+             cute::is_same_v<Element, cutlass::bfloat16_t> ? "bf16" : "fp16", kRows, kBlockN, kStages, kPage,
+             kTurns ? " turns" : "");
   }
 };
 
@@ -300,27 +316,181 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
   typename Pipe::PipelineState read;
   float row_sum[kR], row_max[kR];
 
-  if (wg == 1) {
+  if constexpr (!Config::kTurns) {
+    if (wg == 1) {
+      typename Config::MmaQK mma_qk;
+      auto thr_qk = mma_qk.get_thread_slice(tid);
+      Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+      Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
+      Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kBlockN>>{}));
+      Tensor S = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
+      Tensor cS = make_tensor(tScS.data(), rows_cols(tScS.layout()));
+      static_assert(decltype(size<0>(S))::value == kR, "one row split for S and O");
+      CUTE_UNROLL
+      for (int i = 0; i < kR; ++i) {
+        row_max[i] = -INFINITY;
+        row_sum[i] = 0.f;
+      }
+      auto issue_qk = [&](int stage) {  // S = Q K^T, issued
+        Tensor tSrK = thr_qk.partition_fragment_B(stage_k(stage));
+        warpgroup_fence_operand(tSrS);
+        warpgroup_arrive();
+        mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
+        // 36 k-steps: fully unrolled, the loop-invariant Q descriptors (two registers each) are
+        // hoisted out of the tile loop and spill; by 9 they are not.
+  #pragma unroll 9
+        for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
+          gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
+          mma_qk.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+      };
+      // Positions past each row's visible end to -inf (only tiles reaching past the first row's).
+      auto mask = [&](int n) {
+        const int t0 = start + n * kBlockN;
+        if (t0 + kBlockN <= seqlen - p.s_q + 1) return;
+        const int col0 = get<1>(cS(0, 0));
+        CUTE_UNROLL
+        for (int i = 0; i < kR; ++i) {
+          const int limit = mla_mask_bound(get<0>(cS(i, 0)), t0, col0, p.block_h, p.s_q, seqlen);
+          CUTE_UNROLL
+          for (int j = 0; j < size<1>(S); ++j) {
+            if (get<1>(cS(i, j)) - col0 >= limit) S(i, j) = -INFINITY;
+          }
+        }
+      };
+      auto softmax = [&](float (&corr)[kR]) { online_softmax(S, row_max, row_sum, corr, p.scale_log2); };
+      // P (rounded to E) and the rescale factors into shared memory for both warpgroups; value rows
+      // past the sequence zeroed in the last tile's stage (QK^T is done reading it).
+      auto publish = [&](int n, int stage, const float (&corr)[kR]) {
+        const int valid = seqlen - (start + n * kBlockN);
+        if (valid < kBlockN) {
+          Tensor sK = stage_k(stage);
+          for (int idx = tid; idx < (kBlockN - valid) * (Config::kDV / 8); idx += 128) {
+            const int t = valid + idx / (Config::kDV / 8), c = 8 * (idx % (Config::kDV / 8));
+            *reinterpret_cast<uint4*>(&sK(t, c)) = make_uint4(0, 0, 0, 0);
+          }
+        }
+        CUTE_UNROLL
+        for (int i = 0; i < kR; ++i) {
+          const int r = get<0>(cS(i, 0));
+          CUTE_UNROLL
+          for (int j = 0; j < size<1>(S); j += 2) {
+            cutlass::Array<float, 2> pair;
+            pair[0] = S(i, j);
+            pair[1] = S(i, j + 1);
+            cutlass::NumericArrayConverter<E, float, 2> convert;
+            *reinterpret_cast<cutlass::Array<E, 2>*>(&sP(r, get<1>(cS(i, j)))) = convert(pair);
+          }
+          if ((tid & 3) == 0) st.corr[r] = corr[i];
+        }
+        cutlass::arch::fence_view_async_shared();
+        asm volatile("bar.arrive 2, 256;");  // P ready
+      };
+
+      float corr[kR];
+      typename Pipe::PipelineState read_v;
+      pipe.consumer_wait(read);
+      issue_qk(read.index());
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      mask(0);
+      softmax(corr);
+      publish(0, read.index(), corr);
+      ++read;
+      for (int n = 1; n < n_tiles; ++n) {
+        pipe.consumer_wait(read);
+        issue_qk(read.index());
+        issue_pv(read_v.index());
+        warpgroup_wait<1>();  // S done; P V still running
+        warpgroup_fence_operand(tSrS);
+        mask(n);
+        softmax(corr);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        pipe.consumer_release(read_v);
+        ++read_v;
+        rescale(corr);
+        asm volatile("bar.sync 3, 256;");  // warpgroup 2 is done with the previous P
+        publish(n, read.index(), corr);
+        ++read;
+      }
+      issue_pv(read_v.index());
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      pipe.consumer_release(read_v);
+
+      // The rows' sums (a row's 4 threads), 1 / sum for warpgroup 2, and the LSE.
+      CUTE_UNROLL
+      for (int i = 0; i < kR; ++i) {
+        float s = row_sum[i];
+        s += __shfl_xor_sync(0xffffffff, s, 1);
+        s += __shfl_xor_sync(0xffffffff, s, 2);
+        row_sum[i] = s;
+        const int r = get<0>(cS(i, 0));
+        if ((tid & 3) == 0) {
+          st.inv[r] = s > 0.f ? 1.f / s : 0.f;
+          if (row_ok(r)) {
+            const float l = s > 0.f ? logf(s) + row_max[i] * p.scale : -INFINITY;
+            if (single) {
+              p.lse[int64_t(b) * p.l_batch + int64_t(row_q(r)) * p.l_token + int64_t(row_h(r)) * p.l_head] = l;
+            } else {
+              p.part_lse[((int64_t(b) * p.s_q + row_q(r)) * p.hq + row_h(r)) * p.num_splits + split] = l;
+            }
+          }
+        }
+      }
+    } else {
+      for (int n = 0; n < n_tiles; ++n) {
+        pipe.consumer_wait(read);
+        asm volatile("bar.sync 2, 256;");  // P ready
+        float corr[kR];
+        CUTE_UNROLL
+        for (int i = 0; i < kR; ++i) corr[i] = st.corr[get<0>(cO(i, 0))];
+        rescale(corr);
+        issue_pv(read.index());
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        if (n + 1 < n_tiles) asm volatile("bar.arrive 3, 256;");  // P may be overwritten
+        pipe.consumer_release(read);
+        ++read;
+      }
+    }
+  } else {
+    // kTurns: the two consumer warpgroups take the tiles in turn. Warpgroup cw computes S = Q K^T
+    // and the softmax of tiles cw, cw + 2, ... ("its" tiles), publishes P and the rows' new
+    // maximum and adds P V for its half from registers; for the other warpgroup's tiles it moves
+    // to the published maximum and adds P V from the published P ("absorb"). Both follow the
+    // same running maximum; each sums the exponentials of its own tiles.
+    const int cw = half;
     typename Config::MmaQK mma_qk;
+    typename Config::MmaPVRegs mma_pr;
     auto thr_qk = mma_qk.get_thread_slice(tid);
+    auto thr_pr = mma_pr.get_thread_slice(tid);
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
     Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kBlockN>>{}));
     Tensor S = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
     Tensor cS = make_tensor(tScS.data(), rows_cols(tScS.layout()));
+    Tensor rP = make_tensor<E>(tSrS.layout());
+    Tensor tOrPr = make_tensor(rP.data(), acc_as_a(rP.layout()));
     static_assert(decltype(size<0>(S))::value == kR, "one row split for S and O");
     CUTE_UNROLL
     for (int i = 0; i < kR; ++i) {
       row_max[i] = -INFINITY;
       row_sum[i] = 0.f;
     }
-    auto issue_qk = [&](int stage) {  // S = Q K^T, issued
-      Tensor tSrK = thr_qk.partition_fragment_B(stage_k(stage));
+    // Tile n's ring slot: stage n % 2 in phase (n / 2) & 1 (both warpgroups read every tile).
+    auto tile = [](int n) { return typename Pipe::PipelineState(n % Config::kStages, (n / Config::kStages) & 1, n); };
+    auto sV = [&](int n) {  // this warpgroup's value half of tile n's stage
+      return make_tensor(make_smem_ptr(kv_base + (n % Config::kStages) * Config::kTileElems + cw * Config::kHalfOffset),
+                         typename Config::SmemVHalf{});
+    };
+    auto issue_qk = [&](int n) {  // S = Q K^T of tile n, issued
+      Tensor tSrK = thr_qk.partition_fragment_B(stage_k(n % Config::kStages));
       warpgroup_fence_operand(tSrS);
       warpgroup_arrive();
       mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
-      // 36 k-steps: fully unrolled, the loop-invariant Q descriptors (two registers each) are
-      // hoisted out of the tile loop and spill; by 9 they are not.
 #pragma unroll 9
       for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
         gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
@@ -328,7 +498,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
       }
       warpgroup_commit_batch();
     };
-    // Positions past each row's visible end to -inf (only tiles reaching past the first row's).
+    auto move_to = [&](const float (&corr)[kR]) {  // O and the sums to the rows' new maximum
+      rescale(corr);
+      CUTE_UNROLL
+      for (int i = 0; i < kR; ++i) row_sum[i] *= corr[i];
+    };
     auto mask = [&](int n) {
       const int t0 = start + n * kBlockN;
       if (t0 + kBlockN <= seqlen - p.s_q + 1) return;
@@ -342,76 +516,114 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
         }
       }
     };
-    auto softmax = [&](float (&corr)[kR]) { online_softmax(S, row_max, row_sum, corr, p.scale_log2); };
-    // P (rounded to E) and the rescale factors into shared memory for both warpgroups; value rows
-    // past the sequence zeroed in the last tile's stage (QK^T is done reading it).
-    auto publish = [&](int n, int stage, const float (&corr)[kR]) {
+    // Tile n's P (rounded to E) and the rows' maximum into shared memory for the other warpgroup,
+    // value rows past the sequence zeroed in the last tile's stage (QK^T is done reading it); the
+    // same P stays in registers for this warpgroup's own product.
+    auto publish = [&](int n) {
       const int valid = seqlen - (start + n * kBlockN);
       if (valid < kBlockN) {
-        Tensor sK = stage_k(stage);
+        Tensor sK = stage_k(n % Config::kStages);
         for (int idx = tid; idx < (kBlockN - valid) * (Config::kDV / 8); idx += 128) {
           const int t = valid + idx / (Config::kDV / 8), c = 8 * (idx % (Config::kDV / 8));
           *reinterpret_cast<uint4*>(&sK(t, c)) = make_uint4(0, 0, 0, 0);
         }
       }
+      constexpr int kN = decltype(size(tSrS))::value;
+      cutlass::NumericArrayConverter<E, float, kN> convert;
+      *reinterpret_cast<cutlass::Array<E, kN>*>(rP.data()) =
+          convert(*reinterpret_cast<const cutlass::Array<float, kN>*>(tSrS.data()));
+      Tensor P = make_tensor(rP.data(), rows_cols(rP.layout()));
       CUTE_UNROLL
       for (int i = 0; i < kR; ++i) {
         const int r = get<0>(cS(i, 0));
         CUTE_UNROLL
-        for (int j = 0; j < size<1>(S); j += 2) {
-          cutlass::Array<float, 2> pair;
-          pair[0] = S(i, j);
-          pair[1] = S(i, j + 1);
-          cutlass::NumericArrayConverter<E, float, 2> convert;
-          *reinterpret_cast<cutlass::Array<E, 2>*>(&sP(r, get<1>(cS(i, j)))) = convert(pair);
+        for (int j = 0; j < size<1>(P); j += 2) {
+          *reinterpret_cast<cutlass::Array<E, 2>*>(&sP(r, get<1>(cS(i, j)))) =
+              *reinterpret_cast<const cutlass::Array<E, 2>*>(&P(i, j));
         }
-        if ((tid & 3) == 0) st.corr[r] = corr[i];
+        if ((tid & 3) == 0) st.turns.max[r] = row_max[i];
       }
       cutlass::arch::fence_view_async_shared();
-      asm volatile("bar.arrive 2, 256;");  // P ready
+      asm volatile("bar.arrive %0, 256;" ::"r"(2 + cw));  // tile n published
+    };
+    // The other warpgroup's tile n: move to its maximum, then O += P V from the P it published.
+    auto absorb = [&](int n) {
+      asm volatile("bar.sync %0, 256;" ::"r"(3 - cw));  // tile n published
+      pipe.consumer_wait(tile(n));
+      float corr[kR];
+      CUTE_UNROLL
+      for (int i = 0; i < kR; ++i) {
+        const float mx = st.turns.max[get<0>(cO(i, 0))];
+        corr[i] = row_max[i] == -INFINITY ? 0.f : fast_exp2((row_max[i] - mx) * p.scale_log2);
+        row_max[i] = mx;
+      }
+      move_to(corr);
+      issue_pv(n % Config::kStages);
     };
 
-    float corr[kR];
-    typename Pipe::PipelineState read_v;
-    pipe.consumer_wait(read);
-    issue_qk(read.index());
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrS);
-    mask(0);
-    softmax(corr);
-    publish(0, read.index(), corr);
-    ++read;
-    for (int n = 1; n < n_tiles; ++n) {
-      pipe.consumer_wait(read);
-      issue_qk(read.index());
-      issue_pv(read_v.index());
-      warpgroup_wait<1>();  // S done; P V still running
+    int n = cw;
+    if (n < n_tiles) {
+      pipe.consumer_wait(tile(n));
+      issue_qk(n);
+    }
+    for (; n < n_tiles; n += 2) {
+      if (n > 0) {
+        absorb(n - 1);        // issued behind S = Q K^T of tile n
+        warpgroup_wait<1>();  // S done; the other tile's P V still running
+      } else {
+        warpgroup_wait<0>();
+      }
       warpgroup_fence_operand(tSrS);
       mask(n);
-      softmax(corr);
+      float corr[kR], sum[kR];
+      CUTE_UNROLL
+      for (int i = 0; i < kR; ++i) sum[i] = 0.f;
+      online_softmax(S, row_max, sum, corr, p.scale_log2);  // under the other tile's P V
+      if (n > 0) {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        pipe.consumer_release(tile(n - 1));
+      }
+      move_to(corr);
+      CUTE_UNROLL
+      for (int i = 0; i < kR; ++i) row_sum[i] += sum[i];
+      publish(n);
+      // O += P V of tile n from registers, waited here so that the stage is released before this
+      // warpgroup waits for its next tile, two ahead (two stages: the same one).
+      Tensor tOrV = thr_pr.partition_fragment_B(sV(n));
+      warpgroup_fence_operand(tOrO);
+      warpgroup_arrive();
+      gemm(mma_pr, tOrPr, tOrV, tOrO);
+      warpgroup_commit_batch();
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
-      pipe.consumer_release(read_v);
-      ++read_v;
-      rescale(corr);
-      asm volatile("bar.sync 3, 256;");  // warpgroup 2 is done with the previous P
-      publish(n, read.index(), corr);
-      ++read;
+      pipe.consumer_release(tile(n));
+      if (n + 2 < n_tiles) {
+        pipe.consumer_wait(tile(n + 2));
+        issue_qk(n + 2);
+      }
     }
-    issue_pv(read_v.index());
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tOrO);
-    pipe.consumer_release(read_v);
-
-    // The rows' sums (a row's 4 threads), 1 / sum for warpgroup 2, and the LSE.
+    if ((n_tiles - 1) % 2 != cw) {  // the last tile is the other warpgroup's
+      absorb(n_tiles - 1);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      pipe.consumer_release(tile(n_tiles - 1));
+    }
+    // The rows' sums: a row's 4 threads, then both warpgroups' (both now at the same maximum);
+    // 1 / sum into st.inv for the epilogue, the LSE by warpgroup 1.
     CUTE_UNROLL
     for (int i = 0; i < kR; ++i) {
       float s = row_sum[i];
       s += __shfl_xor_sync(0xffffffff, s, 1);
       s += __shfl_xor_sync(0xffffffff, s, 2);
-      row_sum[i] = s;
-      const int r = get<0>(cS(i, 0));
-      if ((tid & 3) == 0) {
+      if ((tid & 3) == 0) st.turns.sum[cw][get<0>(cO(i, 0))] = s;
+    }
+    asm volatile("bar.sync 4, 256;");
+    if (cw == 0 && (tid & 3) == 0) {
+      CUTE_UNROLL
+      for (int i = 0; i < kR; ++i) {
+        const int r = get<0>(cO(i, 0));
+        const float s = st.turns.sum[0][r] + st.turns.sum[1][r];
         st.inv[r] = s > 0.f ? 1.f / s : 0.f;
         if (row_ok(r)) {
           const float l = s > 0.f ? logf(s) + row_max[i] * p.scale : -INFINITY;
@@ -422,21 +634,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
           }
         }
       }
-    }
-  } else {
-    for (int n = 0; n < n_tiles; ++n) {
-      pipe.consumer_wait(read);
-      asm volatile("bar.sync 2, 256;");  // P ready
-      float corr[kR];
-      CUTE_UNROLL
-      for (int i = 0; i < kR; ++i) corr[i] = st.corr[get<0>(cO(i, 0))];
-      rescale(corr);
-      issue_pv(read.index());
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      if (n + 1 < n_tiles) asm volatile("bar.arrive 3, 256;");  // P may be overwritten
-      pipe.consumer_release(read);
-      ++read;
     }
   }
   asm volatile("bar.sync 4, 256;");  // st.inv written
