@@ -316,61 +316,79 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
   typename Pipe::PipelineState read;
   float row_sum[kR], row_max[kR];
 
+  // S = Q K^T and its mask, for the warpgroups that compute it (warpgroup 1; with kTurns both).
+  typename Config::MmaQK mma_qk;
+  auto thr_qk = mma_qk.get_thread_slice(tid);
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
+  Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kBlockN>>{}));
+  Tensor S = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
+  Tensor cS = make_tensor(tScS.data(), rows_cols(tScS.layout()));
+  static_assert(decltype(size<0>(S))::value == kR, "one row split for S and O");
+  auto issue_qk = [&](int stage) {  // S = Q K^T, issued
+    Tensor tSrK = thr_qk.partition_fragment_B(stage_k(stage));
+    warpgroup_fence_operand(tSrS);
+    warpgroup_arrive();
+    mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
+    // 36 k-steps: fully unrolled, the loop-invariant Q descriptors (two registers each) are
+    // hoisted out of the tile loop and spill; by 9 they are not.
+#pragma unroll 9
+    for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
+      gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
+      mma_qk.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+  };
+  // Positions past each row's visible end to -inf (only tiles reaching past the first row's).
+  auto mask = [&](int n) {
+    const int t0 = start + n * kBlockN;
+    if (t0 + kBlockN <= seqlen - p.s_q + 1) return;
+    const int col0 = get<1>(cS(0, 0));
+    CUTE_UNROLL
+    for (int i = 0; i < kR; ++i) {
+      const int limit = mla_mask_bound(get<0>(cS(i, 0)), t0, col0, p.block_h, p.s_q, seqlen);
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(S); ++j) {
+        if (get<1>(cS(i, j)) - col0 >= limit) S(i, j) = -INFINITY;
+      }
+    }
+  };
+  // Value rows past the sequence zeroed in tile n's stage (the last tile; QK^T is done reading it).
+  auto zero_tail = [&](int n, int stage) {
+    const int valid = seqlen - (start + n * kBlockN);
+    if (valid < kBlockN) {
+      Tensor sK = stage_k(stage);
+      for (int idx = tid; idx < (kBlockN - valid) * (Config::kDV / 8); idx += 128) {
+        const int t = valid + idx / (Config::kDV / 8), c = 8 * (idx % (Config::kDV / 8));
+        *reinterpret_cast<uint4*>(&sK(t, c)) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  // Row r's sum s (all of its tiles) and maximum mx: 1 / s for the epilogue and the LSE.
+  auto finish_row = [&](int r, float s, float mx) {
+    st.inv[r] = s > 0.f ? 1.f / s : 0.f;
+    if (row_ok(r)) {
+      const float l = s > 0.f ? logf(s) + mx * p.scale : -INFINITY;
+      if (single) {
+        p.lse[int64_t(b) * p.l_batch + int64_t(row_q(r)) * p.l_token + int64_t(row_h(r)) * p.l_head] = l;
+      } else {
+        p.part_lse[((int64_t(b) * p.s_q + row_q(r)) * p.hq + row_h(r)) * p.num_splits + split] = l;
+      }
+    }
+  };
+
   if constexpr (!Config::kTurns) {
     if (wg == 1) {
-      typename Config::MmaQK mma_qk;
-      auto thr_qk = mma_qk.get_thread_slice(tid);
-      Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
-      Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
-      Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kBlockN>>{}));
-      Tensor S = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
-      Tensor cS = make_tensor(tScS.data(), rows_cols(tScS.layout()));
-      static_assert(decltype(size<0>(S))::value == kR, "one row split for S and O");
       CUTE_UNROLL
       for (int i = 0; i < kR; ++i) {
         row_max[i] = -INFINITY;
         row_sum[i] = 0.f;
       }
-      auto issue_qk = [&](int stage) {  // S = Q K^T, issued
-        Tensor tSrK = thr_qk.partition_fragment_B(stage_k(stage));
-        warpgroup_fence_operand(tSrS);
-        warpgroup_arrive();
-        mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
-        // 36 k-steps: fully unrolled, the loop-invariant Q descriptors (two registers each) are
-        // hoisted out of the tile loop and spill; by 9 they are not.
-  #pragma unroll 9
-        for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
-          gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
-          mma_qk.accumulate_ = GMMA::ScaleOut::One;
-        }
-        warpgroup_commit_batch();
-      };
-      // Positions past each row's visible end to -inf (only tiles reaching past the first row's).
-      auto mask = [&](int n) {
-        const int t0 = start + n * kBlockN;
-        if (t0 + kBlockN <= seqlen - p.s_q + 1) return;
-        const int col0 = get<1>(cS(0, 0));
-        CUTE_UNROLL
-        for (int i = 0; i < kR; ++i) {
-          const int limit = mla_mask_bound(get<0>(cS(i, 0)), t0, col0, p.block_h, p.s_q, seqlen);
-          CUTE_UNROLL
-          for (int j = 0; j < size<1>(S); ++j) {
-            if (get<1>(cS(i, j)) - col0 >= limit) S(i, j) = -INFINITY;
-          }
-        }
-      };
       auto softmax = [&](float (&corr)[kR]) { online_softmax(S, row_max, row_sum, corr, p.scale_log2); };
       // P (rounded to E) and the rescale factors into shared memory for both warpgroups; value rows
       // past the sequence zeroed in the last tile's stage (QK^T is done reading it).
       auto publish = [&](int n, int stage, const float (&corr)[kR]) {
-        const int valid = seqlen - (start + n * kBlockN);
-        if (valid < kBlockN) {
-          Tensor sK = stage_k(stage);
-          for (int idx = tid; idx < (kBlockN - valid) * (Config::kDV / 8); idx += 128) {
-            const int t = valid + idx / (Config::kDV / 8), c = 8 * (idx % (Config::kDV / 8));
-            *reinterpret_cast<uint4*>(&sK(t, c)) = make_uint4(0, 0, 0, 0);
-          }
-        }
+        zero_tail(n, stage);
         CUTE_UNROLL
         for (int i = 0; i < kR; ++i) {
           const int r = get<0>(cS(i, 0));
@@ -428,17 +446,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
         s += __shfl_xor_sync(0xffffffff, s, 2);
         row_sum[i] = s;
         const int r = get<0>(cS(i, 0));
-        if ((tid & 3) == 0) {
-          st.inv[r] = s > 0.f ? 1.f / s : 0.f;
-          if (row_ok(r)) {
-            const float l = s > 0.f ? logf(s) + row_max[i] * p.scale : -INFINITY;
-            if (single) {
-              p.lse[int64_t(b) * p.l_batch + int64_t(row_q(r)) * p.l_token + int64_t(row_h(r)) * p.l_head] = l;
-            } else {
-              p.part_lse[((int64_t(b) * p.s_q + row_q(r)) * p.hq + row_h(r)) * p.num_splits + split] = l;
-            }
-          }
-        }
+        if ((tid & 3) == 0) finish_row(r, s, row_max[i]);
       }
     } else {
       for (int n = 0; n < n_tiles; ++n) {
@@ -463,18 +471,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
     // to the published maximum and adds P V from the published P ("absorb"). Both follow the
     // same running maximum; each sums the exponentials of its own tiles.
     const int cw = half;
-    typename Config::MmaQK mma_qk;
     typename Config::MmaPVRegs mma_pr;
-    auto thr_qk = mma_qk.get_thread_slice(tid);
     auto thr_pr = mma_pr.get_thread_slice(tid);
-    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
-    Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
-    Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kBlockN>>{}));
-    Tensor S = make_tensor(tSrS.data(), rows_cols(tSrS.layout()));
-    Tensor cS = make_tensor(tScS.data(), rows_cols(tScS.layout()));
     Tensor rP = make_tensor<E>(tSrS.layout());
     Tensor tOrPr = make_tensor(rP.data(), acc_as_a(rP.layout()));
-    static_assert(decltype(size<0>(S))::value == kR, "one row split for S and O");
     CUTE_UNROLL
     for (int i = 0; i < kR; ++i) {
       row_max[i] = -INFINITY;
@@ -486,48 +486,16 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
       return make_tensor(make_smem_ptr(kv_base + (n % Config::kStages) * Config::kTileElems + cw * Config::kHalfOffset),
                          typename Config::SmemVHalf{});
     };
-    auto issue_qk = [&](int n) {  // S = Q K^T of tile n, issued
-      Tensor tSrK = thr_qk.partition_fragment_B(stage_k(n % Config::kStages));
-      warpgroup_fence_operand(tSrS);
-      warpgroup_arrive();
-      mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll 9
-      for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
-        gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
-        mma_qk.accumulate_ = GMMA::ScaleOut::One;
-      }
-      warpgroup_commit_batch();
-    };
     auto move_to = [&](const float (&corr)[kR]) {  // O and the sums to the rows' new maximum
       rescale(corr);
       CUTE_UNROLL
       for (int i = 0; i < kR; ++i) row_sum[i] *= corr[i];
     };
-    auto mask = [&](int n) {
-      const int t0 = start + n * kBlockN;
-      if (t0 + kBlockN <= seqlen - p.s_q + 1) return;
-      const int col0 = get<1>(cS(0, 0));
-      CUTE_UNROLL
-      for (int i = 0; i < kR; ++i) {
-        const int limit = mla_mask_bound(get<0>(cS(i, 0)), t0, col0, p.block_h, p.s_q, seqlen);
-        CUTE_UNROLL
-        for (int j = 0; j < size<1>(S); ++j) {
-          if (get<1>(cS(i, j)) - col0 >= limit) S(i, j) = -INFINITY;
-        }
-      }
-    };
     // Tile n's P (rounded to E) and the rows' maximum into shared memory for the other warpgroup,
     // value rows past the sequence zeroed in the last tile's stage (QK^T is done reading it); the
     // same P stays in registers for this warpgroup's own product.
     auto publish = [&](int n) {
-      const int valid = seqlen - (start + n * kBlockN);
-      if (valid < kBlockN) {
-        Tensor sK = stage_k(n % Config::kStages);
-        for (int idx = tid; idx < (kBlockN - valid) * (Config::kDV / 8); idx += 128) {
-          const int t = valid + idx / (Config::kDV / 8), c = 8 * (idx % (Config::kDV / 8));
-          *reinterpret_cast<uint4*>(&sK(t, c)) = make_uint4(0, 0, 0, 0);
-        }
-      }
+      zero_tail(n, n % Config::kStages);
       constexpr int kN = decltype(size(tSrS))::value;
       cutlass::NumericArrayConverter<E, float, kN> convert;
       *reinterpret_cast<cutlass::Array<E, kN>*>(rP.data()) =
@@ -564,7 +532,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
     int n = cw;
     if (n < n_tiles) {
       pipe.consumer_wait(tile(n));
-      issue_qk(n);
+      issue_qk(n % Config::kStages);
     }
     for (; n < n_tiles; n += 2) {
       if (n > 0) {
@@ -600,7 +568,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
       pipe.consumer_release(tile(n));
       if (n + 2 < n_tiles) {
         pipe.consumer_wait(tile(n + 2));
-        issue_qk(n + 2);
+        issue_qk((n + 2) % Config::kStages);
       }
     }
     if ((n_tiles - 1) % 2 != cw) {  // the last tile is the other warpgroup's
@@ -623,16 +591,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
       CUTE_UNROLL
       for (int i = 0; i < kR; ++i) {
         const int r = get<0>(cO(i, 0));
-        const float s = st.turns.sum[0][r] + st.turns.sum[1][r];
-        st.inv[r] = s > 0.f ? 1.f / s : 0.f;
-        if (row_ok(r)) {
-          const float l = s > 0.f ? logf(s) + row_max[i] * p.scale : -INFINITY;
-          if (single) {
-            p.lse[int64_t(b) * p.l_batch + int64_t(row_q(r)) * p.l_token + int64_t(row_h(r)) * p.l_head] = l;
-          } else {
-            p.part_lse[((int64_t(b) * p.s_q + row_q(r)) * p.hq + row_h(r)) * p.num_splits + split] = l;
-          }
-        }
+        finish_row(r, st.turns.sum[0][r] + st.turns.sum[1][r], row_max[i]);
       }
     }
   }

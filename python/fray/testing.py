@@ -204,3 +204,20 @@ def stub_jit(monkeypatch):
     monkeypatch.setattr(jit, "build", lambda name, src, device: built.append((name, src)) or Kernel())
     monkeypatch.setattr(backend, "current_stream", lambda device: 0)
     return built, launched
+
+
+def run_host_check(source, tmp_path):
+    """Builds `source` (a C++ program printing "mismatches N") with nvcc against the headers the
+    JIT uses (Fray's and CUTLASS's) for sm_90a, runs it on the host and returns its output; raises
+    AssertionError unless it printed "mismatches 0". For kernels' index math checked without a
+    GPU (layouts, masks)."""
+    import subprocess
+    from fray import jit
+    src, exe = tmp_path / "check.cu", tmp_path / "check"
+    src.write_text(source)
+    subprocess.run([jit.nvcc_path(), "-std=c++17", "-O1", "--expt-relaxed-constexpr", "-arch=sm_90a",
+                    "-I" + jit.include_root(), "-I" + jit.cutlass_include(), str(src), "-o", str(exe)],
+                   check=True, capture_output=True, timeout=600)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "mismatches 0", run.stdout + run.stderr
+    return run.stdout

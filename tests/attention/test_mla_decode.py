@@ -19,7 +19,7 @@ from fray import _plan as P
 from fray import backend as B
 from fray.ops import attention as A
 from fray.reference import attention as ref
-from fray.testing import assert_close, stub_jit
+from fray.testing import assert_close, run_host_check, stub_jit
 
 INTERPRET = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                reason="needs TRITON_INTERPRET=1 (the Bazel CPU target sets it)")
@@ -729,16 +729,7 @@ def test_cuda_kernel_index_math_on_the_host(tmp_path):
     headers the JIT uses: the value halves read MN-major from the K-major cache tile address the
     same elements, the paged TMA boxes are sub-blocks of the tile at every block size, and the
     mask equals its definition for every element of S a thread holds."""
-    import subprocess
-    from fray import jit
-    src = tmp_path / "mla.cu"
-    src.write_text(_LAYOUT_CHECK)
-    exe = tmp_path / "mla"
-    subprocess.run([jit.nvcc_path(), "-std=c++17", "-O1", "--expt-relaxed-constexpr", "-arch=sm_90a",
-                    "-I" + jit.include_root(), "-I" + jit.cutlass_include(), str(src), "-o", str(exe)],
-                   check=True, capture_output=True, timeout=600)
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0 and run.stdout.strip() == "mismatches 0", run.stdout + run.stderr
+    run_host_check(_LAYOUT_CHECK, tmp_path)
 
 
 def test_cuda_kernel_compiles_for_sm90a(tmp_path, monkeypatch):
