@@ -649,18 +649,8 @@ int launch(const FrayArgs* args, char* err, int32_t err_len) {
   }
   int device = args->device;
   if (device < 0) cudaGetDevice(&device);
-  constexpr int kMaxDevices = 64;
-  static bool smem_set[kMaxDevices] = {};
   auto kernel = prefill_kernel<Config>;
-  if (!(device < kMaxDevices && smem_set[device])) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes);
-    if (e != cudaSuccess) {
-      jit_set_err(err, err_len, "prefill_sm90: cudaFuncSetAttribute(%d bytes of shared memory): %s",
-                  Config::kSmemBytes, cudaGetErrorString(e));
-      return 1;
-    }
-    if (device < kMaxDevices) smem_set[device] = true;
-  }
+  if (jit_opt_in_smem<Config>(kernel, Config::kSmemBytes, device, err, err_len, "prefill_sm90")) return 1;
   kernel<<<dim3(m_blocks, hq, batch), Config::kThreads, Config::kSmemBytes,
            reinterpret_cast<cudaStream_t>(args->stream)>>>(p);
   cudaError_t e = cudaGetLastError();

@@ -3,6 +3,7 @@
 // throwing across the library boundary.
 #pragma once
 
+#include <cuda_runtime_api.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -18,6 +19,24 @@ inline void jit_set_err(char* err, int32_t err_len, const char* fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(err, static_cast<size_t>(err_len), fmt, ap);
   va_end(ap);
+}
+
+// Opts `kernel` into `bytes` of dynamic shared memory on `device`: above 48 KB a kernel must, once
+// per device (cudaFuncSetAttribute is per device; repeating it costs a launch's worth of host
+// time). Tag: whose flag (one per kernel configuration). Returns 0, or 1 with the message set.
+template <class Tag, class Kernel>
+inline int jit_opt_in_smem(Kernel kernel, int bytes, int device, char* err, int32_t err_len, const char* tag) {
+  constexpr int kMaxDevices = 64;
+  static bool done[kMaxDevices] = {};
+  if (bytes <= (48 << 10) || (device >= 0 && device < kMaxDevices && done[device])) return 0;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess) {
+    jit_set_err(err, err_len, "%s: cudaFuncSetAttribute(%d bytes of shared memory): %s", tag, bytes,
+                cudaGetErrorString(e));
+    return 1;
+  }
+  if (device >= 0 && device < kMaxDevices) done[device] = true;
+  return 0;
 }
 
 }  // namespace fray

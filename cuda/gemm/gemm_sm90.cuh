@@ -379,18 +379,10 @@ int run_kernel(const typename Gemm::Arguments& arguments, void* workspace, int d
       return 1;
     }
   }
-  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device; the adapter's
-  // initialize() would repeat the call on every launch.
-  constexpr int kSmem = GemmKernel::SharedStorageSize;
-  static bool smem_set[kMaxDevices] = {};
-  if (kSmem >= (48 << 10) && !(device < kMaxDevices && smem_set[device])) {
-    cudaError_t e = cudaFuncSetAttribute(cutlass::device_kernel<GemmKernel>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (e != cudaSuccess) {
-      jit_set_err(err, err_len, "%s: cudaFuncSetAttribute(%d bytes of shared memory): %s", tag, kSmem, cudaGetErrorString(e));
-      return 1;
-    }
-    if (device < kMaxDevices) smem_set[device] = true;
+  // (the adapter's initialize() would repeat the opt-in on every launch)
+  if (jit_opt_in_smem<GemmKernel>(cutlass::device_kernel<GemmKernel>, GemmKernel::SharedStorageSize, device, err,
+                                  err_len, tag)) {
+    return 1;
   }
   typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(arguments, workspace);
   cutlass::Status st = Gemm::run(params, stream);

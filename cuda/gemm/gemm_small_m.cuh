@@ -747,20 +747,9 @@ int launch(const FrayArgs* args, char* err, int32_t err_len) {
   }
   auto kernel = Config::kernel();
   constexpr int kSmem = Config::kSmemBytes;
-  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
-  constexpr int kMaxDevices = 64;
-  static bool smem_set[kMaxDevices] = {};
   int device = args->device;
   if (device < 0) cudaGetDevice(&device);
-  if (kSmem > (48 << 10) && !(device < kMaxDevices && smem_set[device])) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (e != cudaSuccess) {
-      jit_set_err(err, err_len, "gemm_small_m: cudaFuncSetAttribute(%d bytes of shared memory): %s", kSmem,
-                  cudaGetErrorString(e));
-      return 1;
-    }
-    if (device < kMaxDevices) smem_set[device] = true;
-  }
+  if (jit_opt_in_smem<Config>(kernel, kSmem, device, err, err_len, "gemm_small_m")) return 1;
   const T* a_p = reinterpret_cast<const T*>(args->ptrs[0]);
   const W* b_p = reinterpret_cast<const W*>(args->ptrs[1]);
   const float* s_p = kScaled ? reinterpret_cast<const float*>(args->ptrs[4]) : nullptr;
