@@ -344,11 +344,11 @@ def _attention_cases():
                     q, kv, bt, lens = _mla_case(dt, torch.device("cuda"), hq=hq, page=page,
                                                 max_blocks=3 * 64 // page)
                     fray.mla_decode(q, kv, bt, lens, return_lse=True, num_splits=splits, backend=backend)
-                name = "mla_decode_%s_hq%d_split%d" % (d, hq, splits)
                 if backend == "cuda":
                     out["mla_cuda_%s_p%d_hq%d_split%d" % (d, page, hq, splits)] = _case(mla, 3 * 3 * 64 * 576)
                 else:
-                    out[name] = _case(mla, 3 * 3 * 64 * 576, unfiltered=True)
+                    out["mla_decode_%s_hq%d_split%d" % (d, hq, splits)] = _case(mla, 3 * 3 * 64 * 576,
+                                                                               unfiltered=True)
     return out
 
 

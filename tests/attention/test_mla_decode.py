@@ -430,7 +430,8 @@ def test_ops_layer_wiring_under_interpreter(monkeypatch):
     assert built == [A.mla_cuda_source(torch.bfloat16, 64)]
     (ptrs, ints, floats), = launched
     assert ptrs[:6] == (qs.data_ptr(), kv.data_ptr(), bt.data_ptr(), lens.data_ptr(), out.data_ptr(), lse.data_ptr())
-    assert ptrs[6] and ptrs[7]  # 3 splits: partials
+    # 3 splits: the partial outputs [B, s_q, Hq, splits, 512] then their LSEs, in one fp32 buffer
+    assert ptrs[6] and ptrs[7] == ptrs[6] + 3 * 2 * 16 * 3 * DV * 4
     # capacity 3 x 64 = 192 tokens in 3 splits of one tile
     assert ints == ((3, 2, 16, 16, 3, 64, 3, kv.shape[0]) + qs.stride()[:3] + kv.stride()[:2]
                     + (bt.stride(0),) + out.stride()[:3] + lse.stride()) and floats == (0.05,)

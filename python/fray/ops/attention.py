@@ -866,21 +866,16 @@ def _device_check_cu(cu_q, cu_k, total_q, total_k, max_q, max_k, block_table=Non
                          total_q, total_k, max_q, max_k, block_table, page)
 
 
-def _refuse_missing(op, backend):
-    why = B.missing_reason(op, backend)
-    if why:
-        raise RuntimeError("backend=%r cannot run %s: %s (use backend='triton' or 'auto')" % (backend, op, why))
-
-
 def _prefill_lse_shape(q, varlen):
     return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
 
 
+# The CUTLASS element types of the JIT-compiled attention kernels (prefill, MLA).
+_CUTLASS_T = {torch.bfloat16: "cutlass::bfloat16_t", torch.float16: "cutlass::half_t"}
 # The CUDA prefill kernel (cuda/attention/prefill_sm90.cuh): TMA + wgmma, a producer warpgroup
-# and two consumer warpgroups, one JIT translation unit per (dtype, D, causal). Key tile and ring
-# depth per head dim: 128-key tiles in two stages fill 160 KB of shared memory at D 128 (Q 32 KB,
-# K and V 64 KB each); D 256 takes 64-key tiles (192 KB).
-_PREFILL_CT = {torch.bfloat16: "cutlass::bfloat16_t", torch.float16: "cutlass::half_t"}
+# and two consumer warpgroups, one JIT translation unit per (dtype, D, causal, block size). At D
+# 128, 128-key tiles in two stages fill 160 KB of shared memory (Q 32 KB, K and V 64 KB each); D
+# 256 takes 64-key tiles (192 KB).
 # (D, causal) -> (key tile, ring stages, overlap, ping-pong): the fastest of the schedules in
 # cuda/attention/prefill_sm90.cuh as measured at B2 Hq32 Hkv8 S8192 / S16384 (bench/NOTES.md;
 # bench/micro/prefill_schedules.py sweeps them). The paged kernel takes the same tile where it is
@@ -913,7 +908,7 @@ def prefill_cuda_source(dtype, d, causal, page=0):
     cpp = ("false", "true")
     src = ('#include "cuda/attention/prefill_sm90.cuh"\n'
            "using Config = fray::attention::PrefillConfig<%s, %d, %d, %d, %s, %s, %s%s>;\nFRAY_PREFILL_ENTRY(Config)\n"
-           % (_PREFILL_CT[dtype], d, bn, stages, cpp[causal], cpp[overlap], cpp[pingpong],
+           % (_CUTLASS_T[dtype], d, bn, stages, cpp[causal], cpp[overlap], cpp[pingpong],
               ", %d" % page if page else ""))
     return name, src
 
@@ -924,7 +919,7 @@ def _prefill_cuda_layout_reason(q, k, v, out, block_table=None):
     if block_table is not None and k.shape[1] < 16:
         return ("paged K/V with block size %d runs on Triton: the CUDA kernel loads a page as one TMA box of "
                 "whole 8-row swizzle atoms (block sizes 16 to 128)" % k.shape[1])
-    if q.dtype not in _PREFILL_CT:
+    if q.dtype not in _CUTLASS_T:
         return "the CUDA prefill kernel takes bf16 and fp16 (got %s; fp32 runs on Triton)" % V.DTYPE_NAMES[q.dtype]
     for name, t in (("q", q), ("k", k), ("v", v)):
         if any(st % 8 for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
@@ -1120,7 +1115,6 @@ def prefill_attention(q, k, v, *, causal=True, cu_seqlens_q=None, cu_seqlens_k=N
         if plan is not None:
             return _prefill_launch(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, out, return_lse)
     V.require_backend(backend, B.BACKENDS)
-    _refuse_missing("prefill_attention", backend)
     _refuse_features(window_left, logits_soft_cap, sinks)
     for name, flag in (("causal", causal), ("return_lse", return_lse)):
         if not isinstance(flag, bool):
@@ -1262,7 +1256,7 @@ def mla_cuda_source(dtype, page, turns=None):
     name = "mla_sm90_%s_page%d%s" % (V.DTYPE_NAMES[dtype], page, "_turns" if turns else "")
     src = ('#include "cuda/attention/mla_sm90.cuh"\n'
            "using Config = fray::attention::MlaConfig<%s, %d%s>;\nFRAY_MLA_ENTRY(Config)\n"
-           % (_PREFILL_CT[dtype], page, ", true" if turns else ""))
+           % (_CUTLASS_T[dtype], page, ", true" if turns else ""))
     return name, src
 
 
@@ -1284,7 +1278,7 @@ def mla_cuda_plan(batch, s_q, hq, dtype, capacity, num_splits, num_sms):
 def _mla_cuda_layout_reason(q, kv, out):
     """Why the CUDA MLA kernel cannot take these tensors' dtype / strides, or None (pointers are
     checked per call)."""
-    if q.dtype not in _PREFILL_CT:
+    if q.dtype not in _CUTLASS_T:
         return "the CUDA MLA kernel takes bf16 and fp16 (got %s; fp32 runs on Triton)" % V.DTYPE_NAMES[q.dtype]
     for name, t in (("q", q), ("kv_cache", kv)):
         if any(st % 8 for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
@@ -1312,12 +1306,13 @@ class _MlaPlan:
             return
         if self.kernel is not None:
             if (q.data_ptr() | kv.data_ptr()) % 16 == 0 and out.data_ptr() % 4 == 0:
-                po = pl = None
-                if self.parts is not None:  # the splits' partials, merged by the kernel's second launch
-                    po = torch.empty(self.parts + (MLA_HEAD_DIM_V,), dtype=torch.float32, device=q.device)
-                    pl = torch.empty(self.parts, dtype=torch.float32, device=q.device)
+                po = pl = 0
+                if self.parts:  # the splits' partials (outputs, then LSEs), merged by the kernel's second launch
+                    parts = torch.empty(self.parts * (MLA_HEAD_DIM_V + 1), dtype=torch.float32, device=q.device)
+                    po = parts.data_ptr()
+                    pl = po + self.parts * MLA_HEAD_DIM_V * 4
                 ptrs = (q.data_ptr(), kv.data_ptr(), block_table.data_ptr(), lens.data_ptr(), out.data_ptr(),
-                        lse.data_ptr(), po.data_ptr() if po is not None else 0, pl.data_ptr() if pl is not None else 0)
+                        lse.data_ptr(), po, pl)
                 self.kernel.launch(ptrs, self.ints, (self.scale,), self.dev, B.current_stream(q.device))
                 return
             if self.forced:
@@ -1347,7 +1342,7 @@ def _mla_plan(q, kv, block_table, out, lse, scale, num_splits, backend):
     p.q_strides, p.out_strides, p.lse_strides = q.stride()[:3], out.stride()[:3], lse.stride()
     p.kv_strides, p.bt_stride = (kv.stride(0), kv.stride(1)), block_table.stride(0)
     p.lse_shape = tuple(lse.shape)
-    p.kernel, p.ints, p.parts, p.forced = None, None, None, be == "cuda" and not _auto(backend)
+    p.kernel, p.ints, p.parts, p.forced = None, None, 0, be == "cuda" and not _auto(backend)
     if be == "cuda" and p.capacity > 0:
         why = _mla_cuda_layout_reason(q, kv, out)
         if why and p.forced:
@@ -1357,7 +1352,7 @@ def _mla_plan(q, kv, block_table, out, lse, scale, num_splits, backend):
             p.kernel = jit.build(*mla_cuda_source(q.dtype, p.page), device=p.dev)
             block_h, splits, split_size = mla_cuda_plan(batch, s_q, hq, q.dtype, p.capacity, num_splits or None,
                                                         B.num_sms(p.dev))
-            p.parts = (batch, s_q, hq, splits) if splits > 1 else None
+            p.parts = batch * s_q * hq * splits if splits > 1 else 0  # partial rows, one allocation a call
             # a dimension of size 1 is never stepped along: its stride is free in torch, 0 here
             qs, os_ = [tuple(0 if n == 1 else st for st, n in zip(t.stride()[:3], t.shape[:3])) for t in (q, out)]
             p.ints = ((batch, s_q, hq, block_h, splits, split_size, block_table.shape[1], kv.shape[0]) + qs
