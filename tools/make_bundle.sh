@@ -18,6 +18,8 @@ RF=$BIN/gpu_bundle.runfiles/_main
 rm -rf "$DEST"
 mkdir -p "$DEST"
 for d in tests bench; do cp -rL "$RF/$d" "$DEST/$d"; done
+# bench/micro's Python experiments (not Bazel targets) run from the bundle too
+mkdir -p "$DEST/bench/micro" && cp bench/micro/*.py "$DEST/bench/micro/"
 mkdir -p "$DEST/wheels"
 cp "$BIN"/fray-*-cp312-cp312-linux_x86_64.whl "$DEST/wheels/"
 find "$DEST" -name '__pycache__' -prune -exec rm -rf {} +
