@@ -30,9 +30,17 @@
 // sequence's last key reload its last page (they are masked, and V's rows zeroed, like any key
 // past the end). Table entries are used as given: TMA fills a page outside the pool with zeros.
 //
+// Persistent (kPersistent): one CTA per SM instead of one per query tile. The CTAs walk the tiles
+// in one order, CTA i taking tiles i, i + grid, i + 2 grid, ...: the last query tile of every
+// (sequence, head) first, then the one before, and so on (causal: the tiles that see the most
+// keys first; varlen: the long sequences' tiles first, as only they have the high tile indices),
+// heads fastest so that the query heads sharing a K/V head run side by side. The producer starts
+// a tile's loads as soon as the ring has room and the consumers are done with the previous tile's
+// Q (barrier bar_q_empty), so they overlap the previous tile's last products and epilogue.
+//
 // Template parameters: PrefillConfig<Element (cutlass::bfloat16_t / cutlass::half_t), HeadDim
 // (64, 128, 256), BlockN (key tile), Stages (ring depth), Causal, Overlap, PingPong, Page (0:
-// contiguous K / V; 16, 32, 64 or 128: paged)>.
+// contiguous K / V; 16, 32, 64 or 128: paged), Persistent>.
 //
 // Slots: ptrs = (q, k, v, out, lse, cu_seqlens_q or 0, cu_seqlens_k or 0, block_table or 0);
 // ints = (batch, Hq, Hkv, rows_q, rows_k, max_seqlen_q, seqlen_q, seqlen_k,
@@ -64,13 +72,14 @@
 
 #include "cuda/attention/wgmma_softmax.cuh"
 #include "cuda/common/jit_entry.h"
+#include "cuda/common/launch.h"
 #include "cuda/common/launch_abi.h"
 
 namespace fray {
 namespace attention {
 
 template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kCausal_, bool kOverlap_ = false,
-          bool kPingPong_ = false, int kPage_ = 0>
+          bool kPingPong_ = false, int kPage_ = 0, bool kPersistent_ = false>
 struct PrefillConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -81,6 +90,7 @@ struct PrefillConfig {
   static constexpr bool kOverlap = kOverlap_;  // tile n's softmax under tile n+1's P V
   static constexpr bool kPingPong = kPingPong_;  // the consumer warpgroups take turns (needs kOverlap)
   static constexpr int kPage = kPage_;  // 0: contiguous K / V; else the pools' page size
+  static constexpr bool kPersistent = kPersistent_;  // one CTA per SM walking the tiles
   static constexpr int kBoxN = kPage == 0 || kPage >= kBlockN_ ? kBlockN_ : kPage;  // key rows per TMA box
   static constexpr int kConsumers = kBlockM / 64;  // warpgroups, 64 query rows each
   static constexpr int kThreads = 128 * (kConsumers + 1);
@@ -132,6 +142,7 @@ struct PrefillConfig {
     typename PipelineK::SharedStorage pipe_k;
     typename PipelineV::SharedStorage pipe_v;
     cutlass::arch::ClusterTransactionBarrier bar_q;
+    cutlass::arch::ClusterBarrier bar_q_empty;  // persistent: the consumers are done with Q
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "tiles exceed the SM's shared memory");
@@ -139,9 +150,10 @@ struct PrefillConfig {
   static void describe(char* buf, int n) {
     char page[24] = "";
     if (kPage) snprintf(page, sizeof(page), " paged %d", kPage);
-    snprintf(buf, n, "prefill_sm90 %s D%d tile %dx%d stages %d %s%s%s%s",
+    snprintf(buf, n, "prefill_sm90 %s D%d tile %dx%d stages %d %s%s%s%s%s",
              cute::is_same_v<Element, cutlass::bfloat16_t> ? "bf16" : "fp16", kHeadDim, kBlockM, kBlockN,
-             kStages, kCausal ? "causal" : "full", kOverlap ? " overlap" : "", kPingPong ? " pingpong" : "", page);
+             kStages, kCausal ? "causal" : "full", kOverlap ? " overlap" : "", kPingPong ? " pingpong" : "", page,
+             kPersistent ? " persistent" : "");
   }
 };
 
@@ -188,6 +200,7 @@ struct Params {
   int64_t bt_row;
   int32_t max_blocks;
   int32_t hq, group;  // group = Hq / Hkv
+  int32_t batch, m_blocks, tiles;  // persistent: tiles = m_blocks * hq * batch
   int32_t rows_q, rows_k, max_seqlen_q, seqlen_q, seqlen_k;
   int64_t o_batch, o_token, o_head, lse_batch, lse_head;
   float scale_log2;  // softmax scale * log2(e)
@@ -213,6 +226,56 @@ __device__ __forceinline__ int key_tiles(int m_block, int seqlen_q, int seqlen_k
   return n_max;
 }
 
+// One work tile: query tile m_block of sequence b, query head h.
+struct Tile {
+  int m_block, h, b;
+};
+
+// The persistent order's tile t of m_blocks x hq x batch: the last query tile of every (sequence,
+// head) first, heads fastest.
+CUTE_HOST_DEVICE Tile persistent_tile(int t, int m_blocks, int hq, int batch) {
+  const int per_m = hq * batch;
+  const int r = t % per_m;
+  return {m_blocks - 1 - t / per_m, r % hq, r / hq};
+}
+
+// Tile t of the grid's order: persistent_tile; otherwise the CTA's own, causal ones in reverse so
+// that the longest start first.
+template <class Config>
+__device__ __forceinline__ Tile tile_of(const Params<Config>& p, int t) {
+  if constexpr (Config::kPersistent) {
+    return persistent_tile(t, p.m_blocks, p.hq, p.batch);
+  } else {
+    return {Config::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x), int(blockIdx.y),
+            int(blockIdx.z)};
+  }
+}
+
+// Sequence b's rows: varlen offsets clamped into the packed rows, queries cut at max_seqlen_q.
+struct Sequence {
+  int q_start, k_start, seqlen_q, seqlen_k, tma_b;
+};
+
+template <class Config>
+__device__ __forceinline__ Sequence sequence_of(const Params<Config>& p, int b) {
+  Sequence s{0, 0, p.seqlen_q, p.seqlen_k, b};
+  if (p.cu_q != nullptr) {  // (the paged kernel takes only this form)
+    s.q_start = min(max(p.cu_q[b], 0), p.rows_q);
+    const int q_end = min(max(p.cu_q[b + 1], s.q_start), p.rows_q);
+    s.seqlen_q = min(q_end - s.q_start, p.max_seqlen_q);
+    if constexpr (Config::kPage == 0) {
+      s.k_start = min(max(p.cu_k[b], 0), p.rows_k);
+      const int k_end = min(max(p.cu_k[b + 1], s.k_start), p.rows_k);
+      s.seqlen_k = k_end - s.k_start;
+    } else {  // keys through the block table: cu_seqlens_k only counts them
+      s.seqlen_k =
+          int(min(max(int64_t(p.cu_k[b + 1]) - p.cu_k[b], int64_t(0)), int64_t(p.max_blocks) * Config::kPage));
+    }
+    s.tma_b = 0;
+  }
+  return s;
+}
+
 template <class Config>
 __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __grid_constant__ Params<Config> p) {
   using E = typename Config::Element;
@@ -221,27 +284,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
   extern __shared__ __align__(1024) char smem_raw[];
   Storage& st = *reinterpret_cast<Storage*>(smem_raw);
 
-  const int m_block = Config::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int hk = h / p.group;
-
-  // This sequence's rows: varlen offsets clamped into the packed rows, queries cut at max_seqlen_q.
-  int q_start = 0, k_start = 0, seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, tma_b = b;
-  if (p.cu_q != nullptr) {  // (the paged kernel takes only this form)
-    q_start = min(max(p.cu_q[b], 0), p.rows_q);
-    const int q_end = min(max(p.cu_q[b + 1], q_start), p.rows_q);
-    seqlen_q = min(q_end - q_start, p.max_seqlen_q);
-    if constexpr (Config::kPage == 0) {
-      k_start = min(max(p.cu_k[b], 0), p.rows_k);
-      const int k_end = min(max(p.cu_k[b + 1], k_start), p.rows_k);
-      seqlen_k = k_end - k_start;
-    } else {  // keys through the block table: cu_seqlens_k only counts them
-      seqlen_k = int(min(max(int64_t(p.cu_k[b + 1]) - p.cu_k[b], int64_t(0)), int64_t(p.max_blocks) * Config::kPage));
-    }
-    tma_b = 0;
+  // The CTA's tiles: persistent, t = blockIdx.x, + gridDim.x, ... below p.tiles; otherwise its one.
+  const int t_first = Config::kPersistent ? int(blockIdx.x) : 0;
+  const int t_end = Config::kPersistent ? p.tiles : 1;
+  const int t_step = Config::kPersistent ? int(gridDim.x) : 1;
+  if constexpr (!Config::kPersistent) {
+    const Tile tile = tile_of(p, 0);
+    if (tile.m_block * kBlockM >= sequence_of(p, tile.b).seqlen_q) return;  // the whole CTA, before any barrier
   }
-  if (m_block * kBlockM >= seqlen_q) return;  // the whole CTA, before any barrier
-  const int n_max = key_tiles<Config>(m_block, seqlen_q, seqlen_k);
 
   const int warp = cutlass::canonical_warp_idx_sync();
   const int wg = cutlass::canonical_warp_group_idx();
@@ -258,6 +308,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
   PipeV pipe_v(st.pipe_v, pk, Shape<_1, _1, _1>{});
   if (warp == 0 && cute::elect_one_sync()) {
     st.bar_q.init(1);
+    if constexpr (Config::kPersistent) st.bar_q_empty.init(128 * Config::kConsumers);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -268,14 +319,23 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
 
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<24>();
-    if (!leader || n_max <= 0) return;
+    if (!leader) return;
+    auto write = cutlass::make_producer_start_state<PipeK>();
+    int q_loads = 0;  // tiles whose Q was loaded (bar_q's phase; persistent: bar_q_empty's)
+    for (int t = t_first; t < t_end; t += t_step) {
+    const auto [m_block, h, b] = tile_of(p, t);
+    const auto [q_start, k_start, seqlen_q, seqlen_k, tma_b] = sequence_of(p, b);
+    const int hk = h / p.group;
+    const int n_max = m_block * kBlockM < seqlen_q ? key_tiles<Config>(m_block, seqlen_q, seqlen_k) : 0;
+    if (n_max <= 0) continue;
+    if (Config::kPersistent && q_loads > 0) st.bar_q_empty.wait((q_loads - 1) & 1);
+    ++q_loads;
     Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q)(_, _, h, tma_b);
     Tensor gQ = local_tile(domain_offset(make_coord(q_start, _0{}), mQ), Shape<Int<kBlockM>, Int<kD>>{},
                            make_coord(m_block, _0{}));
     auto [tQg, tQs] = tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
     st.bar_q.arrive_and_expect_tx(kBlockM * kD * int(sizeof(E)));
     copy(p.tma_q.with(reinterpret_cast<uint64_t&>(st.bar_q), 0), tQg, tQs);
-    auto write = cutlass::make_producer_start_state<PipeK>();
     if constexpr (Config::kPage == 0) {
       Tensor mK = p.tma_k.get_tma_tensor(p.shape_k)(_, _, hk, tma_b);
       Tensor mV = p.tma_v.get_tma_tensor(p.shape_v)(_, _, hk, tma_b);
@@ -328,6 +388,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
         ++write;
       }
     }
+    }  // tiles
     return;
   }
 
@@ -353,15 +414,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
   static_assert(kRows == decltype(size<0>(O))::value, "one row split for S and O");
 
   float row_max[kRows], row_sum[kRows];
-  CUTE_UNROLL
-  for (int i = 0; i < kRows; ++i) {
-    row_max[i] = -INFINITY;
-    row_sum[i] = 0.f;
-  }
-  clear(tOrO);
-  const int diag = seqlen_k - seqlen_q;  // causal: key j visible from query i iff j <= i + diag
-
-  if (n_max > 0) st.bar_q.wait(0);
+  // The tile's coordinates (set per tile below; the steps' lambdas read them).
+  int m_block = 0, h = 0, b = 0, q_start = 0, seqlen_q = 0, seqlen_k = 0, n_max = 0;
+  int diag = 0;  // causal: key j visible from query i iff j <= i + diag
 
   // The steps of one key tile, shared by both schedules below.
   auto issue_qk = [&](int stage) {  // S = Q K^T, issued (the caller waits)
@@ -436,6 +491,26 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
 
   typename PipeK::PipelineState read;
   float corr[kRows];
+  int q_loads = 0;  // tiles whose Q was loaded: bar_q's phase
+  for (int t = t_first; t < t_end; t += t_step) {
+  {
+    const Tile tile = tile_of(p, t);
+    m_block = tile.m_block, h = tile.h, b = tile.b;
+  }
+  {
+    const Sequence sq = sequence_of(p, b);
+    q_start = sq.q_start, seqlen_q = sq.seqlen_q, seqlen_k = sq.seqlen_k;
+  }
+  if (m_block * kBlockM >= seqlen_q) continue;  // (persistent only: the grid's own tile exists)
+  n_max = key_tiles<Config>(m_block, seqlen_q, seqlen_k);
+  diag = seqlen_k - seqlen_q;
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    row_max[i] = -INFINITY;
+    row_sum[i] = 0.f;
+  }
+  clear(tOrO);
+  if (n_max > 0) st.bar_q.wait(q_loads & 1);
   if constexpr (!Config::kOverlap) {
     for (int n = n_max - 1; n >= 0; --n) {
       pipe_k.consumer_wait(read);
@@ -515,6 +590,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
     warpgroup_fence_operand(tOrO);
     pipe_v.consumer_release(read_v);
   }
+  if (n_max > 0) {  // every product that reads Q is done: the producer may load the next tile's
+    ++q_loads;
+    if constexpr (Config::kPersistent) st.bar_q_empty.arrive();
+  }
 
   // Epilogue: O / sum, rows past the sequence not written; lse = ln(sum) + max * scale.
   float inv[kRows];
@@ -549,6 +628,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
       }
     }
   }
+  }  // tiles
 }
 
 template <class Config>
@@ -643,16 +723,22 @@ int launch(const FrayArgs* args, char* err, int32_t err_len) {
   const int q_len = varlen ? max_seqlen_q : seqlen_q;
   const int m_blocks = (q_len + Config::kBlockM - 1) / Config::kBlockM;
   if (batch == 0 || hq == 0 || m_blocks == 0) return 0;
-  if (batch > 65535 || hq > 65535) {
-    jit_set_err(err, err_len, "prefill_sm90: batch %d / heads %d exceed the grid's 65535", batch, hq);
+  const int64_t tiles = int64_t(m_blocks) * hq * batch;
+  if (Config::kPersistent ? tiles > INT32_MAX : (batch > 65535 || hq > 65535)) {
+    jit_set_err(err, err_len, "prefill_sm90: batch %d x heads %d x %d query tiles exceed the grid", batch, hq,
+                m_blocks);
     return 1;
   }
+  p.batch = batch;
+  p.m_blocks = m_blocks;
+  p.tiles = int32_t(tiles);
   int device = args->device;
   if (device < 0) cudaGetDevice(&device);
   auto kernel = prefill_kernel<Config>;
   if (jit_opt_in_smem<Config>(kernel, Config::kSmemBytes, device, err, err_len, "prefill_sm90")) return 1;
-  kernel<<<dim3(m_blocks, hq, batch), Config::kThreads, Config::kSmemBytes,
-           reinterpret_cast<cudaStream_t>(args->stream)>>>(p);
+  const dim3 grid = Config::kPersistent ? dim3(unsigned(min<int64_t>(tiles, sm_count(device))))
+                                        : dim3(m_blocks, hq, batch);
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, reinterpret_cast<cudaStream_t>(args->stream)>>>(p);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
     jit_set_err(err, err_len, "prefill_sm90: launch failed: %s", cudaGetErrorString(e));

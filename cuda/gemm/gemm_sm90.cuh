@@ -43,6 +43,7 @@
 #include "cutlass/numeric_types.h"
 
 #include "cuda/common/jit_entry.h"
+#include "cuda/common/launch.h"
 #include "cuda/common/launch_abi.h"
 
 namespace fray {
@@ -178,24 +179,8 @@ namespace detail {
 
 using ::fray::jit_set_err;
 
-constexpr int kMaxDevices = 64;
-
-// The SM count feeds the persistent grid; cudaDeviceGetAttribute is cheap but not free on the
-// eager path, so it is read once per device.
-inline int sm_count(int device) {
-  static int counts[kMaxDevices] = {};
-  if (device < 0 || device >= kMaxDevices) {
-    int n = 0;
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
-    return n;
-  }
-  if (counts[device] == 0) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
-    counts[device] = n;
-  }
-  return counts[device];
-}
+// The SM count feeds the persistent grid (read once per device: cuda/common/launch.h).
+using ::fray::sm_count;
 
 inline bool aligned16(uint64_t addr) { return (addr & 15u) == 0; }
 

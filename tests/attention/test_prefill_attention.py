@@ -715,10 +715,17 @@ def test_cuda_kernel_compiles_for_sm90a(tmp_path, monkeypatch):
     lib.fray_jit_describe.restype = ctypes.c_char_p
     assert lib.fray_jit_describe().decode() == ("prefill_sm90 fp16 D256 tile 128x64 stages 2 full overlap pingpong "
                                                 "paged 16")
+    # the persistent grid (PREFILL_CUDA_PERSISTENT), paged and not
+    for page, tail in ((0, ""), (64, " paged 64")):
+        lib = ctypes.CDLL(str(jit.compile_only(*A.prefill_cuda_source(torch.bfloat16, 128, True, page, persistent=True))))
+        lib.fray_jit_describe.restype = ctypes.c_char_p
+        assert lib.fray_jit_describe().decode() == ("prefill_sm90 bf16 D128 tile 128x128 stages 2 causal overlap "
+                                                    "pingpong%s persistent" % tail)
 
 
 _BOX_CHECK = r"""
 #include <cstdio>
+#include <vector>
 #include "cuda/attention/prefill_sm90.cuh"
 using namespace cute;
 // Every TMA box of a paged stage must be a sub-block of the K / V tile: box i's element (r, c) at
@@ -774,8 +781,31 @@ template <bool Causal, int BN> int check_mask() {
   }
   return bad;
 }
+// The persistent grid's order visits every (query tile, head, sequence) once, query tiles from
+// the last down, heads fastest.
+int check_order() {
+  int bad = 0;
+  for (int m_blocks : {1, 3, 64})
+    for (int hq : {1, 5, 32})
+      for (int batch : {1, 2, 7}) {
+        std::vector<int> seen(m_blocks * hq * batch, 0);
+        int prev = m_blocks;
+        for (int t = 0; t < m_blocks * hq * batch; ++t) {
+          const fray::attention::detail::Tile x = fray::attention::detail::persistent_tile(t, m_blocks, hq, batch);
+          bad += x.m_block < 0 || x.m_block >= m_blocks || x.h < 0 || x.h >= hq || x.b < 0 || x.b >= batch;
+          bad += x.m_block > prev || (t > 0 && x.m_block == prev && t % (hq * batch) == 0);
+          bad += t + 1 < m_blocks * hq * batch && x.h + 1 < hq &&
+                 fray::attention::detail::persistent_tile(t + 1, m_blocks, hq, batch).h != x.h + 1;
+          prev = x.m_block;
+          if (!bad) ++seen[(x.m_block * batch + x.b) * hq + x.h];
+        }
+        for (int c : seen) bad += c != 1;
+      }
+  return bad;
+}
 int main() {
-  int bad = one<64, 128, 3, true, 16>() + one<64, 128, 3, true, 32>() + one<64, 128, 3, true, 64>() +
+  int bad = check_order();
+  bad += one<64, 128, 3, true, 16>() + one<64, 128, 3, true, 32>() + one<64, 128, 3, true, 64>() +
             one<64, 128, 3, true, 128>() + one<128, 128, 2, false, 16>() + one<128, 128, 2, false, 32>() +
             one<128, 128, 2, false, 64>() + one<128, 128, 2, false, 128>() + one<256, 64, 2, true, 16>() +
             one<256, 64, 2, true, 32>() + one<256, 64, 2, true, 64>() + one<256, 64, 2, true, 128>();
@@ -790,7 +820,9 @@ def test_cuda_kernel_index_math_on_the_host(tmp_path):
     """The CUDA kernel's index math, run on the host by a program nvcc builds against the CUTLASS
     headers the JIT uses: the paged kernel's TMA box layouts (PrefillConfig::SmemKBox / SmemVBox)
     address exactly the tile's elements, swizzle included, at every shipped head dim and page
-    size; the mask (mask_bound) equals its definition for every consumer thread's elements."""
+    size; the mask (mask_bound) equals its definition for every consumer thread's elements; the
+    persistent grid's tile order (persistent_tile) visits every tile once, the last query tiles
+    first, heads fastest."""
     run_host_check(_BOX_CHECK, tmp_path)
 
 
@@ -848,6 +880,40 @@ def test_gpu_cuda_long_sequences_and_garbage_past_the_keys(cuda, causal, d):
     assert (y[rows:] == 7.0).all(), "padding rows written"
     _check(y, lse, _expected(q[:rows], k[:sum(lens_k)], v[:sum(lens_k)], cu_q, cu_k, causal), torch.bfloat16,
            "long D=%d causal=%s" % (d, causal), rows=rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("d,dtype,page", [(128, torch.bfloat16, 0), (64, torch.float16, 0), (256, torch.bfloat16, 0),
+                                          (128, torch.float16, 64)])
+def test_gpu_cuda_persistent_grid(cuda, monkeypatch, causal, d, dtype, page):
+    """The persistent grid (PREFILL_CUDA_PERSISTENT): one CTA per SM walking ~9 tiles each, so Q
+    is reloaded under bar_q_empty, the rings' phases carry over from tile to tile and the
+    ping-pong turns restart per tile; sequences without queries or keys and the query tiles past a
+    sequence's end are skipped; against the reference, varlen (contiguous or paged K / V) and
+    batched."""
+    monkeypatch.setattr(A, "PREFILL_CUDA_PERSISTENT", True)
+    monkeypatch.setattr(P, "PLANS", P.PlanCache())
+    built = []
+    real = A.prefill_cuda_source
+    monkeypatch.setattr(A, "prefill_cuda_source", lambda *a, **kw: built.append(real(*a, **kw)[0]) or real(*a, **kw))
+    lens_q, lens_k = [1000, 0, 1500, 63, 1, 700], [1000, 5, 1500, 129, 300, 0]
+    what = "persistent D%d %s causal=%s page %d" % (d, dtype, causal, page)
+    if page:
+        (q, k, v, cu_q, cu_k, _, _, _), y, lse = _gpu_paged(cuda, dtype, lens_q, lens_k, 16, 4, d, page, 11,
+                                                            causal=causal, backend="cuda")
+    else:
+        (q, k, v, cu_q, cu_k), y, lse = _gpu_varlen(cuda, dtype, lens_q, lens_k, 16, 4, d, 11, causal, backend="cuda")
+    torch.cuda.synchronize()
+    _check(y, lse, _expected(q, k, v, cu_q, cu_k, causal), dtype, what)
+    if not page:  # the batched form: 2 x 16 heads x 6 query tiles
+        g = torch.Generator(device=cuda).manual_seed(d)
+        qb, kb, vb = (torch.randn(2, 700, h, d, device=cuda, generator=g).to(dtype) for h in (16, 4, 4))
+        yb, lseb = fray.prefill_attention(qb, kb, vb, causal=causal, return_lse=True, backend="cuda")
+        torch.cuda.synchronize()
+        for i in range(2):
+            _check(yb[i], lseb[i], _expected(qb[i], kb[i], vb[i], causal=causal), dtype, what + " batched %d" % i)
+    assert built and all("_pers" in name for name in built), built
 
 
 @pytest.mark.gpu

@@ -887,6 +887,9 @@ PREFILL_CUDA_TILES = {
     (256, False): (64, 2, True, True), (256, True): (64, 2, True, True),
 }
 PREFILL_CUDA_PAGED_TILE = (128, 2, True, True)
+# The persistent grid (one CTA per SM walking the query tiles, the ones that see the most keys
+# first: cuda/attention/prefill_sm90.cuh, kPersistent) or one CTA per tile.
+PREFILL_CUDA_PERSISTENT = False
 
 
 def prefill_cuda_tile(d, causal, page=0):
@@ -898,18 +901,19 @@ def prefill_cuda_tile(d, causal, page=0):
     return tile
 
 
-def prefill_cuda_source(dtype, d, causal, page=0):
+def prefill_cuda_source(dtype, d, causal, page=0, persistent=None):
     """(name, translation unit) of the CUDA prefill kernel for one (dtype, head dim, causal, page
-    size of paged K/V: 0 for contiguous K/V)."""
+    size of paged K/V: 0 for contiguous K/V, persistent grid: PREFILL_CUDA_PERSISTENT when None)."""
+    persistent = PREFILL_CUDA_PERSISTENT if persistent is None else persistent
     bn, stages, overlap, pingpong = prefill_cuda_tile(d, causal, page)
-    name = "prefill_sm90_%s_d%d_n%d_s%d%s%s%s_%s" % (
+    name = "prefill_sm90_%s_d%d_n%d_s%d%s%s%s%s_%s" % (
         V.DTYPE_NAMES[dtype], d, bn, stages, "_ov" if overlap else "", "_pp" if pingpong else "",
-        "_page%d" % page if page else "", "causal" if causal else "full")
+        "_page%d" % page if page else "", "_pers" if persistent else "", "causal" if causal else "full")
     cpp = ("false", "true")
     src = ('#include "cuda/attention/prefill_sm90.cuh"\n'
            "using Config = fray::attention::PrefillConfig<%s, %d, %d, %d, %s, %s, %s%s>;\nFRAY_PREFILL_ENTRY(Config)\n"
            % (_CUTLASS_T[dtype], d, bn, stages, cpp[causal], cpp[overlap], cpp[pingpong],
-              ", %d" % page if page else ""))
+              (", %d, true" % page) if persistent else (", %d" % page if page else "")))
     return name, src
 
 
