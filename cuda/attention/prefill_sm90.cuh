@@ -31,10 +31,12 @@
 // past the end). Table entries are used as given: TMA fills a page outside the pool with zeros.
 //
 // Persistent (kPersistent): one CTA per SM instead of one per query tile. The CTAs walk the tiles
-// in one order, CTA i taking tiles i, i + grid, i + 2 grid, ...: the last query tile of every
-// (sequence, head) first, then the one before, and so on (causal: the tiles that see the most
-// keys first; varlen: the long sequences' tiles first, as only they have the high tile indices),
-// heads fastest so that the query heads sharing a K/V head run side by side. The producer starts
+// in one order, CTA i taking tiles i, i + grid, i + 2 grid, ...: the query tiles of one (sequence,
+// head) side by side, the last first (causal: the ones that see the most keys), then the next
+// head's, sequence by sequence, as the non-persistent grid orders them: the CTAs at work at one
+// time read the K / V of a few heads, which stay in L2. (Heads fastest instead, the last query
+// tiles of every head first, ran 1-10% slower at B2 Hq32 S8192-16384 on an H100, 2026-12-07: the
+// K / V of 16 heads at a time do not stay in L2; bench/NOTES.md.) The producer starts
 // a tile's loads as soon as the ring has room and the consumers are done with the previous tile's
 // Q (barrier bar_q_empty), so they overlap the previous tile's last products and epilogue.
 //
@@ -231,12 +233,11 @@ struct Tile {
   int m_block, h, b;
 };
 
-// The persistent order's tile t of m_blocks x hq x batch: the last query tile of every (sequence,
-// head) first, heads fastest.
+// The persistent order's tile t of m_blocks x hq x batch: query tiles fastest, the last first,
+// then heads, then sequences.
 CUTE_HOST_DEVICE Tile persistent_tile(int t, int m_blocks, int hq, int batch) {
-  const int per_m = hq * batch;
-  const int r = t % per_m;
-  return {m_blocks - 1 - t / per_m, r % hq, r / hq};
+  const int r = t / m_blocks;
+  return {m_blocks - 1 - t % m_blocks, r % hq, r / hq};
 }
 
 // Tile t of the grid's order: persistent_tile; otherwise the CTA's own, causal ones in reverse so

@@ -641,8 +641,11 @@ def test_gpu_seed_alias_backends_and_check_indices(cuda, monkeypatch):
     y, lse = fray.mla_decode(q, kv, bt, lens, return_lse=True, scale=0.05)
     fy, flse = fray.jit_kernels.flash_mla(q, kv, bt, lens, 512, None, None, 0.05, True)
     assert torch.equal(fy, y) and torch.equal(flse, lse.transpose(1, 2)) and flse.shape == (len(GPU_LENS), 16, 2)
-    assert torch.equal(fray.triton.mla_decode(q, kv, bt, lens, scale=0.05), y)
+    # fray.triton is the Triton kernel's; "auto" runs the CUDA kernel here (bf16, 16 heads)
+    assert torch.equal(fray.triton.mla_decode(q, kv, bt, lens, scale=0.05),
+                       fray.mla_decode(q, kv, bt, lens, scale=0.05, backend="triton"))
     yc, lc = fray.mla_decode(q, kv, bt, lens, return_lse=True, scale=0.05, backend="cuda")
+    assert torch.equal(yc, y) and torch.equal(lc, lse)
     _check(yc, lc, _expected(q, kv, bt, lens, 0.05), torch.bfloat16, "cuda beside the seed alias")
     monkeypatch.setenv("FRAY_CHECK_INDICES", "1")
     bad = bt.clone()

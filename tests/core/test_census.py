@@ -312,6 +312,11 @@ def _bits(t):
     return t.view(torch.uint8).cpu() if t.numel() else t.cpu()
 
 
+# Ops whose CUDA kernels take bf16 / fp16 only (fp32 runs on Triton, and backend="cuda" refuses it):
+# the GPU passes give them their valid call's floating tensors in bf16.
+CUDA_HALF_ONLY = ("prefill_attention", "mla_decode")
+
+
 def _gpu_call(op, backend, device):
     """(sig, arguments) of op's valid call on `device` with `backend` (skipped where op has no such
     kernel there), its deterministic option taken."""
@@ -321,6 +326,9 @@ def _gpu_call(op, backend, device):
         pytest.skip("%s has no %s kernel here: %s" % (op, backend, reason))
     sig, arguments = _bound(op)
     arguments = {k: _on(v, device) for k, v in arguments.items()}
+    if backend == "cuda" and op.partition(":")[0] in CUDA_HALF_ONLY:  # its fp32 inputs in bf16
+        arguments = {k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.dtype == torch.float32 else v
+                     for k, v in arguments.items()}
     arguments.update(DETERMINISTIC_OPTION.get(op.partition(":")[0], {}))
     if "backend" in sig.parameters:
         arguments["backend"] = backend
