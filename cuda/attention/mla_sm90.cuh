@@ -36,10 +36,11 @@
 // are masked). Tokens past lens[b] in the last tile are masked in S and their value rows zeroed in
 // shared memory before P V, so whatever lies there (NaN included) cannot reach O as 0 x NaN.
 //
+// A schedule in which the two consumers take the tiles in turn was tried and measured slower at
+// every shape (bench/NOTES.md, MLA).
+//
 // Template parameters: MlaConfig<Element (cutlass::bfloat16_t / cutlass::half_t), Page (16, 32, 64
-// or 128), Turns (default false: the schedule above; true: the two consumers take the tiles in
-// turn, each computing S, the softmax and P of every other tile, publishing P and the rows'
-// maximum, and absorbing the other's, so that two S products run at once; not yet run on a GPU)>.
+// or 128)>.
 // Slots: ptrs = (q, kv, block_table, lens, out, lse, partial_o, partial_lse);
 // ints = (batch, s_q, Hq, block_h, num_splits, split_size, max_blocks, num_blocks,
 //         q_batch, q_token, q_head, kv_page, kv_token, bt_row,
@@ -68,7 +69,7 @@
 namespace fray {
 namespace attention {
 
-template <class Element_, int kPage_, bool kTurns_ = false>
+template <class Element_, int kPage_>
 struct MlaConfig {
   using Element = Element_;
   static constexpr int kD = 576;    // key: 512 latent + 64 rotary
@@ -78,9 +79,6 @@ struct MlaConfig {
   static constexpr int kHalf = kDV / 2;  // value columns per consumer warpgroup
   static constexpr int kStages = 2;
   static constexpr int kPage = kPage_;
-  // The consumers' schedule: false, warpgroup 1 computes every tile's S and P; true, the two
-  // take the tiles in turn (bench/NOTES.md, MLA; not yet run on a GPU).
-  static constexpr bool kTurns = kTurns_;
   static constexpr int kBoxN = kPage >= kBlockN ? kBlockN : kPage;
   static constexpr int kThreads = 384;
   static constexpr int kTileElems = kBlockN * kD;
@@ -91,10 +89,6 @@ struct MlaConfig {
                                               cute::Shape<cute::Int<kRows>, cute::Int<kBlockN>, cute::Int<kD>>>()));
   using MmaPV = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<kRows>, cute::Int<kHalf>, cute::Int<kBlockN>>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
-  using MmaPVRegs = decltype(cute::make_tiled_mma(  // kTurns: P from registers
-      cute::GMMA::rs_op_selector<Element, Element, float,
                                  cute::Shape<cute::Int<kRows>, cute::Int<kHalf>, cute::Int<kBlockN>>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
 
@@ -125,20 +119,13 @@ struct MlaConfig {
     float corr[kRows];  // the rows' rescale factors of the current tile
     float inv[kRows];   // 1 / the rows' sums, for the epilogue
     typename Pipeline::SharedStorage pipe;
-    struct Turns {  // kTurns
-      float max[kRows];     // the rows' running maximum after the last published tile
-      float sum[2][kRows];  // each consumer warpgroup's row sums
-    };
-    struct None {};
-    cute::conditional_t<kTurns, Turns, None> turns;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "tiles exceed the SM's shared memory");
 
   static void describe(char* buf, int n) {
-    snprintf(buf, n, "mla_sm90 %s D576/512 rows %d tile %d stages %d page %d%s",
-             cute::is_same_v<Element, cutlass::bfloat16_t> ? "bf16" : "fp16", kRows, kBlockN, kStages, kPage,
-             kTurns ? " turns" : "");
+    snprintf(buf, n, "mla_sm90 %s D576/512 rows %d tile %d stages %d page %d",
+             cute::is_same_v<Element, cutlass::bfloat16_t> ? "bf16" : "fp16", kRows, kBlockN, kStages, kPage);
   }
 };
 
@@ -316,7 +303,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
   typename Pipe::PipelineState read;
   float row_sum[kR], row_max[kR];
 
-  // S = Q K^T and its mask, for the warpgroups that compute it (warpgroup 1; with kTurns both).
+  // S = Q K^T and its mask (warpgroup 1).
   typename Config::MmaQK mma_qk;
   auto thr_qk = mma_qk.get_thread_slice(tid);
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
@@ -377,222 +364,90 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
     }
   };
 
-  if constexpr (!Config::kTurns) {
-    if (wg == 1) {
-      CUTE_UNROLL
-      for (int i = 0; i < kR; ++i) {
-        row_max[i] = -INFINITY;
-        row_sum[i] = 0.f;
-      }
-      auto softmax = [&](float (&corr)[kR]) { online_softmax(S, row_max, row_sum, corr, p.scale_log2); };
-      // P (rounded to E) and the rescale factors into shared memory for both warpgroups; value rows
-      // past the sequence zeroed in the last tile's stage (QK^T is done reading it).
-      auto publish = [&](int n, int stage, const float (&corr)[kR]) {
-        zero_tail(n, stage);
-        CUTE_UNROLL
-        for (int i = 0; i < kR; ++i) {
-          const int r = get<0>(cS(i, 0));
-          CUTE_UNROLL
-          for (int j = 0; j < size<1>(S); j += 2) {
-            cutlass::Array<float, 2> pair;
-            pair[0] = S(i, j);
-            pair[1] = S(i, j + 1);
-            cutlass::NumericArrayConverter<E, float, 2> convert;
-            *reinterpret_cast<cutlass::Array<E, 2>*>(&sP(r, get<1>(cS(i, j)))) = convert(pair);
-          }
-          if ((tid & 3) == 0) st.corr[r] = corr[i];
-        }
-        cutlass::arch::fence_view_async_shared();
-        asm volatile("bar.arrive 2, 256;");  // P ready
-      };
-
-      float corr[kR];
-      typename Pipe::PipelineState read_v;
-      pipe.consumer_wait(read);
-      issue_qk(read.index());
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-      mask(0);
-      softmax(corr);
-      publish(0, read.index(), corr);
-      ++read;
-      for (int n = 1; n < n_tiles; ++n) {
-        pipe.consumer_wait(read);
-        issue_qk(read.index());
-        issue_pv(read_v.index());
-        warpgroup_wait<1>();  // S done; P V still running
-        warpgroup_fence_operand(tSrS);
-        mask(n);
-        softmax(corr);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        pipe.consumer_release(read_v);
-        ++read_v;
-        rescale(corr);
-        asm volatile("bar.sync 3, 256;");  // warpgroup 2 is done with the previous P
-        publish(n, read.index(), corr);
-        ++read;
-      }
-      issue_pv(read_v.index());
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      pipe.consumer_release(read_v);
-
-      // The rows' sums (a row's 4 threads), 1 / sum for warpgroup 2, and the LSE.
-      CUTE_UNROLL
-      for (int i = 0; i < kR; ++i) {
-        float s = row_sum[i];
-        s += __shfl_xor_sync(0xffffffff, s, 1);
-        s += __shfl_xor_sync(0xffffffff, s, 2);
-        row_sum[i] = s;
-        const int r = get<0>(cS(i, 0));
-        if ((tid & 3) == 0) finish_row(r, s, row_max[i]);
-      }
-    } else {
-      for (int n = 0; n < n_tiles; ++n) {
-        pipe.consumer_wait(read);
-        asm volatile("bar.sync 2, 256;");  // P ready
-        float corr[kR];
-        CUTE_UNROLL
-        for (int i = 0; i < kR; ++i) corr[i] = st.corr[get<0>(cO(i, 0))];
-        rescale(corr);
-        issue_pv(read.index());
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        if (n + 1 < n_tiles) asm volatile("bar.arrive 3, 256;");  // P may be overwritten
-        pipe.consumer_release(read);
-        ++read;
-      }
-    }
-  } else {
-    // kTurns: the two consumer warpgroups take the tiles in turn. Warpgroup cw computes S = Q K^T
-    // and the softmax of tiles cw, cw + 2, ... ("its" tiles), publishes P and the rows' new
-    // maximum and adds P V for its half from registers; for the other warpgroup's tiles it moves
-    // to the published maximum and adds P V from the published P ("absorb"). Both follow the
-    // same running maximum; each sums the exponentials of its own tiles.
-    const int cw = half;
-    typename Config::MmaPVRegs mma_pr;
-    auto thr_pr = mma_pr.get_thread_slice(tid);
-    Tensor rP = make_tensor<E>(tSrS.layout());
-    Tensor tOrPr = make_tensor(rP.data(), acc_as_a(rP.layout()));
+  if (wg == 1) {
     CUTE_UNROLL
     for (int i = 0; i < kR; ++i) {
       row_max[i] = -INFINITY;
       row_sum[i] = 0.f;
     }
-    // Tile n's ring slot: stage n % 2 in phase (n / 2) & 1 (both warpgroups read every tile).
-    auto tile = [](int n) { return typename Pipe::PipelineState(n % Config::kStages, (n / Config::kStages) & 1, n); };
-    auto sV = [&](int n) {  // this warpgroup's value half of tile n's stage
-      return make_tensor(make_smem_ptr(kv_base + (n % Config::kStages) * Config::kTileElems + cw * Config::kHalfOffset),
-                         typename Config::SmemVHalf{});
-    };
-    auto move_to = [&](const float (&corr)[kR]) {  // O and the sums to the rows' new maximum
-      rescale(corr);
-      CUTE_UNROLL
-      for (int i = 0; i < kR; ++i) row_sum[i] *= corr[i];
-    };
-    // Tile n's P (rounded to E) and the rows' maximum into shared memory for the other warpgroup,
-    // value rows past the sequence zeroed in the last tile's stage (QK^T is done reading it); the
-    // same P stays in registers for this warpgroup's own product.
-    auto publish = [&](int n) {
-      zero_tail(n, n % Config::kStages);
-      constexpr int kN = decltype(size(tSrS))::value;
-      cutlass::NumericArrayConverter<E, float, kN> convert;
-      *reinterpret_cast<cutlass::Array<E, kN>*>(rP.data()) =
-          convert(*reinterpret_cast<const cutlass::Array<float, kN>*>(tSrS.data()));
-      Tensor P = make_tensor(rP.data(), rows_cols(rP.layout()));
+    auto softmax = [&](float (&corr)[kR]) { online_softmax(S, row_max, row_sum, corr, p.scale_log2); };
+    // P (rounded to E) and the rescale factors into shared memory for both warpgroups; value rows
+    // past the sequence zeroed in the last tile's stage (QK^T is done reading it).
+    auto publish = [&](int n, int stage, const float (&corr)[kR]) {
+      zero_tail(n, stage);
       CUTE_UNROLL
       for (int i = 0; i < kR; ++i) {
         const int r = get<0>(cS(i, 0));
         CUTE_UNROLL
-        for (int j = 0; j < size<1>(P); j += 2) {
-          *reinterpret_cast<cutlass::Array<E, 2>*>(&sP(r, get<1>(cS(i, j)))) =
-              *reinterpret_cast<const cutlass::Array<E, 2>*>(&P(i, j));
+        for (int j = 0; j < size<1>(S); j += 2) {
+          cutlass::Array<float, 2> pair;
+          pair[0] = S(i, j);
+          pair[1] = S(i, j + 1);
+          cutlass::NumericArrayConverter<E, float, 2> convert;
+          *reinterpret_cast<cutlass::Array<E, 2>*>(&sP(r, get<1>(cS(i, j)))) = convert(pair);
         }
-        if ((tid & 3) == 0) st.turns.max[r] = row_max[i];
+        if ((tid & 3) == 0) st.corr[r] = corr[i];
       }
       cutlass::arch::fence_view_async_shared();
-      asm volatile("bar.arrive %0, 256;" ::"r"(2 + cw));  // tile n published
-    };
-    // The other warpgroup's tile n: move to its maximum, then O += P V from the P it published.
-    auto absorb = [&](int n) {
-      asm volatile("bar.sync %0, 256;" ::"r"(3 - cw));  // tile n published
-      pipe.consumer_wait(tile(n));
-      float corr[kR];
-      CUTE_UNROLL
-      for (int i = 0; i < kR; ++i) {
-        const float mx = st.turns.max[get<0>(cO(i, 0))];
-        corr[i] = row_max[i] == -INFINITY ? 0.f : fast_exp2((row_max[i] - mx) * p.scale_log2);
-        row_max[i] = mx;
-      }
-      move_to(corr);
-      issue_pv(n % Config::kStages);
+      asm volatile("bar.arrive 2, 256;");  // P ready
     };
 
-    int n = cw;
-    if (n < n_tiles) {
-      pipe.consumer_wait(tile(n));
-      issue_qk(n % Config::kStages);
-    }
-    for (; n < n_tiles; n += 2) {
-      if (n > 0) {
-        absorb(n - 1);        // issued behind S = Q K^T of tile n
-        warpgroup_wait<1>();  // S done; the other tile's P V still running
-      } else {
-        warpgroup_wait<0>();
-      }
+    float corr[kR];
+    typename Pipe::PipelineState read_v;
+    pipe.consumer_wait(read);
+    issue_qk(read.index());
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+    mask(0);
+    softmax(corr);
+    publish(0, read.index(), corr);
+    ++read;
+    for (int n = 1; n < n_tiles; ++n) {
+      pipe.consumer_wait(read);
+      issue_qk(read.index());
+      issue_pv(read_v.index());
+      warpgroup_wait<1>();  // S done; P V still running
       warpgroup_fence_operand(tSrS);
       mask(n);
-      float corr[kR], sum[kR];
-      CUTE_UNROLL
-      for (int i = 0; i < kR; ++i) sum[i] = 0.f;
-      online_softmax(S, row_max, sum, corr, p.scale_log2);  // under the other tile's P V
-      if (n > 0) {
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        pipe.consumer_release(tile(n - 1));
-      }
-      move_to(corr);
-      CUTE_UNROLL
-      for (int i = 0; i < kR; ++i) row_sum[i] += sum[i];
-      publish(n);
-      // O += P V of tile n from registers, waited here so that the stage is released before this
-      // warpgroup waits for its next tile, two ahead (two stages: the same one).
-      Tensor tOrV = thr_pr.partition_fragment_B(sV(n));
-      warpgroup_fence_operand(tOrO);
-      warpgroup_arrive();
-      gemm(mma_pr, tOrPr, tOrV, tOrO);
-      warpgroup_commit_batch();
+      softmax(corr);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
-      pipe.consumer_release(tile(n));
-      if (n + 2 < n_tiles) {
-        pipe.consumer_wait(tile(n + 2));
-        issue_qk((n + 2) % Config::kStages);
-      }
+      pipe.consumer_release(read_v);
+      ++read_v;
+      rescale(corr);
+      asm volatile("bar.sync 3, 256;");  // warpgroup 2 is done with the previous P
+      publish(n, read.index(), corr);
+      ++read;
     }
-    if ((n_tiles - 1) % 2 != cw) {  // the last tile is the other warpgroup's
-      absorb(n_tiles - 1);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      pipe.consumer_release(tile(n_tiles - 1));
-    }
-    // The rows' sums: a row's 4 threads, then both warpgroups' (both now at the same maximum);
-    // 1 / sum into st.inv for the epilogue, the LSE by warpgroup 1.
+    issue_pv(read_v.index());
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    pipe.consumer_release(read_v);
+
+    // The rows' sums (a row's 4 threads), 1 / sum for warpgroup 2, and the LSE.
     CUTE_UNROLL
     for (int i = 0; i < kR; ++i) {
       float s = row_sum[i];
       s += __shfl_xor_sync(0xffffffff, s, 1);
       s += __shfl_xor_sync(0xffffffff, s, 2);
-      if ((tid & 3) == 0) st.turns.sum[cw][get<0>(cO(i, 0))] = s;
+      row_sum[i] = s;
+      const int r = get<0>(cS(i, 0));
+      if ((tid & 3) == 0) finish_row(r, s, row_max[i]);
     }
-    asm volatile("bar.sync 4, 256;");
-    if (cw == 0 && (tid & 3) == 0) {
+  } else {
+    for (int n = 0; n < n_tiles; ++n) {
+      pipe.consumer_wait(read);
+      asm volatile("bar.sync 2, 256;");  // P ready
+      float corr[kR];
       CUTE_UNROLL
-      for (int i = 0; i < kR; ++i) {
-        const int r = get<0>(cO(i, 0));
-        finish_row(r, st.turns.sum[0][r] + st.turns.sum[1][r], row_max[i]);
-      }
+      for (int i = 0; i < kR; ++i) corr[i] = st.corr[get<0>(cO(i, 0))];
+      rescale(corr);
+      issue_pv(read.index());
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      if (n + 1 < n_tiles) asm volatile("bar.arrive 3, 256;");  // P may be overwritten
+      pipe.consumer_release(read);
+      ++read;
     }
   }
   asm volatile("bar.sync 4, 256;");  // st.inv written

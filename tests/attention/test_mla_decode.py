@@ -173,9 +173,6 @@ def test_registration():
     assert name == "mla_sm90_bf16_page64"
     assert "MlaConfig<cutlass::bfloat16_t, 64>" in src and "FRAY_MLA_ENTRY(Config)" in src
     assert "MlaConfig<cutlass::half_t, 16>" in A.mla_cuda_source(torch.float16, 16)[1]
-    assert A.MLA_CUDA_TURNS is False  # the turn-taking schedule has not run on a GPU
-    name, src = A.mla_cuda_source(torch.bfloat16, 64, turns=True)
-    assert name == "mla_sm90_bf16_page64_turns" and "MlaConfig<cutlass::bfloat16_t, 64, true>" in src
 
 
 # ---------------------------------------------------------------------------------------------
@@ -747,7 +744,3 @@ def test_cuda_kernel_compiles_for_sm90a(tmp_path, monkeypatch):
         assert hasattr(lib, sym), sym
     lib.fray_jit_describe.restype = ctypes.c_char_p
     assert lib.fray_jit_describe().decode() == "mla_sm90 bf16 D576/512 rows 64 tile 64 stages 2 page 64"
-    # the turn-taking schedule (not yet shipped) compiles too
-    lib = ctypes.CDLL(str(jit.compile_only(*A.mla_cuda_source(torch.float16, 16, turns=True))))
-    lib.fray_jit_describe.restype = ctypes.c_char_p
-    assert lib.fray_jit_describe().decode() == "mla_sm90 fp16 D576/512 rows 64 tile 64 stages 2 page 16 turns"

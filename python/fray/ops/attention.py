@@ -1247,20 +1247,14 @@ def _check_mla_out(out, q):
 # The CUDA MLA kernel (cuda/attention/mla_sm90.cuh): 64 query rows (query token x head) a CTA,
 # 64-token cache tiles in two stages, one JIT translation unit per (dtype, block size).
 MLA_CUDA_ROWS, MLA_CUDA_TILE = 64, 64
-# The consumers' schedule (MlaConfig's kTurns): False, one warpgroup computes every tile's S and P
-# (the kernel that passed its GPU tests); True, the two take the tiles in turn (written, not yet
-# run on a GPU; bench/micro/mla_schedules.py compares them).
-MLA_CUDA_TURNS = False
 
 
-def mla_cuda_source(dtype, page, turns=None):
-    """(name, translation unit) of the CUDA MLA decode kernel for one (dtype, cache block size,
-    consumer schedule: MLA_CUDA_TURNS when None)."""
-    turns = MLA_CUDA_TURNS if turns is None else turns
-    name = "mla_sm90_%s_page%d%s" % (V.DTYPE_NAMES[dtype], page, "_turns" if turns else "")
+def mla_cuda_source(dtype, page):
+    """(name, translation unit) of the CUDA MLA decode kernel for one (dtype, cache block size)."""
+    name = "mla_sm90_%s_page%d" % (V.DTYPE_NAMES[dtype], page)
     src = ('#include "cuda/attention/mla_sm90.cuh"\n'
-           "using Config = fray::attention::MlaConfig<%s, %d%s>;\nFRAY_MLA_ENTRY(Config)\n"
-           % (_CUTLASS_T[dtype], page, ", true" if turns else ""))
+           "using Config = fray::attention::MlaConfig<%s, %d>;\nFRAY_MLA_ENTRY(Config)\n"
+           % (_CUTLASS_T[dtype], page))
     return name, src
 
 
