@@ -396,3 +396,30 @@ def test_gpu_every_op_on_side_streams_and_in_a_graph(cuda, op, backend):
     graph.replay()
     torch.cuda.synchronize(cuda)
     _same(op, backend, "replayed from a CUDA graph", want, _state(captured, static))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("op", sorted(VALID))
+def test_gpu_every_op_on_a_non_current_device(cuda, op, backend):
+    """Each op's valid call with every tensor on the last GPU while another one is current: it
+    runs there (its launches, allocations and workspaces on the tensors' device, whatever the
+    current device) and gives the bits of the same call made with that device current. Needs two
+    GPUs (skipped on one)."""
+    n = torch.cuda.device_count()
+    if n < 2:
+        pytest.skip("needs two GPUs (torch sees %d)" % n)
+    dev = torch.device("cuda", n - 1)
+    sig, arguments = _gpu_call(op, backend, dev)
+    with torch.cuda.device(dev):
+        fresh = _fresh(arguments)
+        want = _state(_call(op, sig, fresh), fresh)
+        torch.cuda.synchronize(dev)
+    with torch.cuda.device(0):
+        fresh = _fresh(arguments)
+        result = _call(op, sig, fresh)
+        assert torch.cuda.current_device() == 0, "%s (%s) changed the current device" % (op, backend)
+        torch.cuda.synchronize(dev)
+    got = _state(result, fresh)
+    assert all(t.device == dev for t in _outputs(result)), "%s (%s): an output off %s" % (op, backend, dev)
+    _same(op, backend, "on %s while cuda:0 is current" % dev, want, got)
