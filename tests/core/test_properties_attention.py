@@ -30,12 +30,24 @@ Oracles, the ops' documented rules:
     lies past lens[b] (cache rows, block-table entries, pages: NaN, inf, 1e30, entries outside the
     pool) and past cu_seqlens is never read, and nothing outside out / lse is written.
 Under the interpreter the kernels convert bf16 subnormals to zeros of their sign when they load
-them (tests/core/test_properties.py holds it); the oracles take the inputs the same way.
+them (tests/core/test_properties.py holds it); the GPU converts them exactly: the oracles take the
+inputs as the kernel sees them on each device (sees()).
 
-Derandomised (the CI profile "ci", as in tests/core/test_properties.py): the same examples on
-every run.
+Each property is one body taking (device, backend), run by a CPU test (test_triton_*: the Triton
+kernels under the interpreter, the CI profile "ci", derandomised: the same examples on every run)
+and by a GPU test per backend (test_gpu_*, marked gpu, skipped where torch sees no CUDA device;
+"triton": the same kernel entry points compiled, "cuda": the public op with backend="cuda"; the
+derandomised profile "gpu"), as in tests/core/test_properties.py. With backend="cuda" the ops
+write out and return lse as the public API does (what the test compares is copied into its
+buffers), outputs written around the views are then checked for out only, and the draws stay
+inside what the CUDA kernels take, as their docstrings give it: decode and paged decode caches
+with 16-byte aligned strides (their padding in 16-byte units), prefill and mla_decode bf16 with
+strides multiples of 8 elements and even out strides (JIT: one nvcc translation unit per dtype,
+head dim, causal and block size, seconds to minutes each, so the GPU examples keep to D 128 and
+pages of 16 / 32 keys for prefill, pages of 64 for MLA: a few translation units in all).
 """
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -49,15 +61,96 @@ from fray.testing import TOLERANCES, assert_close
 
 settings.register_profile("ci", derandomize=True, max_examples=30, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
+# The GPU profile, and fewer examples where Triton specialises on many shapes: sized as in
+# tests/core/test_properties.py (see the comment there).
+settings.register_profile("gpu", derandomize=True, max_examples=200, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci")
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+# ---------------------------------------------------------------------------------------------
+# where a property runs
+
+def gpu(backends=("cuda", "triton"), max_examples=None):
+    """The decorators of a GPU property test: marked gpu (run with -m gpu), skipped where torch sees
+    no CUDA device, one test per backend (pytest parameter `backend`), the "gpu" profile
+    (max_examples: fewer examples where each costs more)."""
+    profile = settings.get_profile("gpu")
+    chosen = profile if max_examples is None else settings(profile, max_examples=max_examples)
+
+    def wrap(test):
+        test = settings(chosen)(given(data=st.data())(test))
+        test = pytest.mark.parametrize("backend", backends)(test)
+        test = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(test)
+        return pytest.mark.gpu(test)
+    return wrap
+
+
 @pytest.fixture(autouse=True)
-def _interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+def _triton_mode(request, monkeypatch):
+    """CPU tests: Triton under its interpreter. GPU tests: Triton compiled (the interpreter unset;
+    Triton decides when a module's kernels are defined, so no fray_triton module may have been
+    imported under the interpreter in this process) and fray.tune's heuristic configurations."""
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        return
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("FRAY_AUTOTUNE", "0")
+    from triton.runtime.interpreter import InterpretedFunction
+    interpreted = sorted(name for name, mod in list(sys.modules.items()) if name.startswith("fray_triton")
+                         and any(isinstance(v, InterpretedFunction) for v in vars(mod).values()))
+    if interpreted:
+        pytest.fail("%s imported under TRITON_INTERPRET=1 in this process: run the GPU tests apart (-m gpu)"
+                    % ", ".join(interpreted))
+
+
+def on(device, fn, *args, **kwargs):
+    """fn(*args, **kwargs) with its tensor arguments (also inside lists and tuples) on `device`; on
+    the CPU the call itself. Each tensor travels with the whole storage it views, so strides,
+    offsets, the buffer around a view and the aliasing among the arguments stay as they are, and
+    after fn every storage is copied back over its CPU original: the checks read what fn wrote,
+    wherever it wrote, in the CPU tensors. Tensors fn returns come back as CPU copies."""
+    if device == "cpu":
+        return fn(*args, **kwargs)
+    copies = {}
+
+    def there(t):
+        if isinstance(t, (list, tuple)):
+            return type(t)(there(u) for u in t)
+        if not isinstance(t, torch.Tensor):
+            return t
+        s = t.untyped_storage()
+        key = (s.data_ptr(), s.nbytes())
+        if key not in copies:
+            host = torch.empty(0, dtype=torch.uint8).set_(s)
+            copies[key] = (host, host.to(device))
+        return torch.empty(0, dtype=t.dtype, device=device).set_(copies[key][1].untyped_storage(),
+                                                                 t.storage_offset(), t.shape, t.stride())
+
+    def back(r):
+        if isinstance(r, (list, tuple)):
+            return type(r)(back(u) for u in r)
+        return r.cpu() if isinstance(r, torch.Tensor) else r
+
+    result = fn(*there(args), **{k: there(v) for k, v in kwargs.items()})
+    torch.cuda.synchronize()
+    for host, dev in copies.values():
+        host.copy_(dev)
+    return back(result)
+
+
+def sees(device):
+    """What a kernel sees of its inputs on `device`: interpreter_load under the interpreter (the
+    CPU), the inputs themselves on the GPU."""
+    return interpreter_load if device == "cpu" else (lambda x: x)
+
+
+def _fray():
+    import fray
+    return fray
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,8 +181,9 @@ def interpreter_load(x):
     return torch.where(sub, x * 0, x)
 
 
-def _f64(x):
-    return interpreter_load(x).double()
+def _f64(x, load):
+    """x as the kernel sees it (load: sees(device)), in float64."""
+    return load(x).double()
 
 
 def _generator(data):
@@ -128,8 +222,10 @@ def _filled(shape, value, dtype):
     return torch.full(shape, value, dtype=torch.float64).to(dtype)
 
 
-def _pad(data, most=3):
-    return data.draw(st.integers(0, most))
+def _pad(data, most=3, unit=1):
+    """0..most units of padding (unit: elements, e.g. those of 16 bytes where a kernel needs aligned
+    strides)."""
+    return data.draw(st.integers(0, most)) * unit
 
 
 def _score_exponents(data, dtype, top=None):
@@ -195,16 +291,15 @@ def _terms(q64, k64, scale, visible=None):
 # ---------------------------------------------------------------------------------------------
 # rope
 
-@settings(max_examples=20)
-@given(data=st.data())
-def test_triton_rope_matches_its_oracle(data):
-    """fray_triton.rope: any token count (1-40), q heads 1-5, k heads 0-3 (none: k None), head
+def _rope_property(data, device, backend):
+    """rope: any token count (1-40), q heads 1-5, k heads 0-3 (none: k None), head
     dims 2-256 (odd ones with a shorter even rotary_dim), both styles, positions as an int32 /
     int64 tensor (strided) or an offset, the built-in table, a table of random values or a
     (cos, sin) pair, q and k as views into one fused qkv buffer with padding, in place or into
-    views of NaN-filled output buffers; all values of every dtype."""
+    views of NaN-filled output buffers; all values of every dtype. Backend "triton":
+    fray_triton.rope; "cuda": fray.rope (the built-in table built from theta on the device; out
+    of place into new tensors, copied into the output views)."""
     from fray.ops import rope as orope
-    from fray_triton import rope as trope
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
     tokens = data.draw(st.one_of(st.integers(1, 6), st.integers(7, 40)), label="tokens")
     hq = data.draw(st.integers(1, 5), label="hq")
@@ -242,7 +337,8 @@ def test_triton_rope_matches_its_oracle(data):
     half = rd // 2
     table_kind = data.draw(st.sampled_from(("builtin", "random", "pair")), label="table")
     if table_kind == "builtin":
-        table = orope.cos_sin_cache(max_position, rd, data.draw(st.sampled_from((10000.0, 500.0, 1e6))), "cpu")
+        theta = data.draw(st.sampled_from((10000.0, 500.0, 1e6)))
+        table = orope.cos_sin_cache(max_position, rd, theta, "cpu")
         cos, sin = table[:, :half], table[:, half:]
     else:  # a passed table (scaled variants): any values in [-1, 1]
         table = (torch.rand(max_position, rd, generator=g) * 2 - 1).float()
@@ -257,14 +353,29 @@ def test_triton_rope_matches_its_oracle(data):
         q_out = obuf[:tokens, :hq * d].view(tokens, hq, d)
         k_out = obuf[:tokens, hq * d:(hq + hk) * d].view(tokens, hk, d) if hk else None
         obefore = obuf.clone()
-    trope.rope(q, k, q_out, k_out, positions, offset, cos, sin, cs_stride, rd, neox)
-    c64, s64 = cos.double(), sin.double()
     style = "neox" if neox else "gptj"
+
+    def launch(q, k, q_out, k_out, positions, table, cos, sin):
+        if backend == "triton":
+            from fray_triton import rope as trope
+            trope.rope(q, k, q_out, k_out, positions, offset, cos, sin, cs_stride, rd, neox)
+            return
+        cache = {"builtin": None, "random": table, "pair": (cos, sin)}[table_kind]
+        got_q, got_k = _fray().rope(q, k, offset if positions is None else positions, max_position=max_position,
+                                    cos_sin_cache=cache, theta=theta if cache is None else 10000.0, rotary_dim=rd,
+                                    style=style, inplace=inplace, backend=backend)
+        if not inplace:
+            q_out.copy_(got_q)
+            if k_out is not None:
+                k_out.copy_(got_k)
+    on(device, launch, q, k, q_out, k_out, positions, table, cos, sin)
+    c64, s64 = cos.double(), sin.double()
+    load = sees(device)
     for name, x, xo in (("q", before[:, :hq * d].view(tokens, hq, d), q_out),
                         ("k", before[:, hq * d:(hq + hk) * d].view(tokens, hk, d), k_out)):
         if xo is None:
             continue
-        x64 = _f64(x)
+        x64 = _f64(x, load)
         want = rrope.rope(x64, pos, c64, s64, style)
         # the terms of each rotated value: |a c| + |b s|
         terms = x64.abs()
@@ -283,6 +394,17 @@ def test_triton_rope_matches_its_oracle(data):
         rest = obefore.clone()
         rest[:tokens, :(hq + hk) * d] = obuf[:tokens, :(hq + hk) * d]
         _same_bits(obuf, rest, "rope: the output buffer outside q_out, k_out")
+
+
+@settings(max_examples=20)
+@given(data=st.data())
+def test_triton_rope_matches_its_oracle(data):
+    _rope_property(data, "cpu", "triton")
+
+
+@gpu(max_examples=50)
+def test_gpu_rope_matches_its_oracle(backend, data):
+    _rope_property(data, "cuda", backend)
 
 
 def _special_close(got, want64, dtype, terms, what):
@@ -321,13 +443,11 @@ def _new_rows(data, g, dtype, batch, hkv, d):
     return out
 
 
-@settings(max_examples=20)
-@given(data=st.data())
-def test_triton_kv_append_matches_its_oracle(data):
-    """fray_triton.attention.append into contiguous caches, HND or NHD, as views of larger
-    buffers (K and V apart or interleaved in one buffer), any head dim (1 included: append takes
-    any D), positions anywhere in [0, T) and outside it."""
-    from fray_triton import attention as tattn
+def _kv_append_property(data, device, backend):
+    """kv_append into contiguous caches, HND or NHD, as views of larger buffers (K and V apart or
+    interleaved in one buffer), any head dim (1 included: append takes any D), positions anywhere
+    in [0, T) and outside it. Backend "triton": fray_triton.attention.append; "cuda":
+    fray.kv_append."""
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
     layout = data.draw(st.sampled_from(("HND", "NHD")), label="layout")
     batch, hkv = data.draw(st.integers(1, 3), label="batch"), data.draw(st.integers(1, 4), label="hkv")
@@ -360,8 +480,15 @@ def test_triton_kv_append_matches_its_oracle(data):
             ref.kv_append(ek[b:b + 1], ev[b:b + 1], kn[b:b + 1], vn[b:b + 1], [p], layout)
     new_before = (kn.clone(), vn.clone())
     dims = (0, 1, 2) if hnd else (0, 2, 1)
-    tattn.append(kc, vc, kn, vn, lens, None, k_strides=tuple(kc.stride(i) for i in dims),
-                 v_strides=tuple(vc.stride(i) for i in dims), bt_stride=0, capacity=cap, page_size=1)
+
+    def launch(kc, vc, kn, vn, lens):
+        if backend == "triton":
+            from fray_triton import attention as tattn
+            tattn.append(kc, vc, kn, vn, lens, None, k_strides=tuple(kc.stride(i) for i in dims),
+                         v_strides=tuple(vc.stride(i) for i in dims), bt_stride=0, capacity=cap, page_size=1)
+        else:
+            _fray().kv_append(kc, vc, kn, vn, lens, kv_layout=layout, backend=backend)
+    on(device, launch, kc, vc, kn, vn, lens)
     for i, (got, exp) in enumerate(zip(bufs, want)):
         _same_bits(got, exp, "kv_append %s pos=%s: buffer %d" % (layout, pos, i))
     _same_bits(kn, new_before[0], "kv_append: k_new")
@@ -371,12 +498,21 @@ def test_triton_kv_append_matches_its_oracle(data):
 
 @settings(max_examples=20)
 @given(data=st.data())
-def test_triton_kv_append_paged_matches_its_oracle(data):
-    """fray_triton.attention.append into NHD pages of every block size through a shuffled block
-    table whose other entries are garbage (only the entry of lens[b] is read), pages as views of
-    a larger pool (K and V apart or interleaved), positions anywhere in [0, T) and outside it."""
+def test_triton_kv_append_matches_its_oracle(data):
+    _kv_append_property(data, "cpu", "triton")
+
+
+@gpu(max_examples=60)
+def test_gpu_kv_append_matches_its_oracle(backend, data):
+    _kv_append_property(data, "cuda", backend)
+
+
+def _kv_append_paged_property(data, device, backend):
+    """kv_append_paged into NHD pages of every block size through a shuffled block table whose
+    other entries are garbage (only the entry of lens[b] is read), pages as views of a larger pool
+    (K and V apart or interleaved), positions anywhere in [0, T) and outside it. Backend "triton":
+    fray_triton.attention.append; "cuda": fray.kv_append_paged."""
     from fray.ops import attention as A
-    from fray_triton import attention as tattn
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
     batch, hkv = data.draw(st.integers(1, 3), label="batch"), data.draw(st.integers(1, 4), label="hkv")
     d = data.draw(st.sampled_from((1, 3, 40, 64, 128)), label="d")
@@ -414,11 +550,29 @@ def test_triton_kv_append_paged_matches_its_oracle(data):
     for b, p in enumerate(pos):
         if 0 <= p < cap:
             ref.kv_append_paged(ek, ev, bt[b:b + 1], kn[b:b + 1], vn[b:b + 1], [p])
-    tattn.append(kp, vp, kn, vn, lens, bt_view, k_strides=(kp.stride(0), kp.stride(2), kp.stride(1)),
-                 v_strides=(vp.stride(0), vp.stride(2), vp.stride(1)), bt_stride=bt_view.stride(0),
-                 capacity=cap, page_size=page)
+
+    def launch(kp, vp, kn, vn, lens, bt_view):
+        if backend == "triton":
+            from fray_triton import attention as tattn
+            tattn.append(kp, vp, kn, vn, lens, bt_view, k_strides=(kp.stride(0), kp.stride(2), kp.stride(1)),
+                         v_strides=(vp.stride(0), vp.stride(2), vp.stride(1)), bt_stride=bt_view.stride(0),
+                         capacity=cap, page_size=page)
+        else:
+            _fray().kv_append_paged(kp, vp, bt_view, kn, vn, lens, backend=backend)
+    on(device, launch, kp, vp, kn, vn, lens, bt_view)
     for i, (got, exp) in enumerate(zip(bufs, want)):
         _same_bits(got, exp, "kv_append_paged page=%d pos=%s: buffer %d" % (page, pos, i))
+
+
+@settings(max_examples=20)
+@given(data=st.data())
+def test_triton_kv_append_paged_matches_its_oracle(data):
+    _kv_append_paged_property(data, "cpu", "triton")
+
+
+@gpu(max_examples=60)
+def test_gpu_kv_append_paged_matches_its_oracle(backend, data):
+    _kv_append_paged_property(data, "cuda", backend)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,8 +623,10 @@ def _decode_inputs(data, paged):
     return dtype, batch, hkv, hq, d, page, cap, lens, q, k64, v64, garbage
 
 
-def _run_decode(data, q, k, v, lens, bt, k_strides, v_strides, hkv, cap, page, scale):
-    from fray_triton import attention as tattn
+def _run_decode(data, device, backend, q, k, v, lens, bt, k_strides, v_strides, hkv, cap, page, scale, layout):
+    """One decode launch (backend "triton": fray_triton.attention.decode; "cuda":
+    fray.decode_attention, or fray.paged_decode_attention with a block table) into views of NaN
+    buffers; checks that the inputs keep their bits and nothing outside out and lse is written."""
     batch, hq, d = q.shape
     po, pl = _pad(data), _pad(data)
     obuf = _sentinel((batch, hq + po, d + 1), q.dtype)
@@ -480,23 +636,36 @@ def _run_decode(data, q, k, v, lens, bt, k_strides, v_strides, hkv, cap, page, s
     block_n = data.draw(st.sampled_from((16, 32, 64)), label="block_n")
     num_sms = data.draw(st.sampled_from((1, 4, 132)), label="num_sms")
     ins = [t.clone() for t in (q, k, v)]
-    tattn.decode(q, k, v, lens, bt, out, lse, scale, q_strides=q.stride()[:2], k_strides=k_strides,
-                 v_strides=v_strides, bt_stride=bt.stride(0) if bt is not None else 0,
-                 out_strides=out.stride()[:2], lse_stride=lse.stride(0), n_kv_heads=hkv, capacity=cap,
-                 page_size=page, num_splits=splits, num_sms=num_sms, block_n=block_n)
+
+    def launch(q, k, v, lens, bt, out, lse):
+        if backend == "triton":
+            from fray_triton import attention as tattn
+            tattn.decode(q, k, v, lens, bt, out, lse, scale, q_strides=q.stride()[:2], k_strides=k_strides,
+                         v_strides=v_strides, bt_stride=bt.stride(0) if bt is not None else 0,
+                         out_strides=out.stride()[:2], lse_stride=lse.stride(0), n_kv_heads=hkv, capacity=cap,
+                         page_size=page, num_splits=splits, num_sms=num_sms, block_n=block_n)
+            return
+        if bt is None:
+            _, got = _fray().decode_attention(q, k, v, lens, kv_layout=layout, scale=scale, out=out, return_lse=True,
+                                              num_splits=splits, backend=backend)
+        else:
+            _, got = _fray().paged_decode_attention(q, k, v, bt, lens, scale=scale, out=out, return_lse=True,
+                                                    num_splits=splits, backend=backend)
+        lse.copy_(got)
+    on(device, launch, q, k, v, lens, bt, out, lse)
     for t, before, name in zip((q, k, v), ins, ("q", "k", "v")):
         _same_bits(t, before, "decode: %s" % name)
     rest_o, rest_l = obuf.clone(), lbuf.clone()
     rest_o[:, :hq, :d], rest_l[:, :hq] = float("nan"), float("nan")
     _same_bits(rest_o, _sentinel(obuf.shape, q.dtype), "decode: out's buffer outside out")
     _same_bits(rest_l, _sentinel(lbuf.shape, torch.float32), "decode: lse's buffer outside lse")
-    return out, lse, "splits=%s block_n=%d" % (splits, block_n)
+    return out, lse, "splits=%s" % splits + (" block_n=%d" % block_n if backend == "triton" else "")
 
 
-def _decode_oracle(q, k_nhd, v_nhd, lens, scale):
+def _decode_oracle(q, k_nhd, v_nhd, lens, scale, load):
     """(out, lse, magnitude, score terms, sum_t |v_t|) of the reference over [B, T, Hkv, D]
-    caches."""
-    q64, k64, v64 = _f64(q), _f64(k_nhd), _f64(v_nhd)
+    caches, the inputs as the kernel sees them (load)."""
+    q64, k64, v64 = _f64(q, load), _f64(k_nhd, load), _f64(v_nhd, load)
     e, el, mag = ref.decode_attention(q64, k64, v64, lens, scale, "NHD")
     hq, hkv = q.shape[1], k_nhd.shape[2]
     terms = torch.zeros(el.shape, dtype=torch.float64)
@@ -508,27 +677,27 @@ def _decode_oracle(q, k_nhd, v_nhd, lens, scale):
     return e, el, mag, terms, vsum
 
 
-@settings(max_examples=20)
-@given(data=st.data())
-def test_triton_decode_attention_matches_its_oracle(data):
-    """fray_triton.attention.decode over contiguous caches, HND or NHD, as views of larger
-    buffers: T 1-100, lens 0..T (and below 0 / above T: clamped), GQA groups 1-16, D 64 / 128 /
-    256, split counts 1-6 or the host heuristic, 16 / 32 / 64-token tiles, q, out and lse as
-    views; the cache past lens[b] and the buffers around the views hold NaN, inf or 1e30, never
-    read."""
+def _decode_property(data, device, backend):
+    """decode attention over contiguous caches, HND or NHD, as views of larger buffers: T 1-100,
+    lens 0..T (and below 0 / above T: clamped), GQA groups 1-16, D 64 / 128 / 256, split counts
+    1-6 or the host heuristic, 16 / 32 / 64-token tiles (Triton), q, out and lse as views; the
+    cache past lens[b] and the buffers around the views hold NaN, inf or 1e30, never read.
+    Backend "cuda": the caches' rows padded in 16-byte units (the CUDA kernels copy K / V rows in
+    16-byte pieces: fray.decode_attention's docstring)."""
     dtype, batch, hkv, hq, d, _, cap, lens, q, k64, v64, garbage = _decode_inputs(data, paged=False)
+    unit = 16 // dtype.itemsize if backend == "cuda" else 1
     layout = data.draw(st.sampled_from(("HND", "NHD")), label="layout")
     ph, pt = _pad(data), _pad(data)
     h0, t0 = data.draw(st.integers(0, ph)), data.draw(st.integers(0, pt))
     caches = []
     for x64 in (k64, v64):
         if layout == "HND":
-            big = _filled((batch, hkv + ph, cap + pt, d + _pad(data)), garbage, dtype)
+            big = _filled((batch, hkv + ph, cap + pt, d + _pad(data, unit=unit)), garbage, dtype)
             view = big[:, h0:h0 + hkv, t0:t0 + cap, :d]
             view.copy_(x64.transpose(1, 2))
             nhd = view.transpose(1, 2)
         else:
-            big = _filled((batch, cap + pt, hkv + ph, d + _pad(data)), garbage, dtype)
+            big = _filled((batch, cap + pt, hkv + ph, d + _pad(data, unit=unit)), garbage, dtype)
             view = big[:, t0:t0 + cap, h0:h0 + hkv, :d]
             view.copy_(x64)
             nhd = view
@@ -539,9 +708,10 @@ def test_triton_decode_attention_matches_its_oracle(data):
     scale = data.draw(st.sampled_from((None, 0.3)), label="scale") or 1.0 / math.sqrt(d)
     dims = (0, 1, 2) if layout == "HND" else (0, 2, 1)
     lens_t = _lens_tensor(data, lens, cap)
-    e, el, mag, terms, vsum = _decode_oracle(q, k_nhd, v_nhd, lens, scale)
-    out, lse, how = _run_decode(data, q, k, v, lens_t, None, tuple(k.stride(i) for i in dims),
-                                tuple(v.stride(i) for i in dims), hkv, cap, 1, scale)
+    load = sees(device)
+    e, el, mag, terms, vsum = _decode_oracle(q, k_nhd, v_nhd, lens, scale, load)
+    out, lse, how = _run_decode(data, device, backend, q, k, v, lens_t, None, tuple(k.stride(i) for i in dims),
+                                tuple(v.stride(i) for i in dims), hkv, cap, 1, scale, layout)
     what = "decode %s %s B%d Hq%d Hkv%d D%d T%d lens=%s %s" % (layout, dtype, batch, hq, hkv, d, cap, lens_t.tolist(),
                                                               how)
     assert_close(out, e, dtype, what, scale=_out_scale(mag, vsum, dtype))
@@ -550,16 +720,27 @@ def test_triton_decode_attention_matches_its_oracle(data):
 
 @settings(max_examples=20)
 @given(data=st.data())
-def test_triton_paged_decode_attention_matches_its_oracle(data):
-    """fray_triton.attention.decode over NHD pages of every block size (1-128) through a shuffled
-    block table: the entries past ceil(lens[b] / block_size) are garbage (negative, past the pool,
-    or pages of NaN), the slots past lens[b] in the last page and the unused pages hold NaN, inf
-    or 1e30; pages as views of a larger pool (K and V apart or interleaved in one buffer)."""
+def test_triton_decode_attention_matches_its_oracle(data):
+    _decode_property(data, "cpu", "triton")
+
+
+@gpu(max_examples=30)
+def test_gpu_decode_attention_matches_its_oracle(backend, data):
+    _decode_property(data, "cuda", backend)
+
+
+def _paged_decode_property(data, device, backend):
+    """paged decode attention over NHD pages of every block size (1-128) through a shuffled block
+    table: the entries past ceil(lens[b] / block_size) are garbage (negative, past the pool, or
+    pages of NaN), the slots past lens[b] in the last page and the unused pages hold NaN, inf or
+    1e30; pages as views of a larger pool (K and V apart or interleaved in one buffer). Backend
+    "cuda": the pages' rows padded in 16-byte units, as in _decode_property."""
     dtype, batch, hkv, hq, d, page, cap, lens, q, k64, v64, garbage = _decode_inputs(data, paged=True)
+    unit = 16 // dtype.itemsize if backend == "cuda" else 1
     max_blocks = cap // page
     num_blocks = batch * max_blocks + data.draw(st.integers(0, 3), label="spare pages")
     shared = data.draw(st.booleans(), label="K and V in one buffer")
-    ph, pd = _pad(data), _pad(data)
+    ph, pd = _pad(data), _pad(data, unit=unit)
     g = _generator(data)
     if shared:
         pool = _filled((num_blocks, page, 2, hkv + ph, d + pd), garbage, dtype)
@@ -580,17 +761,29 @@ def test_triton_paged_decode_attention_matches_its_oracle(data):
     v_nhd = torch.stack([_gather(vp, bt[b], n, cap) for b, n in enumerate(lens)])
     scale = data.draw(st.sampled_from((None, 0.3)), label="scale") or 1.0 / math.sqrt(d)
     lens_t = _lens_tensor(data, lens, cap)
-    e, el, mag, terms, vsum = _decode_oracle(q, k_nhd, v_nhd, lens, scale)
+    load = sees(device)
+    e, el, mag, terms, vsum = _decode_oracle(q, k_nhd, v_nhd, lens, scale, load)
     # the paged reference on the pages themselves agrees with the contiguous one
-    ep = ref.paged_decode_attention(_f64(q), _f64(kp), _f64(vp), bt, lens, scale)
+    ep = ref.paged_decode_attention(_f64(q, load), _f64(kp, load), _f64(vp, load), bt, lens, scale)
     torch.testing.assert_close(ep[0], e, rtol=1e-12, atol=0)
     strides = (kp.stride(0), kp.stride(2), kp.stride(1))
-    out, lse, how = _run_decode(data, q, kp, vp, lens_t, bt, strides, (vp.stride(0), vp.stride(2), vp.stride(1)),
-                                hkv, cap, page, scale)
+    out, lse, how = _run_decode(data, device, backend, q, kp, vp, lens_t, bt, strides,
+                                (vp.stride(0), vp.stride(2), vp.stride(1)), hkv, cap, page, scale, None)
     what = "paged decode %s B%d Hq%d Hkv%d D%d page%d T%d lens=%s %s" % (dtype, batch, hq, hkv, d, page, cap,
                                                                         lens_t.tolist(), how)
     assert_close(out, e, dtype, what, scale=_out_scale(mag, vsum, dtype))
     _check_lse(lse, el, terms, what)
+
+
+@settings(max_examples=20)
+@given(data=st.data())
+def test_triton_paged_decode_attention_matches_its_oracle(data):
+    _paged_decode_property(data, "cpu", "triton")
+
+
+@gpu(max_examples=25)
+def test_gpu_paged_decode_attention_matches_its_oracle(backend, data):
+    _paged_decode_property(data, "cuda", backend)
 
 
 def _gather(pages, bt_row, n, cap):
@@ -602,10 +795,11 @@ def _gather(pages, bt_row, n, cap):
 # ---------------------------------------------------------------------------------------------
 # prefill_attention
 
-def _prefill_oracle(q, k, v, lens_q, lens_k, causal, scale):
-    """Per sequence b: q [n_q, Hq, D], k, v [n_k, Hkv, D] (lists) -> the packed reference's
-    (out, lse [Hq, total_q], magnitude, score terms [Hq, total_q], sum_t |v_t| like out)."""
-    q64, k64, v64 = (torch.cat([_f64(x) for x in xs]) for xs in (q, k, v))
+def _prefill_oracle(q, k, v, lens_q, lens_k, causal, scale, load):
+    """Per sequence b: q [n_q, Hq, D], k, v [n_k, Hkv, D] (lists, as the kernel sees them: load) ->
+    the packed reference's (out, lse [Hq, total_q], magnitude, score terms [Hq, total_q], sum_t
+    |v_t| like out)."""
+    q64, k64, v64 = (torch.cat([_f64(x, load) for x in xs]) for xs in (q, k, v))
     cq, ck = np.cumsum([0] + lens_q).tolist(), np.cumsum([0] + lens_k).tolist()
     e, el, mag = ref.prefill_attention(q64, k64, v64, cq, ck, causal, scale)
     hq, hkv = q64.shape[1], k64.shape[1]
@@ -621,23 +815,27 @@ def _prefill_oracle(q, k, v, lens_q, lens_k, causal, scale):
     return torch.from_numpy(e), el, torch.from_numpy(mag), terms, vsum
 
 
-@settings(max_examples=20)
-@given(data=st.data())
-def test_triton_prefill_attention_matches_its_oracle(data):
-    """fray_triton.prefill_attention.prefill, varlen or batched: 1-3 sequences of 0-40 queries and
+def _prefill_property(data, device, backend):
+    """prefill attention, varlen or batched: 1-3 sequences of 0-40 queries and
     0-40 keys (batched: 1-40 each), more queries than keys and fewer (chunked prefill), causal or
     not, GQA groups 1-5, D 64 / 128 / 256, 16 / 32-row tiles or the default ones, max_seqlen_q
     above the longest sequence; q, k, v, out and lse as views of larger buffers. Varlen: packed rows
     past cu_seqlens (a fixed-size buffer's padding) hold NaN, inf or 1e30 and are neither read
-    (k, v) nor written (out, lse)."""
-    from fray_triton import prefill_attention as tp
+    (k, v) nor written (out, lse). Backend "triton": fray_triton.prefill_attention.prefill;
+    "cuda": fray.prefill_attention (JIT) on what it takes (its docstring: bf16 / fp16, strides
+    multiples of 8 elements, out with even strides), bf16 at D 128 (two translation units: causal
+    or not; the draws of dtype and D are made and overridden)."""
+    jit = backend == "cuda"
+    unit = 8 if jit else 1
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    dtype = torch.bfloat16 if jit else dtype
     varlen = data.draw(st.booleans(), label="varlen")
     causal = data.draw(st.booleans(), label="causal")
     batch = data.draw(st.integers(1, 3), label="batch")
     hkv = data.draw(st.integers(1, 2), label="hkv")
     hq = hkv * data.draw(st.sampled_from((1, 2, 3, 5)), label="group")
     d = data.draw(st.sampled_from((64, 64, 128, 256)), label="d")
+    d = 128 if jit else d
     n = st.one_of(st.integers(0, 3), st.integers(4, 40)) if varlen else st.integers(1, 40)
     if varlen:
         lens_q = [data.draw(n, label="n_q") for _ in range(batch)]
@@ -662,14 +860,14 @@ def test_triton_prefill_attention_matches_its_oracle(data):
         q64[tq:], k64[tk:], v64[tk:] = garbage, garbage, garbage
 
     def view(x64, heads):
-        big = _filled(x64.shape[:-2] + (heads + _pad(data), d + _pad(data)), garbage, dtype)
+        big = _filled(x64.shape[:-2] + (heads + _pad(data), d + _pad(data, unit=unit)), garbage, dtype)
         x = big[..., :heads, :d]
         x.copy_(x64)
         return x
 
     q, k, v = view(q64, hq), view(k64, hkv), view(v64, hkv)
     po, pl = _pad(data), _pad(data)
-    obuf = _sentinel(q.shape[:-2] + (hq + po, d + 1), dtype)
+    obuf = _sentinel(q.shape[:-2] + (hq + po, d + (2 if jit else 1)), dtype)
     out = obuf[..., :hq, :d]
     if varlen:
         lbuf = _sentinel((hq + pl, rows_q + po), torch.float32)
@@ -684,10 +882,24 @@ def test_triton_prefill_attention_matches_its_oracle(data):
         strides = [t.stride()[:3] for t in (q, k, v, out)] + [lse.stride()[:2]]
     max_q = max(lens_q) + data.draw(st.integers(0, 20), label="max_seqlen_q - longest")
     ins = [t.clone() for t in (q, k, v)]
-    tp.prefill(q, k, v, out, lse, cu_q, cu_k, scale, causal=causal, batch=batch,
-               max_seqlen_q=max_q if varlen else rows_q, seqlen_k=0 if varlen else rows_k, q_strides=strides[0],
-               k_strides=strides[1], v_strides=strides[2], out_strides=strides[3], lse_strides=strides[4],
-               block_m=block, block_n=block)
+
+    def launch(q, k, v, out, lse, cu_q, cu_k):
+        if backend == "triton":
+            from fray_triton import prefill_attention as tp
+            tp.prefill(q, k, v, out, lse, cu_q, cu_k, scale, causal=causal, batch=batch,
+                       max_seqlen_q=max_q if varlen else rows_q, seqlen_k=0 if varlen else rows_k,
+                       q_strides=strides[0], k_strides=strides[1], v_strides=strides[2], out_strides=strides[3],
+                       lse_strides=strides[4], block_m=block, block_n=block)
+        elif varlen:
+            _, got = _fray().prefill_attention(q, k, v, causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                               max_seqlen_q=max_q, max_seqlen_k=max(lens_k), scale=scale,
+                                               return_lse=True, out=out, backend=backend)
+            lse[:, :tq] = got[:, :tq]  # the rows past cu_seqlens_q[B] are not written
+        else:
+            _, got = _fray().prefill_attention(q, k, v, causal=causal, scale=scale, return_lse=True, out=out,
+                                               backend=backend)
+            lse.copy_(got)
+    on(device, launch, q, k, v, out, lse, cu_q, cu_k)
     what = "prefill %s %s causal=%s B%d Hq%d Hkv%d D%d lens_q=%s lens_k=%s block=%s" % (
         "varlen" if varlen else "batched", dtype, causal, batch, hq, hkv, d, lens_q, lens_k, block)
     for t, before, name in zip((q, k, v), ins, ("q", "k", "v")):
@@ -700,7 +912,7 @@ def test_triton_prefill_attention_matches_its_oracle(data):
         seqs = [(q[b], k[b], v[b]) for b in range(batch)]
         got_out, got_lse = out.reshape(tq, hq, d), lse.transpose(0, 1).reshape(hq, tq)
     qs, ks, vs = zip(*seqs)
-    e, el, mag, terms, vsum = _prefill_oracle(qs, ks, vs, lens_q, lens_k, causal, scale)
+    e, el, mag, terms, vsum = _prefill_oracle(qs, ks, vs, lens_q, lens_k, causal, scale, sees(device))
     assert_close(got_out, e, dtype, what, scale=_out_scale(mag, vsum, dtype))
     _check_lse(got_lse, el, terms, what)
     # nothing written outside out[:total_q] / lse[:, :total_q] (varlen) or out / lse
@@ -713,24 +925,40 @@ def test_triton_prefill_attention_matches_its_oracle(data):
     _same_bits(rest_l, _sentinel(lbuf.shape, torch.float32), what + ": lse's buffer outside the rows written")
 
 
-@settings(max_examples=15)
+@settings(max_examples=20)
 @given(data=st.data())
-def test_triton_paged_prefill_attention_matches_its_oracle_and_the_contiguous_call(data):
-    """fray_triton.prefill_attention.prefill over paged K/V: 1-3 sequences of 0-40 queries over
+def test_triton_prefill_attention_matches_its_oracle(data):
+    _prefill_property(data, "cpu", "triton")
+
+
+@gpu(max_examples=30)
+def test_gpu_prefill_attention_matches_its_oracle(backend, data):
+    _prefill_property(data, "cuda", backend)
+
+
+def _paged_prefill_property(data, device, backend):
+    """prefill attention over paged K/V: 1-3 sequences of 0-40 queries over
     0-40 keys in pages of 1, 16 or 32 tokens behind a shuffled block table, causal or not, GQA
     groups 1-5, D 64 / 128, 16 / 32-row tiles or the default ones. Pool rows and pages no
     sequence uses hold NaN, inf or 1e30, block-table entries past a sequence's keys name pages
     outside the pool (-1, 10^6): none is read. Out and lse within the oracle's bounds and bit for
     bit those of the same kernel on the keys packed contiguously; nothing written outside
-    out[:total_q] / lse[:, :total_q]."""
-    from fray_triton import prefill_attention as tp
+    out[:total_q] / lse[:, :total_q]. Backend "triton": fray_triton.prefill_attention.prefill;
+    "cuda": fray.prefill_attention (JIT) over the paged K/V only (its paged and contiguous kernels
+    are different translation units: no bitwise promise between them), bf16 at D 128, causal, in
+    pages of 16 keys (the CUDA kernel takes block sizes 16-128): one translation unit (the draws
+    of dtype, D, causal and block size are made and overridden)."""
+    jit = backend == "cuda"
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
-    causal = data.draw(st.booleans(), label="causal")
+    dtype = torch.bfloat16 if jit else dtype
+    causal = data.draw(st.booleans(), label="causal") or jit
     batch = data.draw(st.integers(1, 3), label="batch")
     hkv = data.draw(st.integers(1, 2), label="hkv")
     hq = hkv * data.draw(st.sampled_from((1, 2, 3, 5)), label="group")
     d = data.draw(st.sampled_from((64, 128)), label="d")
+    d = 128 if jit else d
     page = data.draw(st.sampled_from((1, 16, 32)), label="page")
+    page = 16 if jit else page
     n = st.one_of(st.integers(0, 3), st.integers(4, 40))
     lens_q = [data.draw(n, label="n_q") for _ in range(batch)]
     lens_k = [data.draw(n, label="n_k") for _ in range(batch)]
@@ -765,29 +993,54 @@ def test_triton_paged_prefill_attention_matches_its_oracle_and_the_contiguous_ca
     cu_k = torch.tensor(np.cumsum([0] + lens_k).tolist(), dtype=torch.int32)
     max_q = max(lens_q) + data.draw(st.integers(0, 20), label="max_seqlen_q - longest")
     results = []
-    for paged in (True, False):
+    for paged in (True,) if jit else (True, False):
         obuf, lbuf = _sentinel((tq + 1, hq, d), dtype), _sentinel((hq, tq + 1), torch.float32)
         out, lse = obuf[:tq], lbuf[:, :tq]
         kk, vv = (kp, vp) if paged else (k, v)
         kv_strides = kk.stride()[:3] if paged else (0,) + kk.stride()[:2]
-        tp.prefill(q, kk, vv, out, lse, cu_q, cu_k, scale, causal=causal, batch=batch, max_seqlen_q=max_q,
-                   seqlen_k=0, q_strides=(0,) + q.stride()[:2], k_strides=kv_strides, v_strides=kv_strides,
-                   out_strides=(0,) + out.stride()[:2], lse_strides=(0, lse.stride(0)), block_m=block, block_n=block,
-                   block_table=bt if paged else None, bt_stride=bt.stride(0), page_size=page if paged else 1)
+
+        def launch(q, kk, vv, out, lse, cu_q, cu_k, bt):
+            if backend == "triton":
+                from fray_triton import prefill_attention as tp
+                tp.prefill(q, kk, vv, out, lse, cu_q, cu_k, scale, causal=causal, batch=batch, max_seqlen_q=max_q,
+                           seqlen_k=0, q_strides=(0,) + q.stride()[:2], k_strides=kv_strides, v_strides=kv_strides,
+                           out_strides=(0,) + out.stride()[:2], lse_strides=(0, lse.stride(0)), block_m=block,
+                           block_n=block, block_table=bt if paged else None, bt_stride=bt.stride(0),
+                           page_size=page if paged else 1)
+                return
+            _, got = _fray().prefill_attention(q, kk, vv, causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                               max_seqlen_q=max_q, max_seqlen_k=max(lens_k), scale=scale,
+                                               return_lse=True, out=out, backend=backend,
+                                               block_table=bt if paged else None)
+            lse.copy_(got)
+        on(device, launch, q, kk, vv, out, lse, cu_q, cu_k, bt)
         results.append((obuf, lbuf))
     what = "paged prefill %s causal=%s B%d Hq%d Hkv%d D%d page %d lens_q=%s lens_k=%s block=%s" % (
         dtype, causal, batch, hq, hkv, d, page, lens_q, lens_k, block)
-    (po, pl), (co, cl) = results
-    _same_bits(po, co, what + ": out against the contiguous call")
-    _same_bits(pl, cl, what + ": lse against the contiguous call")
+    po, pl = results[0]
+    if len(results) > 1:  # Triton: the contiguous call, bit for bit
+        co, cl = results[1]
+        _same_bits(po, co, what + ": out against the contiguous call")
+        _same_bits(pl, cl, what + ": lse against the contiguous call")
     cq, ck = np.cumsum([0] + lens_q).tolist(), np.cumsum([0] + lens_k).tolist()
     seqs = [(q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]]) for b in range(batch)]
     qs, ks, vs = zip(*seqs)
-    e, el, mag, terms, vsum = _prefill_oracle(qs, ks, vs, lens_q, lens_k, causal, scale)
+    e, el, mag, terms, vsum = _prefill_oracle(qs, ks, vs, lens_q, lens_k, causal, scale, sees(device))
     assert_close(po[:tq], e, dtype, what, scale=_out_scale(mag, vsum, dtype))
     _check_lse(pl[:, :tq], el, terms, what)
     _same_bits(po[tq:], _sentinel((1, hq, d), dtype), what + ": out's row past the packed rows")
     _same_bits(pl[:, tq:], _sentinel((hq, 1), torch.float32), what + ": lse's column past the packed rows")
+
+
+@settings(max_examples=15)
+@given(data=st.data())
+def test_triton_paged_prefill_attention_matches_its_oracle_and_the_contiguous_call(data):
+    _paged_prefill_property(data, "cpu", "triton")
+
+
+@gpu(max_examples=25)
+def test_gpu_paged_prefill_attention_matches_its_oracle(backend, data):
+    _paged_prefill_property(data, "cuda", backend)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -796,23 +1049,26 @@ def test_triton_paged_prefill_attention_matches_its_oracle_and_the_contiguous_ca
 MLA_D, MLA_DV = 576, 512
 
 
-@settings(max_examples=15)
-@given(data=st.data())
-def test_triton_mla_decode_matches_its_oracle(data):
-    """fray_triton.mla_decode.decode: 1-3 sequences, s_q 1-4 (lens below s_q included), Hq 1-20,
+def _mla_property(data, device, backend):
+    """mla_decode: 1-3 sequences, s_q 1-4 (lens below s_q included), Hq 1-20,
     block sizes 16-128, lens 0..T, split counts 1-5 or the host heuristic, the default tile
     configuration or smaller ones (several head blocks, 16 / 32-token tiles, both MMA
     orientations), q, out and lse as views of larger buffers, a latent cache whose rows are wider
     than 576, lens below 0 / above T (clamped); what lies past lens[b] (slots, pages, block-table
-    entries) is garbage."""
+    entries) is garbage. Backend "triton": fray_triton.mla_decode.decode (the tile configurations
+    its own); "cuda": fray.mla_decode (JIT) on what it takes (its docstring: bf16 / fp16, q and
+    cache strides multiples of 8 elements, out with even strides), bf16 in pages of 64 tokens (one
+    translation unit; the draws of dtype and block size are made and overridden)."""
     from fray.ops import attention as A
-    from fray_triton import mla_decode as tmla
     from fray_triton._host import next_power_of_2
+    jit = backend == "cuda"
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    dtype = torch.bfloat16 if jit else dtype
     batch = data.draw(st.integers(1, 3), label="batch")
     s_q = data.draw(st.integers(1, 4), label="s_q")
     hq = data.draw(st.one_of(st.integers(1, 4), st.integers(5, 20)), label="hq")
     page = data.draw(st.sampled_from(A.MLA_PAGE_SIZES), label="page")
+    page = 64 if jit else page
     max_blocks = data.draw(st.integers(1, max(1, 160 // page)), label="max_blocks")
     cap = max_blocks * page
     lens = [data.draw(st.one_of(st.just(0), st.just(cap), st.integers(1, min(cap, s_q)), st.integers(1, cap)),
@@ -834,7 +1090,7 @@ def test_triton_mla_decode_matches_its_oracle(data):
     if data.draw(st.booleans(), label="zero q"):
         q64[data.draw(st.integers(0, batch - 1)), :, data.draw(st.integers(0, hq - 1))] = 0.0
     # q and the cache as views: heads and rows wider than the data
-    qbig = _filled((batch, s_q, hq + _pad(data), MLA_D + _pad(data, 8)), garbage, dtype)
+    qbig = _filled((batch, s_q, hq + _pad(data), MLA_D + _pad(data, 8, 8 if jit else 1)), garbage, dtype)
     q = qbig[..., :hq, :MLA_D]
     q.copy_(q64)
     num_blocks = batch * max_blocks + data.draw(st.integers(0, 3), label="spare pages")
@@ -848,24 +1104,35 @@ def test_triton_mla_decode_matches_its_oracle(data):
             bt[b, j] = data.draw(st.sampled_from((-7, num_blocks, 10 ** 6, int(bt[b, j]))))
     bt = torch.cat([bt, torch.full((batch, _pad(data)), -3, dtype=torch.int32)], dim=1)[:, :max_blocks]
     po = _pad(data)
-    obuf = _sentinel((batch, s_q, hq + po, MLA_DV + 1), dtype)
+    obuf = _sentinel((batch, s_q, hq + po, MLA_DV + (2 if jit else 1)), dtype)
     lbuf = _sentinel((batch, s_q + 1, hq + po), torch.float32)
     out, lse = obuf[..., :hq, :MLA_DV], lbuf[:, :s_q, :hq]
     ins = (q.clone(), kv.clone())
     lens_t = _lens_tensor(data, lens, cap)
-    n = tmla.decode(q, kv, bt, lens_t, out, lse, scale, q_strides=q.stride()[:3],
-                    kv_strides=kv.stride()[:2], bt_stride=bt.stride(0), out_strides=out.stride()[:3],
-                    lse_strides=lse.stride(), capacity=cap, page_size=page, num_splits=splits, num_sms=132, cfg=cfg)
-    what = "mla_decode %s B%d s_q%d Hq%d page%d T%d lens=%s splits=%s->%d cfg=%s" % (
-        dtype, batch, s_q, hq, page, cap, lens_t.tolist(), splits, n, cfg)
+
+    def launch(q, kv, bt, lens_t, out, lse):
+        if backend == "triton":
+            from fray_triton import mla_decode as tmla
+            return tmla.decode(q, kv, bt, lens_t, out, lse, scale, q_strides=q.stride()[:3],
+                               kv_strides=kv.stride()[:2], bt_stride=bt.stride(0), out_strides=out.stride()[:3],
+                               lse_strides=lse.stride(), capacity=cap, page_size=page, num_splits=splits,
+                               num_sms=132, cfg=cfg)
+        _, got = _fray().mla_decode(q, kv, bt, lens_t, scale=scale, out=out, return_lse=True, num_splits=splits,
+                                    backend=backend)
+        lse.copy_(got)
+        return splits
+    n = on(device, launch, q, kv, bt, lens_t, out, lse)
+    what = "mla_decode %s B%d s_q%d Hq%d page%d T%d lens=%s splits=%s->%s cfg=%s" % (
+        dtype, batch, s_q, hq, page, cap, lens_t.tolist(), splits, n, cfg if backend == "triton" else None)
     _same_bits(q, ins[0], what + ": q")
     _same_bits(kv, ins[1], what + ": kv_cache")
-    q64, kv64 = _f64(q), _f64(kv)
+    load = sees(device)
+    q64, kv64 = _f64(q, load), _f64(kv, load)
     e, el, mag = ref.mla_decode(q64.numpy(), kv64.numpy(), bt, lens, MLA_DV, scale)
     terms = torch.zeros(el.shape, dtype=torch.float64)
     vsum = torch.zeros(e.shape, dtype=torch.float64)
     for b, n_b in enumerate(lens):
-        rows = _f64(ref.gather_pages(kv, bt[b], n_b)[:, 0])
+        rows = _f64(ref.gather_pages(kv, bt[b], n_b)[:, 0], load)
         for i in range(s_q):
             seen = n_b - s_q + 1 + i
             if seen > 0:
@@ -877,3 +1144,14 @@ def test_triton_mla_decode_matches_its_oracle(data):
     rest_o[..., :hq, :MLA_DV], rest_l[:, :s_q, :hq] = float("nan"), float("nan")
     _same_bits(rest_o, _sentinel(obuf.shape, dtype), what + ": out's buffer outside out")
     _same_bits(rest_l, _sentinel(lbuf.shape, torch.float32), what + ": lse's buffer outside lse")
+
+
+@settings(max_examples=15)
+@given(data=st.data())
+def test_triton_mla_decode_matches_its_oracle(data):
+    _mla_property(data, "cpu", "triton")
+
+
+@gpu(max_examples=25)
+def test_gpu_mla_decode_matches_its_oracle(backend, data):
+    _mla_property(data, "cuda", backend)

@@ -32,17 +32,28 @@ values sprinkled in where the op documents them (inf, -inf, NaN, +-0, subnormals
 - w8a16_gemm (int8 weights): the float64 product within fray.testing's GEMM bound, every scale
   kind.
 
-Not covered here: float8 outputs or weights (Triton's interpreter converts to and from float8
-wrongly, docs/families/quant.md) and bf16 dequantize outputs (the interpreter truncates fp32 ->
-bf16 in a plain .to(), where the GPU rounds to nearest even; the kernels that round through
-fray_triton.norm._round are covered in bf16, and w8a16_gemm's bf16 outputs, truncated here, are
-still inside its GEMM bound). The bf16 inputs go through interpreter_load (the interpreter flushes
-bf16 subnormals when it widens them; tests/core/test_properties.py holds it). The sampled rows'
-temperatures stay normal fp32 numbers (see _sample_params).
+Not covered here (nor on the GPU, whose tests draw what the CPU tests draw): float8 outputs or
+weights (Triton's interpreter converts to and from float8 wrongly, docs/families/quant.md) and
+bf16 dequantize outputs (the interpreter truncates fp32 -> bf16 in a plain .to(), where the GPU
+rounds to nearest even; the kernels that round through fray_triton.norm._round are covered in
+bf16, and w8a16_gemm's bf16 outputs, truncated here, are still inside its GEMM bound). Under the
+interpreter the bf16 inputs go through interpreter_load (it flushes bf16 subnormals when it widens
+them; tests/core/test_properties.py holds it); on the GPU the oracles take them as they are
+(sees()). The sampled rows' temperatures stay normal fp32 numbers (see _sample_params).
 
-Derandomised (the CI profile): the same examples on every run.
+Each property is one body taking (device, backend), as in tests/core/test_properties.py: a CPU
+test (test_triton_*: Triton under the interpreter, skipped without TRITON_INTERPRET=1, which the
+Bazel CPU target sets; the CI profile "ci", derandomised: the same examples on every run) and GPU
+tests (test_gpu_*, marked gpu, skipped where torch sees no CUDA device; the derandomised profile
+"gpu"): apply_penalties, sample, decode_step and w8a16_gemm once per backend ("triton": the same
+kernel entry points compiled; "cuda": the public op with backend="cuda", its results copied into
+the test's buffers), the MoE routing ops and the quantizers on Triton, their only backend.
+w8a16_gemm's CUDA kernel is JIT-compiled (one nvcc translation unit per dtype, scale kind, bias
+and M tile, seconds to minutes each): its GPU examples draw what it takes over two translation
+units (see _w8a16_property).
 """
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -54,10 +65,96 @@ from fray.testing import TOLERANCES
 
 settings.register_profile("ci", derandomize=True, max_examples=30, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
+# The GPU profile, and fewer examples where Triton specialises on many shapes: sized as in
+# tests/core/test_properties.py (see the comment there).
+settings.register_profile("gpu", derandomize=True, max_examples=200, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci")
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="needs TRITON_INTERPRET=1 (the Bazel CPU target sets it)")
+
+# ---------------------------------------------------------------------------------------------
+# where a property runs
+
+def gpu(backends=("cuda", "triton"), max_examples=None):
+    """The decorators of a GPU property test: marked gpu (run with -m gpu), skipped where torch sees
+    no CUDA device, one test per backend (pytest parameter `backend`), the "gpu" profile
+    (max_examples: fewer examples where each costs more)."""
+    profile = settings.get_profile("gpu")
+    chosen = profile if max_examples is None else settings(profile, max_examples=max_examples)
+
+    def wrap(test):
+        test = settings(chosen)(given(data=st.data())(test))
+        test = pytest.mark.parametrize("backend", backends)(test)
+        test = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(test)
+        return pytest.mark.gpu(test)
+    return wrap
+
+
+@pytest.fixture(autouse=True)
+def _triton_mode(request, monkeypatch):
+    """CPU tests: Triton under its interpreter (skipped without TRITON_INTERPRET=1, which the Bazel
+    CPU target sets). GPU tests: Triton compiled (the interpreter unset; Triton decides when a
+    module's kernels are defined, so no fray_triton module may have been imported under the
+    interpreter in this process) and fray.tune's heuristic configurations."""
+    if request.node.get_closest_marker("gpu") is None:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("needs TRITON_INTERPRET=1 (the Bazel CPU target sets it)")
+        return
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("FRAY_AUTOTUNE", "0")
+    from triton.runtime.interpreter import InterpretedFunction
+    interpreted = sorted(name for name, mod in list(sys.modules.items()) if name.startswith("fray_triton")
+                         and any(isinstance(v, InterpretedFunction) for v in vars(mod).values()))
+    if interpreted:
+        pytest.fail("%s imported under TRITON_INTERPRET=1 in this process: run the GPU tests apart (-m gpu)"
+                    % ", ".join(interpreted))
+
+
+def on(device, fn, *args, **kwargs):
+    """fn(*args, **kwargs) with its tensor arguments (also inside lists and tuples) on `device`; on
+    the CPU the call itself. Each tensor travels with the whole storage it views, so strides,
+    offsets, the buffer around a view and the aliasing among the arguments stay as they are, and
+    after fn every storage is copied back over its CPU original: the checks read what fn wrote,
+    wherever it wrote, in the CPU tensors. Tensors fn returns come back as CPU copies."""
+    if device == "cpu":
+        return fn(*args, **kwargs)
+    copies = {}
+
+    def there(t):
+        if isinstance(t, (list, tuple)):
+            return type(t)(there(u) for u in t)
+        if not isinstance(t, torch.Tensor):
+            return t
+        s = t.untyped_storage()
+        key = (s.data_ptr(), s.nbytes())
+        if key not in copies:
+            host = torch.empty(0, dtype=torch.uint8).set_(s)
+            copies[key] = (host, host.to(device))
+        return torch.empty(0, dtype=t.dtype, device=device).set_(copies[key][1].untyped_storage(),
+                                                                 t.storage_offset(), t.shape, t.stride())
+
+    def back(r):
+        if isinstance(r, (list, tuple)):
+            return type(r)(back(u) for u in r)
+        return r.cpu() if isinstance(r, torch.Tensor) else r
+
+    result = fn(*there(args), **{k: there(v) for k, v in kwargs.items()})
+    torch.cuda.synchronize()
+    for host, dev in copies.values():
+        host.copy_(dev)
+    return back(result)
+
+
+def sees(device):
+    """What a kernel sees of its inputs on `device`: interpreter_load under the interpreter (the
+    CPU), the inputs themselves on the GPU."""
+    return interpreter_load if device == "cpu" else (lambda x: x)
+
+
+def _fray():
+    import fray
+    return fray
+
 
 I8 = torch.int8
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -72,8 +169,9 @@ def interpreter_load(x):
     return torch.where(sub, x * 0, x)
 
 
-def _f64(x):
-    return interpreter_load(x).double()
+def _f64(x, load):
+    """x as the kernel sees it (load: sees(device)), in float64."""
+    return load(x).double()
 
 
 def _specials(dtype, overflow=True):
@@ -96,9 +194,10 @@ def _values(data, shape, exp_range, pool, n_specials=8):
     return x
 
 
-def _padded(data, rows, cols, dtype, fill=float("nan")):
-    """A [rows, cols] view into a [rows, cols + pad] buffer of `fill` (row stride cols + pad)."""
-    pad = data.draw(st.integers(0, 3))
+def _padded(data, rows, cols, dtype, fill=float("nan"), unit=1):
+    """A [rows, cols] view into a [rows, cols + pad] buffer of `fill` (row stride cols + pad; pad 0-3
+    units of `unit` elements)."""
+    pad = data.draw(st.integers(0, 3)) * unit
     buf = torch.full((rows, cols + pad), fill, dtype=dtype)
     return buf, buf[:, :cols]
 
@@ -171,10 +270,11 @@ def _penalty_params(data, rows, extremes=True):
     return rep, pres, freq
 
 
-def _penalty_rule(x, ids, offs, rep, pres, freq):
-    """The documented rule in fp32, one rounding to x's dtype (torch's CPU fp32 arithmetic)."""
+def _penalty_rule(x, ids, offs, rep, pres, freq, load):
+    """The documented rule in fp32, one rounding to x's dtype (torch's CPU fp32 arithmetic), on x
+    as the kernel sees it (load)."""
     want = x.clone()
-    xl = interpreter_load(x).float()
+    xl = load(x).float()
     for b in range(x.shape[0]):
         h = ids[int(offs[b]):int(offs[b + 1])].long()
         if h.numel() == 0:
@@ -186,13 +286,13 @@ def _penalty_rule(x, ids, offs, rep, pres, freq):
     return want
 
 
-def _check_penalties(before, after, ids, offs, rep, pres, freq, what):
+def _check_penalties(before, after, ids, offs, rep, pres, freq, what, load):
     """after (the kernel's in-place result) against the fp32 rule bit for bit and the float64
     reference within the dtype's tolerance; entries outside the histories untouched; ids outside
-    the row ignored."""
+    the row ignored. load: what the kernel sees of its inputs (sees(device))."""
     from fray.reference import sampling as rsa
     ids, offs = _in_range(ids, offs, before.shape[1])
-    want = _penalty_rule(before, ids, offs, rep, pres, freq)
+    want = _penalty_rule(before, ids, offs, rep, pres, freq, load)
     touched = torch.zeros(before.shape, dtype=torch.bool)
     terms = torch.zeros(before.shape, dtype=torch.float64)
     for b in range(before.shape[0]):
@@ -200,25 +300,32 @@ def _check_penalties(before, after, ids, offs, rep, pres, freq, what):
         if h.numel():
             uniq, counts = torch.unique(h, return_counts=True)
             touched[b, uniq] = True
-            l = _f64(before)[b, uniq]
+            l = _f64(before, load)[b, uniq]
             terms[b, uniq] = (torch.where(l > 0, l / float(rep[b]), l * float(rep[b])).abs() + abs(float(pres[b]))
                               + counts.double() * abs(float(freq[b])))
     assert torch.equal(_bits(after)[~touched], _bits(before)[~touched]), "%s: entries outside the histories " \
                                                                          "changed" % what
     _assert_same(after, want, what + " (the fp32 rule)")
-    ref = rsa.apply_penalties(_f64(before).numpy(), ids.numpy(), offs.numpy(), rep.double().numpy(),
+    ref = rsa.apply_penalties(_f64(before, load).numpy(), ids.numpy(), offs.numpy(), rep.double().numpy(),
                               pres.double().numpy(), freq.double().numpy())
     _assert_close_terms(after, torch.from_numpy(ref), before.dtype, terms.nan_to_num(0.0, 0.0, 0.0),
                         what + " (float64 reference)")
 
 
-@settings(max_examples=20)
-@given(data=st.data())
-def test_triton_apply_penalties_matches_its_oracle(data):
+def _apply_penalties(backend, logits, ids, offs, rep, pres, freq):
+    """apply_penalties in place on logits: fray_triton.sampling (backend "triton") or
+    fray.apply_penalties."""
+    if backend == "triton":
+        from fray_triton import sampling as ts
+        ts.apply_penalties(logits, ids, offs, rep, pres, freq, logits.stride(0), *logits.shape)
+    else:
+        _fray().apply_penalties(logits, ids, offs, repetition=rep, presence=pres, frequency=freq, backend=backend)
+
+
+def _apply_penalties_property(data, device, backend):
     """apply_penalties over 1-4 rows of 1-3000 logits (fp32 / fp16 / bf16, rows inside wider
     buffers), ragged histories of int32 or int64 ids with repeats (and ids outside the row, which
     the kernel ignores), per-row parameters, special values where the histories point."""
-    from fray_triton import sampling as ts
     dtype = data.draw(st.sampled_from((FP32, FP16, BF16)))
     rows = data.draw(st.integers(1, 4))
     width = data.draw(st.one_of(st.integers(1, 40), st.integers(41, 3000)))
@@ -238,10 +345,21 @@ def test_triton_apply_penalties_matches_its_oracle(data):
     buf, logits = _padded(data, rows, width, dtype)
     logits.copy_(x.to(dtype))
     before = buf.clone()
-    ts.apply_penalties(logits, ids, offs, rep, pres, freq, logits.stride(0), rows, width)
+    on(device, lambda *ts: _apply_penalties(backend, *ts), logits, ids, offs, rep, pres, freq)
     assert torch.equal(_bits(buf[:, width:]), _bits(before[:, width:])), "the rows' padding was written"
     _check_penalties(before[:, :width], logits, ids, offs, rep, pres, freq,
-                     "penalties %dx%d %s" % (rows, width, dtype))
+                     "penalties %dx%d %s" % (rows, width, dtype), sees(device))
+
+
+@settings(max_examples=20)
+@given(data=st.data())
+def test_triton_apply_penalties_matches_its_oracle(data):
+    _apply_penalties_property(data, "cpu", "triton")
+
+
+@gpu()
+def test_gpu_apply_penalties_matches_its_oracle(backend, data):
+    _apply_penalties_property(data, "cuda", backend)
 
 
 # A decision (a top-p / min-p threshold, the inverse CDF's boundary) within this fraction of the
@@ -342,18 +460,30 @@ def _check_sample_row(l, temp, top_k, top_p, min_p, seed, offset, tok, lp, what)
     return "exact"
 
 
-def _run_sample(logits, params):
-    from fray_triton import sampling as ts
-    rows, width = logits.shape
+def _sample(backend, logits, params, tok, lp):
+    """One draw per row into tok and lp: fray_triton.sampling (backend "triton") or fray.sample."""
+    if backend == "triton":
+        from fray_triton import sampling as ts
+        ts.sample(logits, tok, lp, *params, logits.stride(0), *logits.shape)
+        return
+    temp, top_k, top_p, min_p, seeds, offsets = params
+    got_tok, got_lp = _fray().sample(logits, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds,
+                                     offsets=offsets, return_logprobs=True, backend=backend)
+    tok.copy_(got_tok)
+    lp.copy_(got_lp)
+
+
+def _run_sample(device, backend, logits, params):
+    rows = logits.shape[0]
     tok = torch.full((rows,), -1, dtype=torch.int64)
     lp = torch.full((rows,), float("nan"))
-    ts.sample(logits, tok, lp, *params, logits.stride(0), rows, width)
+    on(device, lambda *ts: _sample(backend, *ts), logits, params, tok, lp)
     return tok, lp
 
 
-def _check_sample(logits, params, tok, lp, what):
+def _check_sample(logits, params, tok, lp, what, load):
     rows = logits.shape[0]
-    l64 = _f64(logits).numpy()
+    l64 = _f64(logits, load).numpy()
     t, k, p, m, s, o = (v.tolist() for v in params)
     return [_check_sample_row(l64[r], t[r], k[r], p[r], m[r], s[r], o[r], int(tok[r]), float(lp[r]),
                               "%s row %d" % (what, r)) for r in range(rows)]
@@ -364,9 +494,7 @@ def _with_repeat(logits, params, r):
     return (torch.cat([logits, logits[r:r + 1]]), tuple(torch.cat([p, p[r:r + 1]]) for p in params))
 
 
-@settings(max_examples=15)
-@given(data=st.data())
-def test_triton_sample_matches_its_oracle(data):
+def _sample_property(data, device, backend):
     """sample over 1-4 rows of 1-3000 fp32 / bf16 logits (rows inside wider buffers; past the
     1024-wide loop block), greedy and sampled rows mixed, top_k 0..V+2, top_p, min_p and temperature
     per row, 64-bit seeds and offsets; the last row repeats one of the others."""
@@ -379,19 +507,27 @@ def test_triton_sample_matches_its_oracle(data):
     x, params = _with_repeat(x, params, r)
     _, logits = _padded(data, rows + 1, width, dtype)
     logits.copy_(x)
-    tok, lp = _run_sample(logits, params)
-    _check_sample(logits, params, tok, lp, "sample %dx%d %s" % (rows, width, dtype))
+    tok, lp = _run_sample(device, backend, logits, params)
+    _check_sample(logits, params, tok, lp, "sample %dx%d %s" % (rows, width, dtype), sees(device))
     assert tok[-1] == tok[r] and _bits(lp[-1:]).item() == _bits(lp[r:r + 1]).item(), \
         "the same row, seed and offset drew differently: %d vs %d" % (tok[-1], tok[r])
 
 
-@settings(max_examples=10)
+@settings(max_examples=15)
 @given(data=st.data())
-def test_triton_decode_step_matches_its_oracle(data):
-    """decode_step's Triton path (apply_penalties in place, then sample on the penalised logits)
-    over 1-3 rows of 1-2000 fp32 / bf16 logits: the penalties as apply_penalties' oracle, the draw
-    as sample's on the penalised logits."""
-    from fray_triton import sampling as ts
+def test_triton_sample_matches_its_oracle(data):
+    _sample_property(data, "cpu", "triton")
+
+
+@gpu()
+def test_gpu_sample_matches_its_oracle(backend, data):
+    _sample_property(data, "cuda", backend)
+
+
+def _decode_step_property(data, device, backend):
+    """decode_step over 1-3 rows of 1-2000 fp32 / bf16 logits: the penalties in place on the logits
+    as apply_penalties' oracle, the draw as sample's on the penalised logits. Backend "triton": the
+    Triton composition (apply_penalties, then sample); "cuda": fray.decode_step."""
     dtype = data.draw(st.sampled_from((FP32, BF16)))
     rows = data.draw(st.integers(1, 3))
     width = data.draw(st.one_of(st.integers(1, 40), st.integers(41, 2000)))
@@ -402,10 +538,30 @@ def test_triton_decode_step_matches_its_oracle(data):
     _, logits = _padded(data, rows, width, dtype)
     logits.copy_(x)
     before = logits.clone()
-    ts.apply_penalties(logits, ids, offs, *pen, logits.stride(0), rows, width)
-    _check_penalties(before, logits, ids, offs, *pen, "decode_step penalties %dx%d %s" % (rows, width, dtype))
-    tok, lp = _run_sample(logits, params)
-    _check_sample(logits, params, tok, lp, "decode_step %dx%d %s" % (rows, width, dtype))
+    load = sees(device)
+    if backend == "triton":
+        on(device, lambda *ts: _apply_penalties(backend, *ts), logits, ids, offs, *pen)
+        tok, lp = _run_sample(device, backend, logits, params)
+    else:
+        def launch(logits, ids, offs, pen, params):
+            temp, top_k, top_p, min_p, seeds, offsets = params
+            return _fray().decode_step(logits, ids, offs, repetition=pen[0], presence=pen[1], frequency=pen[2],
+                                       temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds,
+                                       offsets=offsets, return_logprobs=True, backend=backend)
+        tok, lp = on(device, launch, logits, ids, offs, pen, params)
+    _check_penalties(before, logits, ids, offs, *pen, "decode_step penalties %dx%d %s" % (rows, width, dtype), load)
+    _check_sample(logits, params, tok, lp, "decode_step %dx%d %s" % (rows, width, dtype), load)
+
+
+@settings(max_examples=10)
+@given(data=st.data())
+def test_triton_decode_step_matches_its_oracle(data):
+    _decode_step_property(data, "cpu", "triton")
+
+
+@gpu()
+def test_gpu_decode_step_matches_its_oracle(backend, data):
+    _decode_step_property(data, "cuda", backend)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,22 +606,27 @@ def _route_logits(data, t, e, dtype, specials=True):
     return x.to(dtype)
 
 
-def _run_route(x, bias, a):
-    from fray_triton import moe as tmoe
+def _run_route(device, x, bias, a):
+    """fray_triton.moe.route (the only backend moe_route has) on `device`."""
     t, e = x.shape
     w = torch.full((t, a["top_k"]), float("nan"))
     ids = torch.full((t, a["top_k"]), -7, dtype=torch.int32)
     counts = torch.zeros(e, dtype=torch.int32)
-    tmoe.route(x, bias, w, ids, counts, a["top_k"], a["sigmoid"], a["renorm"], a["groups"], a["topk_group"],
-               a["scale"])
+
+    def launch(x, bias, w, ids, counts):
+        from fray_triton import moe as tmoe
+        tmoe.route(x, bias, w, ids, counts, a["top_k"], a["sigmoid"], a["renorm"], a["groups"], a["topk_group"],
+                   a["scale"])
+    on(device, launch, x, bias, w, ids, counts)
     return w, ids, counts
 
 
-def _check_route(x, bias, a, w, ids, counts, what):
-    """The kernel's (w, ids, counts) against moe_route's documented selection (module docstring)."""
+def _check_route(x, bias, a, w, ids, counts, what, load):
+    """The kernel's (w, ids, counts) against moe_route's documented selection (module docstring),
+    on the inputs as the kernel sees them (load)."""
     from fray.reference import moe as rmoe
-    x64 = _f64(x).numpy()
-    b64 = None if bias is None else _f64(bias).numpy()
+    x64 = _f64(x, load).numpy()
+    b64 = None if bias is None else _f64(bias, load).numpy()
     t, e = x64.shape
     groups = a["groups"]
     s = rmoe.scores(x64, "sigmoid" if a["sigmoid"] else "softmax")
@@ -532,10 +693,8 @@ def _check_route(x, bias, a, w, ids, counts, what):
     assert np.array_equal(counts.numpy(), np.bincount(got.reshape(-1), minlength=e)), "%s: counts" % what
 
 
-@settings(max_examples=20)
-@given(data=st.data())
-def test_triton_moe_route_matches_its_oracle(data):
-    """moe_route over 1-12 tokens of 1-64 experts (fp32 / fp16 / bf16 logits, rows inside wider
+def _moe_route_property(data, device):
+    """moe_route (Triton only) over 1-12 tokens of 1-64 experts (fp32 / fp16 / bf16 logits, rows inside wider
     buffers), softmax or sigmoid, top_k 1..min(E, 8), grouped selection over every divisor of E,
     a correction bias or none, renormalised or not, scaled; ties, grids and special values."""
     a = data.draw(route_args())
@@ -549,20 +708,28 @@ def test_triton_moe_route_matches_its_oracle(data):
             data.draw(st.sampled_from((FP32, BF16))))
     _, logits = _padded(data, t, a["e"], dtype)
     logits.copy_(x)
-    w, ids, counts = _run_route(logits, bias, a)
-    _check_route(logits, bias, a, w, ids, counts, "moe_route T%d %s %s" % (t, a, dtype))
+    w, ids, counts = _run_route(device, logits, bias, a)
+    _check_route(logits, bias, a, w, ids, counts, "moe_route T%d %s %s" % (t, a, dtype), sees(device))
 
 
 @settings(max_examples=20)
 @given(data=st.data())
-def test_triton_moe_dispatch_matches_its_oracle(data):
-    """moe_dispatch over 0-300 tokens, k 1-8, 1-64 experts (and a few wider), every power-of-two
+def test_triton_moe_route_matches_its_oracle(data):
+    _moe_route_property(data, "cpu")
+
+
+@gpu(("triton",), max_examples=50)
+def test_gpu_moe_route_matches_its_oracle(backend, data):
+    _moe_route_property(data, "cuda")
+
+
+def _moe_dispatch_property(data, device):
+    """moe_dispatch (Triton only) over 0-300 tokens, k 1-8, 1-64 experts (and a few wider), every power-of-two
     block_m up to 1024, int32 or int64 ids (distinct per token, repeated, or skewed onto a few
     experts), with or without an expert map (many-to-one and -1 entries): every output equal to the
     reference, exactly, each element written."""
     from fray.ops import moe as M
     from fray.reference import moe as rmoe
-    from fray_triton import moe as tmoe
     t = data.draw(st.one_of(st.integers(0, 3), st.integers(4, 300)))
     e = data.draw(st.one_of(st.integers(1, 64), st.sampled_from((255, 1000, 4096))))
     k = data.draw(st.integers(1, 8))
@@ -584,17 +751,30 @@ def test_triton_moe_dispatch_matches_its_oracle(data):
     outs = M._dispatch_outputs(ids, e, block_m)
     for o in outs[1:5]:
         o.fill_(-99)
-    tmoe.dispatch(ids, emap, e, block_m, *outs)
+
+    def launch(ids, emap, *outs):
+        from fray_triton import moe as tmoe
+        tmoe.dispatch(ids, emap, e, block_m, *outs)
+    on(device, launch, ids, emap, *outs)
     want = rmoe.moe_dispatch(ids.numpy(), e, block_m, None if emap is None else emap.numpy())
     for name, got, exp in zip(M.MoeDispatch._fields, outs[:6], want):
         assert got.dtype == torch.int32 and np.array_equal(got.numpy(), exp), \
             "moe_dispatch T%d k%d E%d m%d map=%s: %s differs" % (t, k, e, block_m, emap is not None, name)
 
 
-@settings(max_examples=12)
+@settings(max_examples=20)
 @given(data=st.data())
-def test_triton_routed_grouped_gemm_matches_its_oracle(data):
-    """routed_grouped_gemm's Triton path: softmax top-k routing (moe_route's kernel, renormalised or
+def test_triton_moe_dispatch_matches_its_oracle(data):
+    _moe_dispatch_property(data, "cpu")
+
+
+@gpu(("triton",), max_examples=15)
+def test_gpu_moe_dispatch_matches_its_oracle(backend, data):
+    _moe_dispatch_property(data, "cuda")
+
+
+def _routed_grouped_gemm_property(data, device):
+    """routed_grouped_gemm's Triton path (its only one): softmax top-k routing (moe_route's kernel, renormalised or
     not; ties, grids, -inf and +-1e30 logits) then the routed GEMM at random T (1-24), K and N (1-70,
     no multiple of the 32-wide tiles needed), E (1-16), top_k up to min(E, 8), rows of x wider than
     their data, either layout (contiguous or a transposed view), every combine mode, against the
@@ -613,8 +793,8 @@ def test_triton_routed_grouped_gemm_matches_its_oracle(data):
         logits[data.draw(st.integers(0, t - 1)), data.draw(st.integers(0, e - 1))] = pool[
             data.draw(st.integers(0, len(pool) - 1))]
     logits[~torch.isfinite(logits).any(1), 0] = 0.0  # a row of -inf only routes NaN weights
-    w, ids, counts = _run_route(logits, None, a)
-    _check_route(logits, None, a, w, ids, counts, "routed_grouped_gemm routing")
+    w, ids, counts = _run_route(device, logits, None, a)
+    _check_route(logits, None, a, w, ids, counts, "routed_grouped_gemm routing", sees(device))
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 31 - 1)))
     _, x = _padded(data, t, kd, dtype)
     x.copy_(torch.randn(t, kd, generator=g).to(dtype))
@@ -622,9 +802,20 @@ def test_triton_routed_grouped_gemm_matches_its_oracle(data):
     if layout == "kn":
         b = b.transpose(1, 2).contiguous() if data.draw(st.booleans()) else b.transpose(1, 2)
     out = torch.full((t, n), float("nan"), dtype=dtype)
-    MG._routed(x, b, w, ids, out, layout, combine)
+    on(device, lambda *ts: MG._routed(*ts, layout, combine), x, b, w, ids, out)
     MG.check_routed(x, b, w, ids, out, "routed T%d K%d N%d E%d k%d %s %s %s" % (t, kd, n, e, top_k, dtype, layout,
                                                                               combine), layout)
+
+
+@settings(max_examples=12)
+@given(data=st.data())
+def test_triton_routed_grouped_gemm_matches_its_oracle(data):
+    _routed_grouped_gemm_property(data, "cpu")
+
+
+@gpu(("triton",), max_examples=10)
+def test_gpu_routed_grouped_gemm_matches_its_oracle(backend, data):
+    _routed_grouped_gemm_property(data, "cuda")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -655,15 +846,12 @@ def _quant_x(data, m, k, dtype):
     return (x * 2.0 ** p).to(dtype), 2.0 ** p
 
 
-@settings(max_examples=20)
-@given(data=st.data())
-def test_triton_quantize_matches_its_oracle(data):
-    """quantize to int8 at every granularity, dynamic or static scales (special ones among them),
+def _quantize_property(data, device):
+    """quantize (Triton only) to int8 at every granularity, dynamic or static scales (special ones among them),
     shapes of _quant_shape, fp32 / fp16 / bf16, rows of x and q inside wider buffers: q and the
     scales equal to the reference bit for bit."""
     from fray.ops import quant as Q
     from fray.reference import quant as rq
-    from fray_triton import quant as tq
     gran, block = data.draw(st.sampled_from(GRANULARITIES))
     dtype = data.draw(st.sampled_from((FP32, FP16, BF16)))
     m, k = _quant_shape(data)
@@ -688,8 +876,12 @@ def test_triton_quantize_matches_its_oracle(data):
     if scale is None:
         s.fill_(-1.0)
     given_scale = None if scale is None else scale.clone()
-    tq.quantize(x, q, s, gran, block, 127.0, False, scale is not None, amax)
-    eq, es = rq.quantize(_f64(x).numpy(), "int8", gran, block, None if scale is None else scale.numpy())
+
+    def launch(x, q, s, amax):
+        from fray_triton import quant as tq
+        tq.quantize(x, q, s, gran, block, 127.0, False, scale is not None, amax)
+    on(device, launch, x, q, s, amax)
+    eq, es = rq.quantize(_f64(x, sees(device)).numpy(), "int8", gran, block, None if scale is None else scale.numpy())
     what = "quantize %dx%d %s %s%s %s" % (m, k, gran, block or "", " static" if scale is not None else "", dtype)
     assert np.array_equal(q.numpy().astype(np.float64), eq), "%s: %d values differ" % (
         what, int((q.numpy() != eq).sum()))
@@ -703,12 +895,20 @@ def test_triton_quantize_matches_its_oracle(data):
 
 @settings(max_examples=20)
 @given(data=st.data())
-def test_triton_dequantize_matches_its_oracle(data):
-    """dequantize int8 at every granularity to fp32 / fp16, 1-300 rows of 1-600 columns, q and the
+def test_triton_quantize_matches_its_oracle(data):
+    _quantize_property(data, "cpu")
+
+
+@gpu(("triton",), max_examples=50)
+def test_gpu_quantize_matches_its_oracle(backend, data):
+    _quantize_property(data, "cuda")
+
+
+def _dequantize_property(data, device):
+    """dequantize (Triton only) int8 at every granularity to fp32 / fp16, 1-300 rows of 1-600 columns, q and the
     output inside wider buffers, scales over 60 binades with special values (0, subnormal, inf, NaN,
     negative): x = fp32(q * scale) rounded once, bit for bit."""
     from fray.reference import quant as rq
-    from fray_triton import quant as tq
     gran, block = data.draw(st.sampled_from(GRANULARITIES))
     dtype = data.draw(st.sampled_from((FP32, FP16)))
     m, k = _quant_shape(data, wide=False)
@@ -724,10 +924,25 @@ def test_triton_dequantize_matches_its_oracle(data):
             flat[data.draw(st.integers(0, flat.numel() - 1))] = pool[data.draw(st.integers(0, len(pool) - 1))]
     obuf, out = _padded(data, m, k, dtype)
     ob = obuf.clone()
-    tq.dequantize(q, s, out, gran, block)
+
+    def launch(q, s, out):
+        from fray_triton import quant as tq
+        tq.dequantize(q, s, out, gran, block)
+    on(device, launch, q, s, out)
     want = torch.from_numpy(rq.dequantize(q.numpy(), s.numpy(), gran, block)).to(dtype)
     _assert_same(out, want, "dequantize %dx%d %s %s %s" % (m, k, gran, block or "", dtype))
     assert torch.equal(_bits(obuf[:, k:]), _bits(ob[:, k:])), "dequantize: the output rows' padding was written"
+
+
+@settings(max_examples=20)
+@given(data=st.data())
+def test_triton_dequantize_matches_its_oracle(data):
+    _dequantize_property(data, "cpu")
+
+
+@gpu(("triton",), max_examples=100)
+def test_gpu_dequantize_matches_its_oracle(backend, data):
+    _dequantize_property(data, "cuda")
 
 
 def _round_to(v, dtype):
@@ -800,15 +1015,12 @@ def _fused_shape(data):
     return data.draw(st.integers(1, 9)), data.draw(st.one_of(st.integers(1, 40), st.integers(41, 700)))
 
 
-@settings(max_examples=15)
-@given(data=st.data())
-def test_triton_rmsnorm_quant_matches_its_oracle(data):
-    """rmsnorm_quant to int8 over the shapes of _fused_shape, fp32 / fp16 / bf16 values with special
+def _rmsnorm_quant_property(data, device):
+    """rmsnorm_quant (Triton only) to int8 over the shapes of _fused_shape, fp32 / fp16 / bf16 values with special
     values (NaN rows, zero rows, inf), weights of x's dtype or fp32, a weight offset, an optional
     residual (its rounded sum written back, bit for bit), dynamic or static scales (one, or one per
     row), rows of x, the residual and q inside wider buffers."""
     from fray.reference import norm as rnorm
-    from fray_triton import rmsnorm_quant as tk
     dtype = data.draw(st.sampled_from((FP32, FP16, BF16)))
     rows, h = _fused_shape(data)
     xv = _values(data, (rows, h), (-8, 8), NORM_SPECIALS)
@@ -828,16 +1040,21 @@ def test_triton_rmsnorm_quant_matches_its_oracle(data):
     static, s_stride = _static_scale(data, rows)
     qbuf, q = _padded(data, rows, h, I8, fill=99)
     s = static if static is not None else torch.full((rows, 1), -1.0)
-    tk.rmsnorm_quant(x, residual, w, q, s, eps, offset, 127.0, False, static is not None, x.stride(0),
-                     0 if residual is None else residual.stride(0), q.stride(0), s_stride, rows, h)
+
+    def launch(x, residual, w, q, s):
+        from fray_triton import rmsnorm_quant as tk
+        tk.rmsnorm_quant(x, residual, w, q, s, eps, offset, 127.0, False, static is not None, x.stride(0),
+                         0 if residual is None else residual.stride(0), q.stride(0), s_stride, rows, h)
+    on(device, launch, x, residual, w, q, s)
+    load = sees(device)
     what = "rmsnorm_quant %dx%d %s w %s offset %g%s%s" % (rows, h, dtype, wdt, offset, " residual" if r0 is not None
                                                           else "", " static" if static is not None else "")
     src = x
     if r0 is not None:
-        want = (interpreter_load(x).float() + interpreter_load(r0).float()).to(dtype)
+        want = (load(x).float() + load(r0).float()).to(dtype)
         _assert_same(residual, want, what + " sum")
         src = residual
-    x64, w64 = _f64(src).numpy(), _f64(w).numpy()
+    x64, w64 = _f64(src, load).numpy(), _f64(w, load).numpy()
     y = rnorm.rmsnorm(x64, w64, eps, offset)
     with np.errstate(invalid="ignore", over="ignore"):
         xhat = rnorm.rmsnorm(x64, np.ones_like(w64), eps)
@@ -848,12 +1065,20 @@ def test_triton_rmsnorm_quant_matches_its_oracle(data):
 
 @settings(max_examples=15)
 @given(data=st.data())
-def test_triton_silu_mul_quant_matches_its_oracle(data):
-    """silu_mul_quant to int8 over the shapes of _fused_shape, the fused [gate | up] layout or
+def test_triton_rmsnorm_quant_matches_its_oracle(data):
+    _rmsnorm_quant_property(data, "cpu")
+
+
+@gpu(("triton",), max_examples=50)
+def test_gpu_rmsnorm_quant_matches_its_oracle(backend, data):
+    _rmsnorm_quant_property(data, "cuda")
+
+
+def _silu_mul_quant_property(data, device):
+    """silu_mul_quant (Triton only) to int8 over the shapes of _fused_shape, the fused [gate | up] layout or
     separate gate and up (strided), fp32 / fp16 / bf16 with special values, dynamic or static
     scales (one, or one per row)."""
     from fray.reference import activation as ract
-    from fray_triton import silu_mul_quant as tk
     dtype = data.draw(st.sampled_from((FP32, FP16, BF16)))
     rows, d = _fused_shape(data)
     pool = _specials(dtype, overflow=False) + [1e30, -1e30]
@@ -872,10 +1097,14 @@ def test_triton_silu_mul_quant_matches_its_oracle(data):
     static, s_stride = _static_scale(data, rows)
     qbuf, q = _padded(data, rows, d, I8, fill=99)
     s = static if static is not None else torch.full((rows, 1), -1.0)
-    tk.silu_mul_quant(gate, up, q, s, 127.0, False, static is not None, gate.stride(0), up.stride(0), q.stride(0),
-                      s_stride, rows, d)
+
+    def launch(gate, up, q, s):
+        from fray_triton import silu_mul_quant as tk
+        tk.silu_mul_quant(gate, up, q, s, 127.0, False, static is not None, gate.stride(0), up.stride(0),
+                          q.stride(0), s_stride, rows, d)
+    on(device, launch, gate, up, q, s)
     with np.errstate(invalid="ignore", over="ignore"):
-        y = ract.silu_mul(_f64(gate).numpy(), _f64(up).numpy())
+        y = ract.silu_mul(_f64(gate, sees(device)).numpy(), _f64(up, sees(device)).numpy())
     what = "silu_mul_quant %dx%d %s %s%s" % (rows, d, dtype, "fused" if fused else "split",
                                             " static" if static is not None else "")
     _check_fused_quant(q, s, y, np.zeros_like(y), dtype, static, what)
@@ -884,21 +1113,38 @@ def test_triton_silu_mul_quant_matches_its_oracle(data):
 
 @settings(max_examples=15)
 @given(data=st.data())
-def test_triton_w8a16_gemm_matches_its_oracle(data):
+def test_triton_silu_mul_quant_matches_its_oracle(data):
+    _silu_mul_quant_property(data, "cpu")
+
+
+@gpu(("triton",), max_examples=40)
+def test_gpu_silu_mul_quant_matches_its_oracle(backend, data):
+    _silu_mul_quant_property(data, "cuda")
+
+
+def _w8a16_property(data, device, backend):
     """w8a16_gemm with int8 weights at random M (1-80: each of the three tiles by M), N (1-150),
     K (1-300: one to three 128-deep groups, no multiple needed), every scale kind and shape
     ([] / [1], [N] / [N, 1], [N, ceil(K / 128)]), scales over 24 binades, with or without bias,
     rows of x, w and out inside wider buffers, weights from the full int8 range or +-127 / 0 only,
-    bf16 / fp16 activations, against the float64 product within fray.testing's GEMM bound."""
+    bf16 / fp16 activations, against the float64 product within fray.testing's GEMM bound.
+    Backend "triton": fray_triton.w8a16_gemm; "cuda": fray.w8a16_gemm (JIT) on what it takes (its
+    docstring: M <= 16, K a multiple of 16, 16-byte row strides of x and w: M folded into 1-8, K
+    rounded up to 16, the padding in 16-byte units) over two translation units: bf16, no bias,
+    per-channel (tensor and channel scales) or per-group scales (the draws of dtype and bias are
+    made and overridden)."""
     from fray.ops import quant as Q
-    from fray_triton import w8a16_gemm as tw
+    jit = backend == "cuda"
     dtype = data.draw(st.sampled_from((BF16, FP16)))
+    dtype = BF16 if jit else dtype
     m, n, k = data.draw(st.integers(1, 80)), data.draw(st.integers(1, 150)), data.draw(st.integers(1, 300))
+    if jit:
+        m, k = (m - 1) % 8 + 1, -(-k // 16) * 16
     kind = data.draw(st.sampled_from(("tensor", "channel", "group")))
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 31 - 1)))
-    _, x = _padded(data, m, k, dtype)
+    _, x = _padded(data, m, k, dtype, unit=8 if jit else 1)
     x.copy_((torch.randn(m, k, generator=g) * 2.0 ** data.draw(st.integers(-4, 2))).to(dtype))
-    _, w = _padded(data, n, k, I8, fill=0)
+    _, w = _padded(data, n, k, I8, fill=0, unit=16 if jit else 1)
     if data.draw(st.booleans()):
         w.copy_((torch.randint(-1, 2, (n, k), generator=g) * 127).to(I8))
     else:
@@ -908,10 +1154,29 @@ def test_triton_w8a16_gemm_matches_its_oracle(data):
     # fp16 out: K * 127 * |x| * scale stays under 65504
     s = ((torch.rand(shape, generator=g) + 0.5) * 2.0 ** data.draw(
         st.integers(-20, -12 if dtype == FP16 else 4))).float()
-    bias = torch.randn(n, generator=g).to(dtype) if data.draw(st.booleans()) else None
+    bias = torch.randn(n, generator=g).to(dtype) if data.draw(st.booleans()) and not jit else None
     obuf, out = _padded(data, m, n, dtype)
-    tw.w8a16_gemm(x, w, s, Q._w8a16_lds(Q._w8a16_kind(s, n, k), s), kind == "group", bias, out, tw.config_for(m))
-    Q.assert_w8a16_close(out, interpreter_load(x), w, s, Q._w8a16_kind(s, n, k), bias,
+
+    def launch(x, w, s, bias, out):
+        if backend == "triton":
+            from fray_triton import w8a16_gemm as tw
+            tw.w8a16_gemm(x, w, s, Q._w8a16_lds(Q._w8a16_kind(s, n, k), s), kind == "group", bias, out,
+                          tw.config_for(m))
+        else:
+            _fray().w8a16_gemm(x, w, s, bias=bias, out=out, backend=backend)
+    on(device, launch, x, w, s, bias, out)
+    Q.assert_w8a16_close(out, sees(device)(x), w, s, Q._w8a16_kind(s, n, k), bias,
                          what="w8a16 %dx%dx%d %s %s %s" % (m, n, k, kind, tuple(shape), dtype))
     assert torch.isnan(obuf[:, n:].float()).all(), "w8a16: out's row padding was written"
+
+
+@settings(max_examples=15)
+@given(data=st.data())
+def test_triton_w8a16_gemm_matches_its_oracle(data):
+    _w8a16_property(data, "cpu", "triton")
+
+
+@gpu(max_examples=50)
+def test_gpu_w8a16_gemm_matches_its_oracle(backend, data):
+    _w8a16_property(data, "cuda", backend)
 
