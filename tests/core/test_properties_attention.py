@@ -75,8 +75,8 @@ _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # where a property runs
 
 def gpu(backends=("cuda", "triton"), max_examples=None):
-    """The decorators of a GPU property test: marked gpu (run with -m gpu), skipped where torch sees
-    no CUDA device, one test per backend (pytest parameter `backend`), the "gpu" profile
+    """The decorators of a GPU property test: marked gpu (run with -m gpu; they fail where torch sees
+    no CUDA device, as every GPU test does), one test per backend (pytest parameter `backend`), the "gpu" profile
     (max_examples: fewer examples where each costs more)."""
     profile = settings.get_profile("gpu")
     chosen = profile if max_examples is None else settings(profile, max_examples=max_examples)
@@ -84,7 +84,6 @@ def gpu(backends=("cuda", "triton"), max_examples=None):
     def wrap(test):
         test = settings(chosen)(given(data=st.data())(test))
         test = pytest.mark.parametrize("backend", backends)(test)
-        test = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(test)
         return pytest.mark.gpu(test)
     return wrap
 
@@ -97,6 +96,7 @@ def _triton_mode(request, monkeypatch):
     if request.node.get_closest_marker("gpu") is None:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         return
+    assert torch.cuda.is_available(), "GPU test selected (-m gpu) but torch sees no CUDA device"
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv("FRAY_AUTOTUNE", "0")
     from triton.runtime.interpreter import InterpretedFunction
