@@ -44,7 +44,7 @@ them; tests/core/test_properties.py holds it); on the GPU the oracles take them 
 Each property is one body taking (device, backend), as in tests/core/test_properties.py: a CPU
 test (test_triton_*: Triton under the interpreter, skipped without TRITON_INTERPRET=1, which the
 Bazel CPU target sets; the CI profile "ci", derandomised: the same examples on every run) and GPU
-tests (test_gpu_*, marked gpu, skipped where torch sees no CUDA device; the derandomised profile
+tests (test_gpu_*, marked gpu, failing where torch sees no CUDA device; the derandomised profile
 "gpu"): apply_penalties, sample, decode_step and w8a16_gemm once per backend ("triton": the same
 kernel entry points compiled; "cuda": the public op with backend="cuda", its results copied into
 the test's buffers), the MoE routing ops and the quantizers on Triton, their only backend.
