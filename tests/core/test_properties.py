@@ -10,7 +10,7 @@ Each property is one body taking (device, backend), run by two kinds of tests:
   the CPU tests (test_triton_*): the Triton kernels under Triton's CPU interpreter (an autouse
     fixture sets TRITON_INTERPRET=1 for them), derandomised with the CI profile "ci": the same
     examples on every run;
-  the GPU tests (test_gpu_*, marked gpu: selected with -m gpu, skipped where torch sees no CUDA
+  the GPU tests (test_gpu_*, marked gpu: selected with -m gpu, failing where torch sees no CUDA
     device): the same strategies and oracles on a GPU, once per backend the op has ("triton":
     the same kernel entry points, compiled; "cuda": the public op with backend="cuda"), with the
     profile "gpu" (derandomised, up to 200 examples: see the comment there).
