@@ -20,7 +20,7 @@ moe_route's deepseek_v3 recipe (sigmoid scores + correction bias, 8 groups, the 
 top-8, weights renormalised x2.5) over E = 256 experts; rank r of W holds experts
 [r*E/W, (r+1)*E/W) (fray.distributed.expert_map), w13 [E/W, 2I, H] and w2 [E/W, H, I] standard
 normal / sqrt(fan in), drawn from a seed of the rank's own. Each rank has T tokens (x standard
-normal, seeded by rank; router logits on moe_route's tie-free grid, seeded by rank).
+normal, seeded by rank; router logits standard normal in fp32, seeded by rank: see rank_tokens).
 --experts_per_rank (default E/W = 256/W: the whole layer, 88 MB of bf16 weights an expert,
 22.5 GB a rank at W 1, 2.8 GB at W 8) sets the experts a rank holds; any other value routes
 with the same recipe over experts_per_rank * W experts (a multiple of 8, at least 16), and the
@@ -131,11 +131,15 @@ def rank_weights(model, rank, device):
 
 
 def rank_tokens(model, tokens, rank, device):
-    """(x [T, H], router logits [T, E]) of `rank`'s tokens: x standard normal, the logits on
-    moe_route's tie-free grid (each row a permutation of steps of 16/E in [-8, 8))."""
+    """(x [T, H], router logits [T, E]) of `rank`'s tokens: x standard normal, the logits standard
+    normal in fp32 (as a router in fp32 gives them; no exact ties). Not moe_route's tie-free grid:
+    every row of it is a permutation of the same values, so every token's best scores are nearly
+    equal and the fixed correction bias alone picks among them (at a span of 8, where most sigmoid
+    scores sit near 1, 89 of 256 experts got all of T4096's routes; these logits reach all 256,
+    the busiest with ~320 of 32768)."""
     gen = torch.Generator(device=device).manual_seed(rank)
     x = torch.randn(tokens, model.hidden, generator=gen, device=device).to(model.dtype)
-    return x, M._random_logits(tokens, model.global_experts, model.dtype, device, seed=rank, span=8.0)
+    return x, torch.randn(tokens, model.global_experts, generator=gen, device=device)
 
 
 def shape_name(model, tokens, world):
