@@ -289,10 +289,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
   const int t_first = Config::kPersistent ? int(blockIdx.x) : 0;
   const int t_end = Config::kPersistent ? p.tiles : 1;
   const int t_step = Config::kPersistent ? int(gridDim.x) : 1;
-  if constexpr (!Config::kPersistent) {
-    const Tile tile = tile_of(p, 0);
-    if (tile.m_block * kBlockM >= sequence_of(p, tile.b).seqlen_q) return;  // the whole CTA, before any barrier
-  }
+  // The first tile's coordinates, read once (the grid's CTA has no other).
+  const Tile first = tile_of(p, t_first);
+  const Sequence first_seq = sequence_of(p, first.b);
+  if (!Config::kPersistent && first.m_block * kBlockM >= first_seq.seqlen_q) return;  // before any barrier
+  auto tile_at = [&](int t) { return t == t_first ? first : tile_of(p, t); };
+  auto sequence_at = [&](int t, int b) { return t == t_first ? first_seq : sequence_of(p, b); };
 
   const int warp = cutlass::canonical_warp_idx_sync();
   const int wg = cutlass::canonical_warp_group_idx();
@@ -324,8 +326,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
     auto write = cutlass::make_producer_start_state<PipeK>();
     int q_loads = 0;  // tiles whose Q was loaded (bar_q's phase; persistent: bar_q_empty's)
     for (int t = t_first; t < t_end; t += t_step) {
-    const auto [m_block, h, b] = tile_of(p, t);
-    const auto [q_start, k_start, seqlen_q, seqlen_k, tma_b] = sequence_of(p, b);
+    const auto [m_block, h, b] = tile_at(t);
+    const auto [q_start, k_start, seqlen_q, seqlen_k, tma_b] = sequence_at(t, b);
     const int hk = h / p.group;
     const int n_max = m_block * kBlockM < seqlen_q ? key_tiles<Config>(m_block, seqlen_q, seqlen_k) : 0;
     if (n_max <= 0) continue;
@@ -495,11 +497,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1) prefill_kernel(const __gr
   int q_loads = 0;  // tiles whose Q was loaded: bar_q's phase
   for (int t = t_first; t < t_end; t += t_step) {
   {
-    const Tile tile = tile_of(p, t);
+    const Tile tile = tile_at(t);
     m_block = tile.m_block, h = tile.h, b = tile.b;
   }
   {
-    const Sequence sq = sequence_of(p, b);
+    const Sequence sq = sequence_at(t, b);
     q_start = sq.q_start, seqlen_q = sq.seqlen_q, seqlen_k = sq.seqlen_k;
   }
   if (m_block * kBlockM >= seqlen_q) continue;  // (persistent only: the grid's own tile exists)
