@@ -221,3 +221,26 @@ def run_host_check(source, tmp_path):
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == "mismatches 0", run.stdout + run.stderr
     return run.stdout
+
+
+def spawn_ranks(worker, world, args=(), deadline_s=240, what="group"):
+    """Runs worker(rank, world, store_path, out_dir, *args) in `world` spawned processes (a
+    distributed test's ranks; store_path: a FileStore path in a fresh temporary directory) and
+    returns each rank's result, which the worker saves as out_dir/rank<r>.pt. A group that has not
+    finished in deadline_s (a hung collective) is killed and fails the test instead of its target's
+    timeout."""
+    import os
+    import tempfile
+    import time
+    import torch.multiprocessing as mp
+    tmp = tempfile.mkdtemp(prefix="fray_ranks_")
+    ctx = mp.start_processes(worker, args=(world, os.path.join(tmp, "store"), tmp) + tuple(args), nprocs=world,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + deadline_s
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            raise AssertionError("%d-process %s did not finish in %d s" % (world, what, deadline_s))
+    return [torch.load(os.path.join(tmp, "rank%d.pt" % r), weights_only=False) for r in range(world)]

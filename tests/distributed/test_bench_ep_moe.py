@@ -17,16 +17,14 @@ import importlib.util
 import os
 import subprocess
 import sys
-import tempfile
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import fray
 from fray.bench import Recorder
+from fray.testing import spawn_ranks
 
 BENCH = "bench/distributed/ep_moe.py"
 SPAWN_DEADLINE_S = 240
@@ -228,17 +226,7 @@ def _worker(rank, world, store_path, out_dir):
 
 
 def _spawn(world):
-    tmp = tempfile.mkdtemp(prefix="fray_ep_bench_")
-    ctx = mp.start_processes(_worker, args=(world, os.path.join(tmp, "store"), tmp), nprocs=world, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + SPAWN_DEADLINE_S
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            raise AssertionError("%d-process gloo group did not finish in %d s" % (world, SPAWN_DEADLINE_S))
-    return [torch.load(os.path.join(tmp, "rank%d.pt" % r), weights_only=False) for r in range(world)]
+    return spawn_ranks(_worker, world, deadline_s=SPAWN_DEADLINE_S, what="gloo group")
 
 
 def test_world_two_gloo():

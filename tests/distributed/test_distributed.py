@@ -15,17 +15,15 @@ import datetime
 import os
 import subprocess
 import sys
-import tempfile
-import time
 import zlib
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import fray
 import fray.distributed as fd
+from fray.testing import spawn_ranks
 
 MULTICAST_VARS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 SPAWN_DEADLINE_S = 240  # a hung collective fails the test instead of the whole target's timeout
@@ -282,18 +280,8 @@ def _run(world, backend, jobs):
     key = (world, backend, tuple(jobs))
     if key in _RESULTS:
         return _RESULTS[key]
-    tmp = tempfile.mkdtemp(prefix="fray_dist_")
-    ctx = mp.start_processes(_worker, args=(world, os.path.join(tmp, "store"), tmp, backend, list(jobs)),
-                             nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + SPAWN_DEADLINE_S
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            raise AssertionError("%d-process %s group did not finish %s in %d s" % (world, backend, jobs,
-                                                                                  SPAWN_DEADLINE_S))
-    _RESULTS[key] = [torch.load(os.path.join(tmp, "rank%d.pt" % r), weights_only=False) for r in range(world)]
+    _RESULTS[key] = spawn_ranks(_worker, world, (backend, list(jobs)), SPAWN_DEADLINE_S,
+                                "%s group running %s" % (backend, jobs))
     return _RESULTS[key]
 
 
