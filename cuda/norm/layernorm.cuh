@@ -35,7 +35,7 @@ namespace layernorm_detail {
 
 using rmsnorm_detail::ceil_div;
 using rmsnorm_detail::count_kernels_in;
-using rmsnorm_detail::dispatch_variant;
+using rmsnorm_detail::fill_row_args;
 using rmsnorm_detail::launch_rows;
 using rmsnorm_detail::kernel_slot;
 using rmsnorm_detail::kMaxItems;
@@ -46,6 +46,7 @@ using rmsnorm_detail::kTwoPassThreads;
 using rmsnorm_detail::LaunchConfig;
 using rmsnorm_detail::reg_kernel_max_threads;
 using rmsnorm_detail::row_sum;
+using rmsnorm_detail::vec_rows_ok;
 
 // Kernel arguments (passed by value in the param space). Strides in elements.
 struct KernelArgs {
@@ -418,37 +419,6 @@ cudaError_t launch_kernel(const KernelArgs& a, const LaunchConfig& c, cudaStream
                      });
 }
 
-template <typename T, typename W>
-cudaError_t launch_typed(const LayerNormParams& p, cudaStream_t stream) {
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-  constexpr unsigned kAlign = 16;
-  const bool bias = p.bias != nullptr;
-
-  bool vec_ok = p.hidden % kVec == 0 && is_aligned(p.x, kAlign) && is_aligned(p.y, kAlign) &&
-                is_aligned(p.weight, kAlign) && (!bias || is_aligned(p.bias, kAlign));
-  if (p.rows > 1) vec_ok = vec_ok && p.x_row_stride % kVec == 0 && p.y_row_stride % kVec == 0;
-  const int vec = vec_ok ? kVec : 1;
-
-  KernelArgs a{};
-  a.x = p.x;
-  a.weight = p.weight;
-  a.bias = p.bias;
-  a.y = p.y;
-  a.x_stride = p.x_row_stride;
-  a.y_stride = p.y_row_stride;
-  a.rows = p.rows;
-  a.hidden = p.hidden;
-  a.nv = p.hidden / vec;
-  a.inv_hidden = static_cast<float>(1.0 / static_cast<double>(p.hidden));
-  a.eps = p.eps;
-  a.opaque_zero = 0;
-  const LaunchConfig c = layernorm_config(a.nv, vec_ok);
-
-  return dispatch_variant<kVec>(vec_ok, bias, [&](auto vec, auto flag) {
-    return launch_kernel<T, W, decltype(vec)::value, decltype(flag)::value>(a, c, stream);
-  });
-}
-
 }  // namespace layernorm_detail
 
 // LayerNorm for x of element type T (float, __half, __nv_bfloat16); weight (and bias) of
@@ -456,8 +426,16 @@ cudaError_t launch_typed(const LayerNormParams& p, cudaStream_t stream) {
 // weight dtype, else the launch status. Never throws, never synchronises.
 template <typename T>
 cudaError_t launch_layernorm(const LayerNormParams& p, cudaStream_t stream) {
-  return rmsnorm_detail::launch_by_weight<T>(p, [&](auto w) {
-    return layernorm_detail::launch_typed<T, typename decltype(w)::type>(p, stream);
+  using namespace layernorm_detail;
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  const bool bias = p.bias != nullptr;
+  const bool vec_ok = vec_rows_ok<kVec>(p) && (!bias || is_aligned(p.bias, 16u));
+  KernelArgs a{};
+  fill_row_args(a, p, vec_ok ? kVec : 1);
+  a.bias = p.bias;
+  const LaunchConfig c = layernorm_config(a.nv, vec_ok);
+  return rmsnorm_detail::launch_norm<T>(p, vec_ok, bias, [&](auto w, auto vec, auto flag) {
+    return launch_kernel<T, typename decltype(w)::type, decltype(vec)::value, decltype(flag)::value>(a, c, stream);
   });
 }
 

@@ -387,12 +387,49 @@ constexpr int count_variants() {
   return n;
 }
 
-// A norm launch for x of type T: nothing for an empty tensor, else typed(TypeTag<W>) for the
-// weight dtype (T's own or fp32; cudaErrorInvalidValue for any other).
-template <typename T, class Params, class Typed>
-cudaError_t launch_by_weight(const Params& p, Typed&& typed) {
+// A norm launch for x of type T (rmsnorm's and layernorm's): nothing for an empty tensor; else,
+// for the weight dtype W (T's own or fp32; cudaErrorInvalidValue for any other) and the variant
+// chosen (16-byte vectors when vec_ok, the norm's flag), launch(TypeTag<W>, VEC, FLAG) with
+// std::integral_constant tags.
+template <typename T, class Params, class Launch>
+cudaError_t launch_norm(const Params& p, bool vec_ok, bool flag, Launch&& launch) {
   if (p.rows <= 0 || p.hidden <= 0) return cudaSuccess;
-  return dispatch_weight_dtype<T>(p.weight_dtype, typed);
+  return dispatch_weight_dtype<T>(p.weight_dtype, [&](auto w) {
+    return dispatch_variant<16 / static_cast<int>(sizeof(T))>(vec_ok, flag,
+                                                               [&](auto vec, auto f) { return launch(w, vec, f); });
+  });
+}
+
+// Whether one more row operand allows the 16-byte-vector kernels: its pointer 16-byte aligned
+// and, with more than one row, its row stride a multiple of kVec.
+template <int kVec>
+bool vec_operand_ok(const void* ptr, int64_t row_stride, int64_t rows) {
+  return is_aligned(ptr, 16u) && (rows <= 1 || row_stride % kVec == 0);
+}
+
+// The 16-byte-vector condition both norms share (hidden a multiple of kVec; x, y and the weight
+// aligned; x's and y's row strides multiples of kVec); fp32 weights with 16-bit x are read as two
+// 16-byte halves. Each norm adds its own operands (residual and sum, bias) with vec_operand_ok.
+template <int kVec, class Params>
+bool vec_rows_ok(const Params& p) {
+  return p.hidden % kVec == 0 && is_aligned(p.weight, 16u) && vec_operand_ok<kVec>(p.x, p.x_row_stride, p.rows) &&
+         vec_operand_ok<kVec>(p.y, p.y_row_stride, p.rows);
+}
+
+// The kernel-argument fields both norms share, from their Params (vec: the vector width chosen).
+template <class Args, class Params>
+void fill_row_args(Args& a, const Params& p, int vec) {
+  a.x = p.x;
+  a.weight = p.weight;
+  a.y = p.y;
+  a.x_stride = p.x_row_stride;
+  a.y_stride = p.y_row_stride;
+  a.rows = p.rows;
+  a.hidden = p.hidden;
+  a.nv = p.hidden / vec;
+  a.inv_hidden = static_cast<float>(1.0 / static_cast<double>(p.hidden));
+  a.eps = p.eps;
+  a.opaque_zero = 0;
 }
 
 constexpr int next_pow2(int64_t n) {
@@ -468,47 +505,6 @@ cudaError_t launch_kernel(const KernelArgs& a, const LaunchConfig& c, cudaStream
                      });
 }
 
-template <typename T, typename W>
-cudaError_t launch_typed(const RmsNormParams& p, cudaStream_t stream) {
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-  constexpr unsigned kAlign = 16;
-  const bool res = p.residual != nullptr;
-
-  // 128-bit path: every pointer 16-byte aligned (fp32 weights with 16-bit x are
-  // read as two 16-byte halves), hidden and every used row stride a multiple of VEC.
-  bool vec_ok = p.hidden % kVec == 0 && is_aligned(p.x, kAlign) && is_aligned(p.y, kAlign) &&
-                is_aligned(p.weight, kAlign);
-  if (p.rows > 1) vec_ok = vec_ok && p.x_row_stride % kVec == 0 && p.y_row_stride % kVec == 0;
-  if (res) {
-    vec_ok = vec_ok && is_aligned(p.residual, kAlign) && is_aligned(p.sum_out, kAlign);
-    if (p.rows > 1) vec_ok = vec_ok && p.residual_row_stride % kVec == 0 && p.sum_row_stride % kVec == 0;
-  }
-  const int vec = vec_ok ? kVec : 1;
-
-  KernelArgs a{};
-  a.x = p.x;
-  a.residual = p.residual;
-  a.weight = p.weight;
-  a.y = p.y;
-  a.sum_out = p.sum_out;
-  a.x_stride = p.x_row_stride;
-  a.r_stride = p.residual_row_stride;
-  a.y_stride = p.y_row_stride;
-  a.s_stride = p.sum_row_stride;
-  a.rows = p.rows;
-  a.hidden = p.hidden;
-  a.nv = p.hidden / vec;
-  a.inv_hidden = static_cast<float>(1.0 / static_cast<double>(p.hidden));
-  a.eps = p.eps;
-  a.weight_offset = p.weight_offset;
-  a.opaque_zero = 0;
-  const LaunchConfig c = rmsnorm_config(a.nv, vec_ok, res);
-
-  return dispatch_variant<kVec>(vec_ok, res, [&](auto vec, auto flag) {
-    return launch_kernel<T, W, decltype(vec)::value, decltype(flag)::value>(a, c, stream);
-  });
-}
-
 }  // namespace rmsnorm_detail
 
 // RMSNorm / fused add + RMSNorm for x of element type T (float, __half,
@@ -517,8 +513,21 @@ cudaError_t launch_typed(const RmsNormParams& p, cudaStream_t stream) {
 // Never throws, never synchronises.
 template <typename T>
 cudaError_t launch_rmsnorm(const RmsNormParams& p, cudaStream_t stream) {
-  return rmsnorm_detail::launch_by_weight<T>(p, [&](auto w) {
-    return rmsnorm_detail::launch_typed<T, typename decltype(w)::type>(p, stream);
+  using namespace rmsnorm_detail;
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  const bool res = p.residual != nullptr;
+  const bool vec_ok = vec_rows_ok<kVec>(p) && (!res || (vec_operand_ok<kVec>(p.residual, p.residual_row_stride, p.rows) &&
+                                                         vec_operand_ok<kVec>(p.sum_out, p.sum_row_stride, p.rows)));
+  KernelArgs a{};
+  fill_row_args(a, p, vec_ok ? kVec : 1);
+  a.residual = p.residual;
+  a.sum_out = p.sum_out;
+  a.r_stride = p.residual_row_stride;
+  a.s_stride = p.sum_row_stride;
+  a.weight_offset = p.weight_offset;
+  const LaunchConfig c = rmsnorm_config(a.nv, vec_ok, res);
+  return launch_norm<T>(p, vec_ok, res, [&](auto w, auto vec, auto flag) {
+    return launch_kernel<T, typename decltype(w)::type, decltype(vec)::value, decltype(flag)::value>(a, c, stream);
   });
 }
 
