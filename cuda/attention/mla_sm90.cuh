@@ -445,9 +445,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
       issue_pv(read.index());
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
-      if (n + 1 < n_tiles) asm volatile("bar.arrive 3, 256;");  // P may be overwritten
       pipe.consumer_release(read);
       ++read;
+      // P and corr may be overwritten. A sync, not an arrive: warpgroup 1 reaches this barrier
+      // before it publishes the next P, which this warpgroup waits for next in any case, so
+      // waiting here delays it by nothing. With bar.arrive (correct by PTX's barrier semantics),
+      // racecheck reported the reads of corr above and warpgroup 1's writes of the next tile's
+      // as WAR hazards in every case of more than one tile a CTA (an H100, 2026-12-07).
+      if (n + 1 < n_tiles) asm volatile("bar.sync 3, 256;");
     }
   }
   asm volatile("bar.sync 4, 256;");  // st.inv written

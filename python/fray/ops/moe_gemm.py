@@ -452,7 +452,10 @@ def _launch_combined(a, b, out, mode, routes, inverse, top_k, common):
         tg.launch(a, b, acc, out_mode=tg.OUT_ATOMIC, **common)
         out.copy_(acc)
         return
-    staged = torch.empty((routes.shape[0], n), dtype=out.dtype, device=out.device)
+    # scatter_combine reads every row of staged (index_add_ over all of them, the padding rows
+    # into a discarded row): zeros, so that no padding row is read uninitialised (initcheck)
+    alloc = torch.zeros if mode == "scatter" else torch.empty
+    staged = alloc((routes.shape[0], n), dtype=out.dtype, device=out.device)
     tg.launch(a, b, staged, out_mode=tg.OUT_ROWS, **common)
     if mode == "staged":
         tg.combine_staged(staged, inverse, out, top_k)
