@@ -455,11 +455,14 @@ def _moe_cases():
             # ~28 min each under it (the sweep's estimate) and run under the other three tools
             out["fused_moe_%s_T%d" % (combine, t)] = _case(fm, t * k * 256 * 272, race=t < 100, unfiltered=True)
 
-    def kn():
-        x, w13, w2, logits = MG._case_inputs(40, 200, 100, 4, 2, _dt("fp16"), "cuda")
+    def kn(inter):
+        x, w13, w2, logits = MG._case_inputs(40, 200, inter, 4, 2, _dt("fp16"), "cuda")
         fray.fused_moe(x, w13.transpose(1, 2).contiguous(), w2.transpose(1, 2).contiguous(), router_logits=logits,
                        top_k=2, w_layout="kn", apply_router_weight_on_input=True, activation="gelu", backend="triton")
-    out["fused_moe_kn_fp16"] = _case(kn, 40 * 2 * 200 * 200, unfiltered=True)
+    # I = 100: the up half's first column is no 16-byte multiple, so GEMM 1 reads the stack through
+    # pointers (its TMA load faulted there, 2026-12-07); I = 104: through TMA
+    out["fused_moe_kn_fp16"] = _case(lambda: kn(100), 40 * 2 * 200 * 200, unfiltered=True)
+    out["fused_moe_kn_fp16_i104"] = _case(lambda: kn(104), 40 * 2 * 200 * 208, unfiltered=True)
 
     def explicit():
         a = _randn(100, 264, dtype=_dt("bf16"))

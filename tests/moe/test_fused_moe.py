@@ -149,6 +149,21 @@ def test_triton_interpreter_routed(combine):
     MG.check_routed(x, b, w, ids, out, "routed " + combine)
 
 
+def test_kn_up_half_takes_tma_only_at_16_byte_columns(monkeypatch):
+    """A gated kn stack [E, H, 2I] is read through TMA only where its up half's first column (I)
+    is a 16-byte multiple; else through pointers (at I = 100 fp16 the TMA load faulted). nk stacks
+    and ungated ones are unaffected. Decided on the host (the interpreter flag forced off)."""
+    from fray_triton import moe_gemm as tg
+    monkeypatch.setattr(tg, "_INTERPRET", False)
+    for dtype, inter, ok in ((f16, 100, False), (bf16, 100, False), (f16, 104, True), (f16, 96, True),
+                             (torch.float32, 98, False), (torch.float32, 100, True)):
+        w13 = torch.zeros(2, 64, 2 * inter, dtype=dtype)        # kn: [E, H, 2I]
+        assert w13.data_ptr() % 16 == 0
+        assert tg.descriptor_ok(w13, b_nk=False, n_half=inter) is ok, (dtype, inter)
+        assert tg.descriptor_ok(w13, b_nk=False, n_half=0)
+        assert tg.descriptor_ok(w13.transpose(1, 2).contiguous(), b_nk=True, n_half=inter)
+
+
 @INTERPRETER
 @pytest.mark.parametrize("e,block_m", [(8, 16), (32, 16), (64, 128), (256, 64)])
 def test_grid_tiles_bounds_every_dispatch(e, block_m):
@@ -289,6 +304,23 @@ def test_gpu_prepared(cuda, dtype, t, hdim, inter, e, k):
     out = torch.full((t, hdim), float("nan"), dtype=dtype, device=cuda)
     fray.fused_moe(x, w13, w2, topk_weights=w, topk_ids=ids, out=out)
     MG.check_fused(x, w13, w2, w, ids, out, "T=%d E=%d k=%d" % (t, e, k))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [f16, bf16])
+@pytest.mark.parametrize("t,hdim,inter", [(40, 200, 100), (40, 256, 104), (40, 200, 128), (300, 200, 100),
+                                          (3, 136, 72)])
+def test_gpu_kn_odd_widths(cuda, dtype, t, hdim, inter):
+    """kn stacks whose up half starts off a 16-byte column (I = 100) or whose K (I, for GEMM 2) is
+    below the 128-deep K tile, at decode (16-row tiles) and prefill row tiles: the sanitizer case
+    that faulted (T40 H200 I100 fp16, weight on input, gelu) among them."""
+    x, w13, w2, logits = _layer(t, hdim, inter, 4, dtype, cuda, seed=inter, layout="kn")
+    w, ids = fray.moe_route(logits, 2)
+    for won, activation in ((True, "gelu"), (False, "silu")):
+        out = fray.fused_moe(x, w13, w2, topk_weights=w, topk_ids=ids, w_layout="kn", activation=activation,
+                             apply_router_weight_on_input=won, backend="triton")
+        torch.cuda.synchronize()
+        MG.check_fused(x, w13, w2, w, ids, out, "kn T%d H%d I%d" % (t, hdim, inter), activation, None, won, "kn")
 
 
 @pytest.mark.gpu

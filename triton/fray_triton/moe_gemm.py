@@ -212,11 +212,16 @@ def _b_strides(b, b_nk):
     return b.stride(0), b.stride(2), b.stride(1)
 
 
-def descriptor_ok(b):
-    """Whether TMA can read b as it is: 16-byte base, inner dim contiguous, outer strides 16-byte."""
+def descriptor_ok(b, b_nk=True, n_half=0):
+    """Whether TMA can read b as it is: 16-byte base, inner dim contiguous, outer strides 16-byte;
+    and for a gated [E, K, 2I] (kn) stack, whose up half starts at column n_half of the innermost
+    dimension, n_half a 16-byte multiple: at n_half = 100 fp16 (200 bytes) the TMA load of that half
+    raised an illegal instruction (the sanitizer sweep's fused_moe_kn_fp16 case, an H100,
+    2026-12-07); box starts are aligned everywhere else (multiples of BLOCK_N / BLOCK_K)."""
     es = b.element_size()
     return (not _INTERPRET and b.data_ptr() % 16 == 0 and b.stride(2) == 1
-            and (b.stride(1) * es) % 16 == 0 and (b.stride(0) * es) % 16 == 0 and (b.shape[2] * es) % 16 == 0)
+            and (b.stride(1) * es) % 16 == 0 and (b.stride(0) * es) % 16 == 0 and (b.shape[2] * es) % 16 == 0
+            and (b_nk or (n_half * es) % 16 == 0))
 
 
 def pointer_config(config):
@@ -257,7 +262,7 @@ def launch(a, b, c, *, b_nk, n, n_b, k, config, max_tiles, num_tiles, tile_group
     if max_tiles == 0 or n == 0:
         return
     if use_desc is None:
-        use_desc = descriptor_ok(b)
+        use_desc = descriptor_ok(b, b_nk, n_half if gated else 0)
     if use_a_desc is None:
         use_a_desc = a_mode != A_GATHER and use_desc and a_descriptor_ok(a)
     if not use_desc:
