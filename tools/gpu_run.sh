@@ -94,7 +94,9 @@ elif [ "$(left)" -gt 60 ]; then
   # deadline still names its failures; SIGINT at the deadline lets pytest print the failures'
   # tracebacks, the slowest tests and the junit XML before it exits (SIGKILL 30 s later).
   # shellcheck disable=SC2086
-  timeout -s INT -k 30 "$(( $(left) - 30 ))" python3 -m pytest -p no:cacheprovider -v --tb=short -rfEs \
+  # FRAY_TEST_FAILURES: each failure's report written as the test ends (tests/conftest.py), so a
+  # run the timeout kills before pytest's summary still names its failures with their tracebacks.
+  FRAY_TEST_FAILURES="$RES/failures.txt" timeout -s INT -k 30 "$(( $(left) - 30 ))" python3 -m pytest -p no:cacheprovider -v --tb=short -rfEs \
     --durations=25 --rootdir=. -m gpu $XDIST $TESTS --junitxml "$RES/pytest.xml" > "$RES/pytest.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   echo "tests ($FAMILIES): rc=$rc $(tail -n 1 "$RES/pytest.log")" | tee -a "$RES/summary.txt"
