@@ -188,6 +188,43 @@ def test_sweep_cuts_a_hung_process_at_its_limit(tmp_path, monkeypatch):
     assert bad == {"norm/rmsnorm_fp16_7x1000": "timeout"}, bad
 
 
+def test_warm_runs_chunks_and_finishes_a_failed_chunk_case_by_case(monkeypatch, capsys):
+    # the JIT families' cases, WARM_CHUNK of one family to a process; a chunk that dies at a case
+    # (the one that faulted: fused_moe_kn_fp16, 2026-12-07) is finished one case a process, so the
+    # cases after it still warm and the fault is named
+    calls = []
+    names = sanitize.case_names(["moe", "quant"])
+    bad = "moe/fused_moe_kn_fp16"
+
+    class Done:
+        def __init__(self, rc, out):
+            self.returncode, self.stdout = rc, out.encode()
+
+    def fake_run(cmd, **kw):
+        group = cmd[cmd.index("--case") + 1].split(",")
+        calls.append(group)
+        out = ""
+        for n in group:
+            if n == bad:
+                return Done(1, out + "RuntimeError: case %s: illegal instruction" % n)
+            out += "[sanitize] case %s done in 0.1 s\n" % n
+        return Done(0, out)
+    monkeypatch.setattr(sanitize.subprocess, "run", fake_run)
+    sanitize.warm(["moe", "quant", "norm"], 4, 600)
+    chunks = [c for c in calls if len(c) > 1 or c[0] != bad]
+    assert all(len({n.partition("/")[0] for n in c}) == 1 for c in calls)   # one family a process
+    assert max(len(c) for c in calls) == sanitize.WARM_CHUNK
+    warmed = [n for c in calls for n in c]
+    assert set(warmed) == set(names)                                          # norm is not a JIT family
+    first = next(c for c in calls if bad in c)
+    after = first[first.index(bad) + 1:]
+    assert after and all([n] in calls for n in after)                         # finished one a process
+    assert [bad] in calls and not any([n] in calls for n in first[:first.index(bad)])
+    assert len(chunks) < len(names) / 2
+    out = capsys.readouterr().out
+    assert "warm: %s failed (rc 1)" % bad in out and out.count("failed") == 1
+
+
 def test_report_marks_an_unfinished_sweep():
     p = "/tmp/fray_sanitize_pending.md"
     sanitize.write_report([], p, "cmd", "abc", pending=[("racecheck", "sampling/x")])
