@@ -26,7 +26,12 @@ FRAY_PRINT_AUTOTUNE   "1": print the tuner's table (config, us, TFLOP/s, chosen)
                       not tune, where the choice came from (persisted, shipped default, heuristic).
 FRAY_AUTOTUNE         "0": never tune; use the persisted choice, the shipped default or the
                       kernel's heuristic (default "1": tune a shape bucket the first time it runs).
+FRAY_DISABLE_FFMA_INTERLEAVE  "1": build the promoting FP8 GEMMs without fray.jit.sass's FFMA
+                      interleave pass; "0": with it; unset: the pass's default (off until measured).
+FRAY_CUOBJDUMP        the cuobjdump the SASS pass lists kernels with (default: beside nvcc, then
+                      Triton's copy, PATH, /usr/local/cuda/bin).
 """
+import contextlib
 import os
 
 
@@ -142,3 +147,34 @@ def print_autotune():
 
 def autotune_enabled():
     return os.environ.get("FRAY_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def disable_ffma_interleave():
+    """FRAY_DISABLE_FFMA_INTERLEAVE: True ("1"), False ("0") or None (unset: the default)."""
+    value = os.environ.get("FRAY_DISABLE_FFMA_INTERLEAVE", "").strip()
+    if not value:
+        return None
+    if value not in ("0", "1"):
+        raise ValueError("FRAY_DISABLE_FFMA_INTERLEAVE: expected 0 or 1, got %r" % value)
+    return value == "1"
+
+
+def cuobjdump_override():
+    return os.environ.get("FRAY_CUOBJDUMP", "").strip() or None
+
+
+@contextlib.contextmanager
+def scoped(name, value):
+    """The FRAY_* variable `name` set to `value` inside the block, restored after (a benchmark
+    timing both sides of a build-time switch, e.g. FRAY_DISABLE_FFMA_INTERLEAVE)."""
+    if not name.startswith("FRAY_"):
+        raise ValueError("env.scoped: expected a FRAY_* name, got %r" % name)
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old

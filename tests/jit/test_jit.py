@@ -162,6 +162,105 @@ def test_ptxas_verbose_is_a_flag_of_the_key(cache, monkeypatch, capfd):
     assert "registers" in capfd.readouterr().err  # ptxas's report, printed
 
 
+# A promotion as the block-scaled FP8 GEMMs do it: one FFMA per accumulator register, all sharing
+# the scale (ptxas marks its operand for reuse), 64 in a row.
+PROMOTE = r"""
+extern "C" __global__ void promote(float* out, const float* part, const float* scales, int n) {
+  float acc[64], p[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) { acc[i] = out[threadIdx.x + i * 128]; p[i] = part[threadIdx.x + i * 128]; }
+  for (int it = 0; it < n; ++it) {
+    const float s = scales[it];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = fmaf(p[i], s, acc[i]);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) p[i] = p[i] * 1.0001f + s;
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) out[threadIdx.x + i * 128] = acc[i];
+}
+"""
+
+
+def test_ffma_interleave_pass_patches_only_the_ffma_hints(cache):
+    """sass_pass="ffma_interleave": another cache entry (uncompressed device code); in the leading
+    9/16 of the FFMA run, every FFMA with a reuse flag that starts its destination register loses
+    its reuse flags and its no-yield bit; every other byte of the .so is nvcc's."""
+    from fray.jit import sass
+    plain = jit.compile_only("promote", PROMOTE, flags=["--no-compress"])
+    passed = jit.compile_only("promote", PROMOTE, sass_pass="ffma_interleave")
+    assert plain != passed and jit.stats["compiles"] == 2
+    manifest = json.loads((passed.parent / "manifest.json").read_text())
+    assert "--no-compress" in manifest["command"]
+    report = manifest["sass_pass"]
+    assert report["name"] == "ffma_interleave" and report["version"] == sass.VERSION
+    assert report["runs"] >= 1 and report["functions"] == 1 and report["edits"] > 16
+    tool = _cuobjdump()
+    before = sass.parse(sass.listing(plain, tool))["promote"]
+    after = sass.parse(sass.listing(passed, tool))["promote"]
+    assert len(before) == len(after) > 64
+    edits = dict(sass.interleave_edits(before))
+    assert len(edits) == report["edits"]
+    for i, (b, a) in enumerate(zip(before, after)):
+        assert (b[0], b[2]) == (a[0], a[2]), i                 # offsets and lower words unchanged
+        if i in edits:
+            assert a[3] == edits[i] == b[3] & ~sass.REUSE_BITS & ~sass.NO_YIELD_BIT
+            assert ".reuse" in b[1] and ".reuse" not in a[1] and b[1].startswith("FFMA")
+        else:
+            assert a[3] == b[3], (i, b[1])
+    (start, end), = sass.ffma_runs(before)
+    assert end - start >= 64 and max(edits) < start + (end - start) * 9 // 16
+    # the device code differs from the plain build's only in the edited upper words
+    data_b, data_a = plain.read_bytes(), passed.read_bytes()
+    texts = []
+    for data in (data_b, data_a):
+        found = [sec[".text.promote"] for sec in (sass._elf_sections(data, c) for c in sass.embedded_cubins(data))
+                 if ".text.promote" in sec]
+        assert len(found) == 1
+        texts.append(found[0])
+    text_b, text_a = texts
+    code_b = data_b[text_b[0]:text_b[0] + text_b[1]]
+    code_a = data_a[text_a[0]:text_a[0] + text_a[1]]
+    changed = {j // 16 for j in range(len(code_b)) if code_b[j] != code_a[j]}
+    assert changed == {before[i][0] // 16 for i in edits}
+
+
+def test_ffma_interleave_switch_and_refusals(cache, monkeypatch, tmp_path):
+    from fray.jit import sass
+    monkeypatch.delenv("FRAY_DISABLE_FFMA_INTERLEAVE", raising=False)
+    assert sass.ffma_interleave_enabled() is sass.FFMA_INTERLEAVE_DEFAULT
+    monkeypatch.setenv("FRAY_DISABLE_FFMA_INTERLEAVE", "0")
+    assert sass.ffma_interleave_enabled()
+    monkeypatch.setenv("FRAY_DISABLE_FFMA_INTERLEAVE", "1")
+    assert not sass.ffma_interleave_enabled()
+    monkeypatch.setenv("FRAY_DISABLE_FFMA_INTERLEAVE", "yes")
+    with pytest.raises(ValueError, match="FRAY_DISABLE_FFMA_INTERLEAVE: expected 0 or 1"):
+        sass.ffma_interleave_enabled()
+    with pytest.raises(ValueError, match="sass_pass must be one of"):
+        jit.compile_only("promote", PROMOTE, sass_pass="interleave")
+    # a compressed fatbin holds no cubin in the clear: refused, the file untouched
+    so = jit.compile_only("promote", PROMOTE, flags=["--compress-mode=size"])
+    copy = tmp_path / "c.so"
+    shutil.copy(so, copy)
+    if not sass.embedded_cubins(copy.read_bytes()):
+        with pytest.raises(RuntimeError, match="no uncompressed cubin"):
+            sass.apply_ffma_interleave(copy, _cuobjdump())
+        assert copy.read_bytes() == so.read_bytes()
+    # a listing that does not match the bytes: refused, the file untouched
+    plain = jit.compile_only("promote", PROMOTE, flags=["--no-compress"])
+    shutil.copy(plain, copy)
+    listed = sass.listing(copy, _cuobjdump())
+    forged = re.sub(r"(FFMA R\d+, R\d+\.reuse.*?/\* )0x([0-9a-f]{16})", lambda m: m.group(1) + "0x" + "f" * 16, listed,
+                    count=1)
+    monkeypatch.setattr(sass, "listing", lambda path, tool: forged)
+    with pytest.raises(RuntimeError, match="is not what cuobjdump listed"):
+        sass.apply_ffma_interleave(copy, _cuobjdump())
+    assert copy.read_bytes() == plain.read_bytes()
+    monkeypatch.setenv("FRAY_CUOBJDUMP", str(tmp_path / "none"))
+    monkeypatch.setenv("FRAY_NVCC_COMPILER", REAL_NVCC)
+    assert sass.cuobjdump() != str(tmp_path / "none")          # a missing override falls through
+
+
 def test_nvcc_change_is_another_entry(cache, tmp_path, monkeypatch):
     log = tmp_path / "nvcc.log"
     same = _wrapper(tmp_path / "nvcc_a", log)

@@ -191,11 +191,20 @@ def test_kernel_sources_name_their_configuration():
 
 def test_block_scaled_tu_compiles_for_sm90a(tmp_path, monkeypatch):
     """The block-scaled e4m3 kernel (CUTLASS's blockwise FP8 mainloop and the bias epilogue) built
-    for sm_90a without a GPU: the contract's exports, describe(), and fp8 wgmma (QGMMA) in its SASS."""
+    for sm_90a without a GPU, with the FFMA-interleave pass (FRAY_DISABLE_FFMA_INTERLEAVE=0): the
+    contract's exports, describe(), fp8 wgmma (QGMMA) in its SASS, and the promotion's FFMA runs
+    found and edited by the pass."""
     from fray import jit
     monkeypatch.setenv("FRAY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FRAY_DISABLE_FFMA_INTERLEAVE", "0")
     name, src = Q.scaled_kernel_source(Q.PROMOTED_LARGE[0], E4M3, torch.bfloat16, "block", "block", True, False)
-    so = jit.compile_only(name, src)
+    sass_pass = Q.scaled_sass_pass(E4M3, "block")
+    assert sass_pass == "ffma_interleave" and Q.scaled_sass_pass(E4M3, "vector") is None
+    assert Q.scaled_sass_pass(I8, "vector") is None
+    so = jit.compile_only(name, src, sass_pass=sass_pass)
+    import json
+    report = json.loads((so.parent / "manifest.json").read_text())["sass_pass"]
+    assert report["runs"] >= 1 and report["edits"] >= 16, report
     lib = ctypes.CDLL(str(so))
     lib.fray_jit_describe.restype = ctypes.c_char_p
     assert lib.fray_jit_describe().decode().startswith(

@@ -23,7 +23,9 @@ scaled_gemm flops = 2·M·N·K, bytes (M <= 64 only, where the weight stream bou
             use_fast_accum=False as fray's default), torch.mm bf16.
     fp8fast: the same with fast_accum=True against torch._scaled_mm(use_fast_accum=True).
     block:  DeepSeek-V3 block scales (a 1x128, b 128x128). Peer: torch.mm bf16 (torch has no
-            block-scaled GEMM of this layout).
+            block-scaled GEMM of this layout). "fray.cuda ffma-interleave": the same call with
+            its kernel built through fray.jit.sass's FFMA-interleave pass (its own launch plan,
+            through out=, built under FRAY_DISABLE_FFMA_INTERLEAVE=0): the pass on / off.
   fray.cuda is the tuned JIT kernel (FRAY_PRINT_AUTOTUNE=1 prints the candidates), fray.triton the
   Triton kernel.
 
@@ -38,6 +40,7 @@ import re
 import torch
 
 import fray
+from fray import env
 
 SG = [("int8", 4096, 11008, 4096), ("int8", 8192, 8192, 8192), ("int8", 4096, 14336, 4096),
       ("fp8", 4096, 11008, 4096), ("fp8", 8192, 8192, 8192), ("fp8fast", 8192, 8192, 8192),
@@ -206,6 +209,8 @@ def sg_impls(inp):
     out = {"fray.cuda": lambda: fray.scaled_gemm(a, b, sa, sb, fast_accum=fast, backend="cuda")}
     if not fast:
         out["fray.triton"] = lambda: fray.scaled_gemm(a, b, sa, sb, backend="triton")
+    if recipe == "block":
+        out["fray.cuda ffma-interleave"] = _interleaved(a, b, sa, sb)
     a16, b16 = inp["a16"], inp["b16"]
     out["torch.mm bf16"] = lambda: torch.mm(a16, b16.t())
     if recipe == "int8":
@@ -217,6 +222,17 @@ def sg_impls(inp):
         out["torch._scaled_mm rowwise"] = lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sbt,
                                                                    out_dtype=torch.bfloat16, use_fast_accum=fast)
     return out
+
+
+def _interleaved(a, b, sa, sb):
+    """The block-scaled call with the FFMA-interleave pass: out= gives it a launch plan of its own
+    (the plain call's has none), and the switch is set while that plan builds its kernel."""
+    buf = torch.empty(a.shape[0], b.shape[0], dtype=torch.bfloat16, device=a.device)
+
+    def call():
+        with env.scoped("FRAY_DISABLE_FFMA_INTERLEAVE", "0"):
+            return fray.scaled_gemm(a, b, sa, sb, out=buf, backend="cuda")
+    return call
 
 
 def w8_inputs(recipe, m, n, k, device="cuda"):

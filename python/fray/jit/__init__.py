@@ -37,6 +37,7 @@ import threading
 import time
 
 from fray import env
+from fray.jit import sass
 
 __all__ = ["build", "build_many", "compile_only", "include_root", "cutlass_include", "nvcc_path",
            "Kernel", "stats", "status"]
@@ -219,8 +220,9 @@ def _header_uses_cutlass(name):
     return False
 
 
-def _command(nvcc, arch, flags, source):
-    """The nvcc command (output names relative to the build directory)."""
+def _command(nvcc, arch, flags, source, sass_pass=None):
+    """The nvcc command (output names relative to the build directory); a SASS pass needs the
+    device code uncompressed in the .so (fray.jit.sass patches it in place)."""
     cmd = [nvcc, "-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
            "--expt-relaxed-constexpr", "--expt-extended-lambda", "-lineinfo",
            "-gencode=arch=compute_%s,code=sm_%s" % (arch, arch), "-DNDEBUG", "-I" + include_root()]
@@ -233,11 +235,13 @@ def _command(nvcc, arch, flags, source):
     if env.ptxas_verbose():
         cmd += ["-Xptxas", "-v"]
     cmd += list(flags)
+    if sass_pass:
+        cmd.append("--no-compress")
     cmd += ["-MD", "-MF", _DEPS, "-o", _SO, _SRC]
     return cmd
 
 
-def _key(name, source, cmd, nvcc, arch):
+def _key(name, source, cmd, nvcc, arch, sass_pass=None):
     ident = {
         "format": _FORMAT,
         "name": name,
@@ -249,6 +253,8 @@ def _key(name, source, cmd, nvcc, arch):
         "arch": arch,
         "fray": _fray_version(),
     }
+    if sass_pass:
+        ident["sass_pass"] = [sass_pass, sass.VERSION]
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
@@ -383,7 +389,7 @@ def _remove_entry(entry, root):
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def _compile(name, source, cmd, key, entry, root, nvcc):
+def _compile(name, source, cmd, key, entry, root, nvcc, sass_pass=None):
     build_dir = pathlib.Path(tempfile.mkdtemp(prefix=name + "-", dir=root / "tmp"))
     try:
         (build_dir / _SRC).write_text(source)
@@ -409,6 +415,12 @@ def _compile(name, source, cmd, key, entry, root, nvcc):
         if env.ptxas_verbose() and out.stderr.strip():
             print(out.stderr.strip(), file=sys.stderr, flush=True)
         so = build_dir / _SO
+        passed = None
+        if sass_pass:
+            passed = dict(sass.PASSES[sass_pass](so, sass.cuobjdump(nvcc)), name=sass_pass, version=sass.VERSION)
+            print("fray.jit: %s on %s: %d instructions edited, FFMA runs: %d" % (sass_pass, name, passed["edits"],
+                                                                                  passed["runs"]),
+                  file=sys.stderr, flush=True)
         manifest = {
             "format": _FORMAT,
             "key": key,
@@ -419,6 +431,7 @@ def _compile(name, source, cmd, key, entry, root, nvcc):
             "command": cmd,
             "nvcc_version": _tool_version(nvcc),
             "compile_s": round(seconds, 3),
+            "sass_pass": passed,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         with open(build_dir / _MANIFEST, "w") as fh:
@@ -442,7 +455,7 @@ def _arch_of(cmd):
     return "?"
 
 
-def _compile_cached(name, source, arch, flags):
+def _compile_cached(name, source, arch, flags, sass_pass=None):
     """(path of the cached .so, key): compiles under the entry's lock when no valid entry exists."""
     _check_name(name)
     if not isinstance(source, str) or not source:
@@ -450,9 +463,11 @@ def _compile_cached(name, source, arch, flags):
     flags = tuple(flags)
     if not all(isinstance(f, str) for f in flags):
         raise TypeError("fray.jit: flags must be strings, got %r" % (flags,))
+    if sass_pass is not None and sass_pass not in sass.PASSES:
+        raise ValueError("fray.jit: sass_pass must be one of %s or None, got %r" % (sorted(sass.PASSES), sass_pass))
     nvcc = nvcc_path()
-    cmd = _command(nvcc, arch, flags, source)
-    key = _key(name, source, cmd, nvcc, arch)
+    cmd = _command(nvcc, arch, flags, source, sass_pass)
+    key = _key(name, source, cmd, nvcc, arch, sass_pass)
     root = _cache_root()
     entry = root / ("%s-%s" % (name, key[:32]))
     problem = _entry_problem(entry, key)
@@ -470,16 +485,16 @@ def _compile_cached(name, source, arch, flags):
         if problem != "no entry":
             _count("rebuilds")
         _debug("building %s: %s" % (entry, problem))
-        _compile(name, source, cmd, key, entry, root, nvcc)
+        _compile(name, source, cmd, key, entry, root, nvcc, sass_pass)
     return entry / _SO, key
 
 
 # --- public API --------------------------------------------------------------------------------
 
-def compile_only(name, source, *, arch="90a", flags=()):
+def compile_only(name, source, *, arch="90a", flags=(), sass_pass=None):
     """Compiles `source` for sm_<arch> into the cache (or finds it there) and returns the cached
-    .so's path; nothing is loaded, so this needs no GPU (CI, cache warming)."""
-    return _compile_cached(name, source, arch, flags)[0]
+    .so's path; nothing is loaded, so this needs no GPU (CI, cache warming). sass_pass: as build."""
+    return _compile_cached(name, source, arch, flags, sass_pass)[0]
 
 
 def _device_arch(device):
@@ -533,17 +548,18 @@ _loaded = {}
 _loaded_lock = threading.Lock()
 
 
-def build(name, source, *, flags=(), device=None):
+def build(name, source, *, flags=(), device=None, sass_pass=None):
     """Compiles `source` for the current (or given) device, or finds it in the cache, loads it and
     returns a Kernel. Refuses devices other than sm_90 with a RuntimeError. Cached per process:
-    a second call with the same arguments returns the same Kernel without touching the disk."""
+    a second call with the same arguments returns the same Kernel without touching the disk.
+    sass_pass: None, or a pass of fray.jit.sass.PASSES run over the built .so (part of the key)."""
     arch = _device_arch(device)
-    memo = (name, source, tuple(flags), arch)
+    memo = (name, source, tuple(flags), arch, sass_pass)
     with _loaded_lock:
         kernel = _loaded.get(memo)
     if kernel is not None:
         return kernel
-    path, key = _compile_cached(name, source, arch, flags)
+    path, key = _compile_cached(name, source, arch, flags, sass_pass)
     module = _loader().Module(str(path))
     kernel = Kernel(name, path, key, module)
     with _loaded_lock:
@@ -551,17 +567,17 @@ def build(name, source, *, flags=(), device=None):
 
 
 def build_many(items, *, device=None):
-    """[(name, source, flags), ...] -> [Kernel or the Exception its build raised], compiled in
-    parallel by FRAY_JIT_MAX_WORKERS nvcc processes (the tuner's candidates)."""
+    """[(name, source, flags[, sass_pass]), ...] -> [Kernel or the Exception its build raised],
+    compiled in parallel by FRAY_JIT_MAX_WORKERS nvcc processes (the tuner's candidates)."""
     items = [tuple(it) for it in items]
     if not items:
         return []
     _device_arch(device)  # refuse an unsupported device once, before any compile
 
     def one(item):
-        name, source, flags = item
+        name, source, flags = item[:3]
         try:
-            return build(name, source, flags=flags, device=device)
+            return build(name, source, flags=flags, device=device, sass_pass=item[3] if len(item) > 3 else None)
         except Exception as exc:  # one failing candidate must not stop the others
             return exc
 

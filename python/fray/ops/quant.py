@@ -613,6 +613,17 @@ def promoted(in_dtype, kind_a, fast_accum):
     return in_dtype == torch.float8_e4m3fn and (kind_a == "block" or not fast_accum)
 
 
+def scaled_sass_pass(in_dtype, kind_a):
+    """The SASS pass a scaled-GEMM kernel is built with: fray.jit.sass's ffma_interleave on the
+    block-scaled e4m3 kernels, whose promotion multiplies each 128-deep partial by its scales in
+    runs of FFMAs (5 runs of 16-64 in the 128x128x128 cooperative kernel; the other promoting
+    kernels add their partials with FADDs and have none), when FRAY_DISABLE_FFMA_INTERLEAVE allows
+    it (off by default until measured); None otherwise."""
+    from fray.jit import sass
+    return "ffma_interleave" if in_dtype == torch.float8_e4m3fn and kind_a == "block" and \
+        sass.ffma_interleave_enabled() else None
+
+
 def scaled_candidates(m, promoted_acc):
     if promoted_acc:
         return PROMOTED_SMALL if m <= 128 else PROMOTED_LARGE
@@ -885,8 +896,10 @@ class _ScaledCudaPlan:
         def source(c):
             return scaled_kernel_source(c, in_dtype, odt, kind_a, kind_b, has_bias, fast_accum)
 
+        sass_pass = scaled_sass_pass(in_dtype, kind_a)
+
         def build(configs):
-            return jit.build_many([source(c) + ((),) for c in configs], device=self.dev)
+            return jit.build_many([source(c) + ((), sass_pass) for c in configs], device=self.dev)
 
         def runner(kern):
             x = inputs()
@@ -907,7 +920,7 @@ class _ScaledCudaPlan:
                              flops=2.0 * m * n * k, bytes=float(n * k), device=self.dev)
         tuning.clear()
         name, src = source(config)
-        kern = jit.build(name, src, device=self.dev)
+        kern = jit.build(name, src, device=self.dev, sass_pass=sass_pass)
         self.launch = kern.launch
         self.ints = (m, n, k, a.stride(0) if m > 1 else k, b.stride(0) if n > 1 else k, out.stride(0) if m > 1 else n)
         self.ws = kern.workspace_bytes((16, 16, 16, 16, 16 if has_bias else 0, 16), self.ints, (), self.dev,
