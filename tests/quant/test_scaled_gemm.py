@@ -106,6 +106,45 @@ def test_triton_interpreter_int8(kind_a, kind_b, odt, m, n, k):
     _assert_close(out, a, b, sa, sb, kind_a, kind_b, bias, what="interpreter %s/%s" % (kind_a, kind_b))
 
 
+def _mn_major(s):
+    """s [M, KB] in DeepGEMM's TMA-aligned MN-major layout: a view of a [KB, M padded to 4] tensor."""
+    m, kb = s.shape
+    buf = torch.full((kb, -(-m // 4) * 4), float("nan"), dtype=s.dtype, device=s.device)
+    buf[:, :m] = s.t()
+    view = buf[:, :m].t()
+    assert view.stride() == (1, buf.shape[1]) and torch.equal(view, s)
+    return view
+
+
+@INTERPRETER
+@pytest.mark.parametrize("m,n,k", [(7, 17, 200), (33, 130, 300)])
+def test_triton_interpreter_mn_major_block_scales(m, n, k):
+    """a's block scales MN-major (DeepGEMM's layout, padding NaN) give the row-major scales' bits."""
+    from fray_triton import scaled_gemm as ts
+    a, b, sa, sb, _ = _operands(m, n, k, I8, "block", "block", seed=m)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
+    outs = []
+    for s in (sa, _mn_major(sa)):
+        out = torch.full((m, n), float("nan"), dtype=torch.float32)
+        ts.scaled_gemm(a, b, s, sb, 2, 2, None, out, cfg)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    _assert_close(outs[1], a, b, sa, sb, "block", "block", None, what="interpreter mn-major")
+
+
+def test_mn_major_block_scales_accepted_and_others_refused():
+    a, b, sa, sb, _ = _operands(6, 130, 300, E4M3, "block", "block", seed=4)
+    assert torch.equal(fray.scaled_gemm(a, b, _mn_major(sa), sb), fray.scaled_gemm(a, b, sa, sb))
+    assert Q.mn_major(_mn_major(sa)) and not Q.mn_major(sa)
+    one = _mn_major(sa[:1])                                      # M = 1: strides (1, 4)
+    assert not one.is_contiguous() and torch.equal(fray.scaled_gemm(a[:1], b, one, sb), fray.scaled_gemm(a[:1], b, sa[:1], sb))
+    with pytest.raises(ValueError, match=r"a_scale: expected a contiguous \(row-major\) scale tensor or a's block "
+                                         r"scales MN-major"):
+        fray.scaled_gemm(a, b, torch.ones(6, 6)[:, ::2], sb)     # [6, 3] with strides (6, 2)
+    with pytest.raises(ValueError, match=r"b_scale: expected a contiguous \(row-major\) scale tensor, got"):
+        fray.scaled_gemm(a, b, sa, _mn_major(sb))
+
+
 # ---------------------------------------------------------------------------------------------
 # CPU: the error contract
 
@@ -355,6 +394,31 @@ def test_ffma_interleave_gives_the_same_bits_gpu(cuda, warm_kernels):
         got, plain = run(kern), run(jit.build(name, src))
         assert torch.equal(got, plain), name
         _assert_close(got, a, b, sa, sb, "block", "block", None, what=name + " ffma_interleave")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_mn_major_block_scales_gpu(cuda, no_tuning, warm_kernels, backend):
+    """DeepGEMM-layout (MN-major, TMA-aligned) activation block scales give the row-major ones'
+    bits on both backends, eagerly and replayed from a CUDA graph (the CUDA backend's copy)."""
+    m, n, k = 300, 640, 1152
+    a, b, sa, sb, _ = _operands(m, n, k, E4M3, "block", "block", device=cuda, seed=21)
+    want = fray.scaled_gemm(a, b, sa, sb, backend=backend)
+    mn = _mn_major(sa)
+    assert torch.equal(fray.scaled_gemm(a, b, mn, sb, backend=backend), want)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=cuda)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fray.scaled_gemm(a, b, mn, sb, out=out, backend=backend)   # warm-up: the plan and its kernel
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            fray.scaled_gemm(a, b, mn, sb, out=out, backend=backend)
+    torch.cuda.current_stream().wait_stream(s)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
 
 
 @pytest.mark.gpu

@@ -26,7 +26,7 @@ BLOCK_SCALE = 128
 
 @triton.jit
 def _scaled_gemm_kernel(
-    A, B, SA, SB, BIAS, OUT, M, N, K, lda, ldb, ldo, kblocks,
+    A, B, SA, SB, BIAS, OUT, M, N, K, lda, ldb, ldo, kblocks, sa_rs, sa_cs,
     KIND_A: tl.constexpr, KIND_B: tl.constexpr, INT8: tl.constexpr, HAS_BIAS: tl.constexpr,
     DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
@@ -59,7 +59,7 @@ def _scaled_gemm_kernel(
                     part += tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)))
                 else:
                     part += tl.dot(a, tl.trans(b))
-            sa = tl.load(SA + rm * kblocks + kb, mask=mm, other=0.0)
+            sa = tl.load(SA + rm * sa_rs + kb * sa_cs, mask=mm, other=0.0)
             sb = tl.load(SB + (rn // 128) * kblocks + kb, mask=mn, other=0.0)
             acc += part * (sa[:, None] * sb[None, :])
         y = acc
@@ -94,8 +94,9 @@ def _scaled_gemm_kernel(
 
 def scaled_gemm(a, b, a_scale, b_scale, kind_a, kind_b, bias, out, config):
     """out = the scaled product (see the module docstring). a [M, K], b [N, K] int8 or e4m3 with a
-    unit last stride; scales fp32 contiguous; config: BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps,
-    num_stages (BLOCK_K 128 for block scales)."""
+    unit last stride; scales fp32 contiguous, but a's block scales [M, ceil(K / 128)] by their
+    strides (row-major, or MN-major as DeepGEMM lays them out); config: BLOCK_M, BLOCK_N, BLOCK_K,
+    GROUP_M, num_warps, num_stages (BLOCK_K 128 for block scales)."""
     M, K = a.shape
     N = b.shape[0]
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
@@ -104,6 +105,7 @@ def scaled_gemm(a, b, a_scale, b_scale, kind_a, kind_b, bias, out, config):
     grid = (cdiv(M, bm) * cdiv(N, bn),)
     _scaled_gemm_kernel[grid](
         a, b, a_scale, b_scale, bias if bias is not None else a_scale, out, M, N, K, a.stride(0), b.stride(0),
-        out.stride(0), cdiv(K, BLOCK_SCALE), KIND_A=kind_a, KIND_B=kind_b, INT8=a.dtype == torch.int8,
+        out.stride(0), cdiv(K, BLOCK_SCALE), a_scale.stride(0) if kind_a == 2 else 0,
+        a_scale.stride(1) if kind_a == 2 else 0, KIND_A=kind_a, KIND_B=kind_b, INT8=a.dtype == torch.int8,
         HAS_BIAS=bias is not None, DOT_F32=_INTERPRET, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         GROUP_M=config["GROUP_M"], num_warps=config["num_warps"], num_stages=config["num_stages"])

@@ -731,8 +731,10 @@ def _check_scaled_gemm(a, b, a_scale, b_scale, out_dtype, bias, out, fast_accum)
                          "exactly; block scales promote every 128 of K), got %s with %s scales" % (
                              _name(a.dtype), kind_a))
     for name, s in (("a_scale", a_scale), ("b_scale", b_scale)):
-        if not s.is_contiguous():
-            raise ValueError("%s: expected a contiguous (row-major) scale tensor, got strides %s" % (name, s.stride()))
+        if not s.is_contiguous() and not (name == "a_scale" and kind_a == "block" and mn_major(s)):
+            raise ValueError("%s: expected a contiguous (row-major) scale tensor%s, got strides %s" % (
+                name, " or a's block scales MN-major (stride 1 along M, DeepGEMM's layout)" if name == "a_scale" and
+                kind_a == "block" else "", s.stride()))
     if bias is not None:
         if bias.dtype != out_dtype:
             raise TypeError("bias: expected dtype %s (out_dtype), got %s" % (_name(out_dtype), _name(bias.dtype)))
@@ -748,6 +750,13 @@ def _check_scaled_gemm(a, b, a_scale, b_scale, out_dtype, bias, out, fast_accum)
         if m > 1 and out.stride(0) < n:
             raise ValueError("out: rows overlap (row stride %d < row length %d)" % (out.stride(0), n))
     return m, n, k, kind_a, kind_b
+
+
+def mn_major(scale):
+    """Whether a [M, KB] block-scale tensor is MN-major: unit stride along M and columns that do
+    not overlap (DeepGEMM's TMA-aligned layout pads each column to a multiple of 4 rows)."""
+    m, kb = scale.shape
+    return (m <= 1 or scale.stride(0) == 1) and (kb <= 1 or scale.stride(1) >= max(m, 1))
 
 
 def _cuda_takes(a, b, out, bias, a_scale, b_scale):
@@ -927,6 +936,10 @@ class _ScaledCudaPlan:
                                        B.current_stream(a.device))
 
     def __call__(self, a, b, a_scale, b_scale, bias, out):
+        if not a_scale.is_contiguous():
+            # MN-major block scales (DeepGEMM's layout): CUTLASS's blockwise mainloop reads them
+            # K-major, so one small copy ([M, K / 128] fp32) on the stream, released after the launch
+            a_scale = a_scale.contiguous()
         ptrs = (a.data_ptr(), b.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(),
                 0 if bias is None else bias.data_ptr(), out.data_ptr())
         if self.ws:
@@ -1011,7 +1024,10 @@ def scaled_gemm(a, b, a_scale, b_scale, *, out_dtype=torch.bfloat16, bias=None, 
     fp32, contiguous, and their shapes say what they scale (fray.quantize's outputs fit as they are):
 
       a_scale  [] or [1]: the tensor | [M, 1] (or [M]): per row (token) | [M, ceil(K / 128)]: per row
-               and 128 of K (quantize(a, granularity="block", block=(1, 128)))
+               and 128 of K (quantize(a, granularity="block", block=(1, 128))), row-major or
+               MN-major (stride 1 along M, columns padded as DeepGEMM's TMA-aligned layout pads
+               them: a view of a [ceil(K / 128), M_pad] tensor; the CUDA backend copies those to
+               row-major, [M, ceil(K / 128)] fp32, before its launch)
       b_scale  [] or [1]: the tensor | [N, 1] (or [N]): per output channel (quantize(b,
                granularity="token")) | [ceil(N / 128), ceil(K / 128)]: per 128 x 128 block
 
