@@ -157,6 +157,45 @@ def test_numpy_in_numpy_out():
     assert isinstance(q, np.ndarray) and q.dtype == np.int8 and s.shape == (1, 1)
 
 
+def test_mn_major_layout_on_the_cpu_and_its_refusals():
+    x = _x(7, 300, torch.float32, seed=2)
+    q, s = fray.quantize(x, granularity="block", block=(1, 128))
+    q2, s2 = fray.quantize(x, granularity="block", block=(1, 128), scale_layout="mn_major")
+    assert s2.stride() == (1, 8) and torch.equal(s2, s) and torch.equal(q2, q)
+    qa, sa = fray.quantize(x.numpy(), granularity="block", block=(1, 128), scale_layout="mn_major")
+    assert sa.strides == (4, 32) and np.array_equal(sa, s.numpy()) and np.array_equal(qa, q.numpy())
+    for kw, needle in ((dict(granularity="token"), "granularity='token'"),
+                       (dict(granularity="block", block=(128, 128)), r"block=\(128, 128\)"),
+                       (dict(granularity="block", scale=torch.ones(7, 3)), "a static scale")):
+        with pytest.raises(ValueError, match="scale_layout: 'mn_major' is the layout of dynamic .*" + needle):
+            fray.quantize(x, scale_layout="mn_major", **kw)
+    with pytest.raises(ValueError, match="scale_layout: expected one of 'row', 'mn_major', got 'col'"):
+        fray.quantize(x, granularity="block", scale_layout="col")
+
+
+@INTERPRETER
+@pytest.mark.parametrize("m,k", [(1, 1), (37, 200), (6, 16500)])
+def test_triton_mn_major_scales(m, k):
+    """Both dynamic block kernels (rows in registers; past ROW_MAX, per group) write the scales
+    through their strides: DeepGEMM's layout holds the row-major scales' bits, padding untouched."""
+    from fray_triton import quant as tq
+    x = _x(m, k, torch.bfloat16, seed=k)
+    kb = -(-k // 128)
+    outs = []
+    for layout in ("row", "mn_major"):
+        q = torch.empty(m, k, dtype=I8)
+        if layout == "row":
+            s = torch.empty(m, kb)
+        else:
+            buf = torch.full((kb, -(-m // 4) * 4), -7.0)
+            s = buf[:, :m].t()
+        tq.quantize(x, q, s, "block", (1, 128), 127.0, False, False)
+        outs.append((q, s))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert (buf[:, m:] == -7.0).all()
+    quant._assert_quantize_matches(x, I8, "block", (1, 128), *outs[1])
+
+
 # ---------------------------------------------------------------------------------------------
 # CPU: Triton under the interpreter (int8; its float8 conversion does not round as the hardware does)
 
@@ -253,6 +292,40 @@ def test_gpu_awkward_shapes_nan_inf(cuda, dtype):
         x[0, 0], x[1, 1], x[2] = float("nan"), float("inf"), 0.0
         q, s = fray.quantize(x.to(cuda), dtype, **_kw(granularity, block))
         quant._assert_quantize_matches(x, dtype, granularity, block, q, s)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k", [(1, 4096), (1000, 7168), (33, 20000)])
+def test_gpu_mn_major_scales(cuda, m, k):
+    """scale_layout="mn_major" (DeepGEMM's TMA-aligned layout): the same scales and q as row-major
+    (both kernels: rows held in registers and, past ROW_MAX, the per-group one), eager, compiled
+    and replayed from a CUDA graph; dequantize and scaled_gemm take them as they are."""
+    x = _x(m, k, torch.bfloat16, seed=m).to(cuda)
+    q, s = fray.quantize(x, E4M3, granularity="block", block=(1, 128))
+    q2, s2 = fray.quantize(x, E4M3, granularity="block", block=(1, 128), scale_layout="mn_major")
+    assert s2.stride() == (1, -(-m // 4) * 4) and torch.equal(s2, s)
+    assert torch.equal(q2.view(torch.uint8), q.view(torch.uint8))
+    f = torch.compile(lambda t: fray.quantize(t, E4M3, granularity="block", block=(1, 128), scale_layout="mn_major"),
+                      fullgraph=True)
+    q3, s3 = f(x)
+    assert s3.stride() == s2.stride() and torch.equal(s3, s) and torch.equal(q3.view(torch.uint8), q.view(torch.uint8))
+    static = x.clone()
+    fray.quantize(static, E4M3, granularity="block", block=(1, 128), scale_layout="mn_major")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q4, s4 = fray.quantize(static, E4M3, granularity="block", block=(1, 128), scale_layout="mn_major")
+    static.copy_(_x(m, k, torch.bfloat16, seed=m + 1).to(cuda))
+    graph.replay()
+    torch.cuda.synchronize()
+    qr, sr = fray.quantize(static, E4M3, granularity="block", block=(1, 128))
+    assert torch.equal(s4, sr) and torch.equal(q4.view(torch.uint8), qr.view(torch.uint8))
+    back = fray.dequantize(q2, s2, granularity="block", block=(1, 128), dtype=torch.float32)
+    assert torch.equal(back, fray.dequantize(q, s, granularity="block", block=(1, 128), dtype=torch.float32))
+    if k % 128 == 0:
+        w = _x(256, k, torch.bfloat16, seed=3).to(cuda)
+        wq, ws = fray.quantize(w, E4M3, granularity="block", block=(128, 128))
+        assert torch.equal(fray.scaled_gemm(q2, wq, s2, ws), fray.scaled_gemm(q, wq, s, ws))
 
 
 @pytest.mark.gpu

@@ -60,7 +60,7 @@ def scale_of(a, qmax):
 
 @triton.jit
 def _quant_groups_kernel(
-    X, Q, S, M, K, stride_x, stride_q, stride_s, group_k, qmax,
+    X, Q, S, M, K, stride_x, stride_q, stride_s, stride_sg, group_k, qmax,
     FP8: tl.constexpr, SHARED: tl.constexpr, BM: tl.constexpr, CK: tl.constexpr,
 ):
     pr = tl.program_id(0)
@@ -77,11 +77,11 @@ def _quant_groups_kernel(
         a = tl.maximum(a, tl.max(finite_abs(x), axis=1))
     if SHARED:
         s_one = scale_of(tl.max(a, axis=0), qmax)
-        tl.store(S + pr * stride_s + pc, s_one)
+        tl.store(S + pr * stride_s + pc * stride_sg, s_one)
         s = tl.zeros([BM], dtype=tl.float32) + s_one
     else:
         s = scale_of(a, qmax)
-        tl.store(S + rows * stride_s + pc, s, mask=rmask)
+        tl.store(S + rows * stride_s + pc * stride_sg, s, mask=rmask)
     for c in range(k0, k1, CK):
         cols = c + tl.arange(0, CK)
         msk = rmask[:, None] & (cols[None, :] < k1)
@@ -98,7 +98,7 @@ ROW_PACK = 4096  # elements a program holds at least, short rows stacked
 
 @triton.jit
 def _quant_rows_kernel(
-    X, Q, S, M, K, stride_x, stride_q, stride_s, qmax,
+    X, Q, S, M, K, stride_x, stride_q, stride_s, stride_sg, qmax,
     FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
 ):
     """Dynamic per-row (GROUP = 0) or per-(1, GROUP) scales of whole rows held in registers."""
@@ -116,7 +116,7 @@ def _quant_rows_kernel(
         xg = tl.reshape(x, (ROWS, NG, GROUP))
         sc = scale_of(tl.max(finite_abs(xg), axis=2), qmax)  # [ROWS, NG]
         g = tl.arange(0, NG)
-        tl.store(S + rows[:, None] * stride_s + g[None, :], sc, mask=row_ok[:, None] & (g[None, :] * GROUP < K))
+        tl.store(S + rows[:, None] * stride_s + g[None, :] * stride_sg, sc, mask=row_ok[:, None] & (g[None, :] * GROUP < K))
         q = tl.reshape(to_q(tl.math.div_rn(xg, sc[:, :, None]), qmax, FP8), (ROWS, BLOCK_K))
     tl.store(Q + rows[:, None] * stride_q + cols[None, :], q, mask=msk)
 
@@ -195,7 +195,8 @@ def quantize(x, q, scale, granularity, block, qmax, fp8, static, amax=None):
         group = 0 if granularity == "token" else block[1]
         bk, rows, warps = _rows_config(k, group)
         rows = min(rows, next_power_of_2(m))
-        _quant_rows_kernel[(cdiv(m, rows),)](x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0), qmax,
+        _quant_rows_kernel[(cdiv(m, rows),)](x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0),
+                                             scale.stride(1), qmax,
                                              FP8=fp8, GROUP=group, BLOCK_K=bk, ROWS=rows, num_warps=warps)
         return
     if not static and granularity in ("token", "block"):
@@ -204,7 +205,8 @@ def quantize(x, q, scale, granularity, block, qmax, fp8, static, amax=None):
         bm = block[0] if shared else 16
         ck = 64 if shared else min(1024, max(16, triton.next_power_of_2(group_k)))
         grid = (cdiv(m, bm), cdiv(k, group_k))
-        _quant_groups_kernel[grid](x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0), group_k, qmax,
+        _quant_groups_kernel[grid](x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
+                                   group_k, qmax,
                                    FP8=fp8, SHARED=shared, BM=bm, CK=ck, num_warps=8 if shared else 4)
         return
     grid = (cdiv(m, TM), cdiv(k, TK))

@@ -16,8 +16,9 @@ dequantize maps (q, scale) back. The rules (fray.reference.quant, exact):
 A static scale (scale=..., fp32 of the group shape) is used as given: a 0 or inf in it divides
 as IEEE division does (then saturates), which is the caller's business.
 
-The block scales are row-major [ceil(M / bm), ceil(K / bk)] fp32; DeepGEMM's MN-major,
-TMA-aligned activation-scale layout is left for the scaled-GEMM change that consumes it.
+The block scales are [ceil(M / bm), ceil(K / bk)] fp32, row-major, or for (1, 128) blocks
+MN-major on request (scale_layout="mn_major": DeepGEMM's TMA-aligned activation-scale layout,
+which fray.scaled_gemm takes too).
 
 Validation happens here, once; the kernels (fray_triton.quant) trust their inputs. GPU entry
 points are torch custom ops (fray::quantize, fray::dequantize) with fake implementations, so
@@ -129,7 +130,10 @@ def _check_out(out, like, dtype, m, k):
     V.require_distinct_elements("out", out)
 
 
-def _check_quantize(x, dtype, granularity, block, scale, out):
+SCALE_LAYOUTS = ("row", "mn_major")
+
+
+def _check_quantize(x, dtype, granularity, block, scale, out, scale_layout="row"):
     m, k = _check_2d("x", x, "float16/float32", lambda d: d in _NP_FLOAT)
     if not V.is_array(x):
         V.require_float_dtype("x", x)
@@ -139,10 +143,30 @@ def _check_quantize(x, dtype, granularity, block, scale, out):
         raise TypeError("dtype: numpy arrays quantize to torch.int8 only (numpy has no float8), got %s"
                         % _name(dtype))
     block = _check_granularity(granularity, block, True)
+    if scale_layout not in SCALE_LAYOUTS:
+        raise ValueError("scale_layout: expected one of %s, got %r" % (", ".join(map(repr, SCALE_LAYOUTS)), scale_layout))
+    if scale_layout == "mn_major" and (granularity != "block" or block[0] != 1 or scale is not None):
+        raise ValueError("scale_layout: 'mn_major' is the layout of dynamic (1, 128)-block activation scales "
+                         "(granularity='block', block=(1, bk), scale=None); got granularity=%r, block=%s, %s scale"
+                         % (granularity, block, "a static" if scale is not None else "a dynamic"))
     if scale is not None:
         _check_scale(scale, x, granularity, m, k, block)
     _check_out(out, x, dtype, m, k)
     return m, k, block
+
+
+def mn_major_like(s, like=None):
+    """s [M, KB] (a tensor or array) copied into DeepGEMM's TMA-aligned MN-major layout: a view of a
+    [KB, M rounded up to 4] buffer (the padding zero), stride 1 along M."""
+    m, kb = s.shape
+    pad = -(-m // 4) * 4
+    if V.is_array(s):
+        buf = np.zeros((kb, pad), np.float32)
+        buf[:, :m] = s.T
+        return buf[:, :m].T
+    buf = torch.zeros((kb, pad), dtype=s.dtype, device=s.device)
+    buf[:, :m] = s.t()
+    return buf[:, :m].t()
 
 
 def _check_dequantize(q, scale, granularity, block, dtype, out):
@@ -184,27 +208,32 @@ def _needs_amax(granularity, static):
     return not static and granularity in ("tensor", "channel")
 
 
-def _quantize_outputs(x, dtype, granularity, block, scale, out):
-    """(q, scale, amax or None) on x's device."""
+def _quantize_outputs(x, dtype, granularity, block, scale, out, scale_layout="row"):
+    """(q, scale, amax or None) on x's device; a dynamic scale in scale_layout."""
     m, k = x.shape
     dev = x.device
     q = out if out is not None else torch.empty((m, k), dtype=dtype, device=dev)
     static = scale is not None
     if not static:
-        scale = torch.empty(ref.scale_shape(granularity, m, k, block), dtype=torch.float32, device=dev)
+        shape = ref.scale_shape(granularity, m, k, block)
+        if scale_layout == "mn_major":
+            # [KB, M padded to 4] (the padding stays unwritten, as DeepGEMM leaves it), viewed [M, KB]
+            scale = torch.empty((shape[1], -(-m // 4) * 4), dtype=torch.float32, device=dev)[:, :m].t()
+        else:
+            scale = torch.empty(shape, dtype=torch.float32, device=dev)
     amax = (torch.zeros(ref.scale_shape(granularity, m, k, block), dtype=torch.int32, device=dev)
             if _needs_amax(granularity, static) else None)
     return q, scale, amax
 
 
 class _QuantizePlan:
-    __slots__ = ("launch", "dtype", "granularity", "block")
+    __slots__ = ("launch", "dtype", "granularity", "block", "layout")
 
-    def __init__(self, launch, dtype, granularity, block):
-        self.launch, self.dtype, self.granularity, self.block = launch, dtype, granularity, block
+    def __init__(self, launch, dtype, granularity, block, layout):
+        self.launch, self.dtype, self.granularity, self.block, self.layout = launch, dtype, granularity, block, layout
 
     def __call__(self, x, scale, out):
-        q, s, amax = _quantize_outputs(x, self.dtype, self.granularity, self.block, scale, out)
+        q, s, amax = _quantize_outputs(x, self.dtype, self.granularity, self.block, scale, out, self.layout)
         self.launch((x, q, s, amax))
         return q, s
 
@@ -260,7 +289,8 @@ _compiling = P.compiling
 # ---------------------------------------------------------------------------------------------
 # public API
 
-def quantize(x, dtype=torch.int8, *, granularity="tensor", block=(1, 128), scale=None, out=None, backend="auto"):
+def quantize(x, dtype=torch.int8, *, granularity="tensor", block=(1, 128), scale=None, out=None,
+             scale_layout="row", backend="auto"):
     """(q, scale): x [M, K] (bf16/fp16/fp32) quantized to dtype (torch.int8 or
     torch.float8_e4m3fn) with fp32 scales per group.
 
@@ -271,9 +301,12 @@ def quantize(x, dtype=torch.int8, *, granularity="tensor", block=(1, 128), scale
     group's finite values, a zero scale replaced by 1 (an all-zero group quantizes to zeros with
     scale 1). Otherwise scale is a static fp32 tensor of the group shape (for "tensor" [] or [1])
     and is returned as given. q = round-to-nearest-even(fp32(x / scale)), saturated to
-    [-qmax, qmax] (int8 never -128); +-inf saturate, NaN gives 0 (int8) or NaN (e4m3). The block
-    scales are row-major; DeepGEMM's MN-major TMA-aligned activation layout is left for the
-    scaled-GEMM change. out: an [M, K] tensor of dtype to write q into.
+    [-qmax, qmax] (int8 never -128); +-inf saturate, NaN gives 0 (int8) or NaN (e4m3). out: an
+    [M, K] tensor of dtype to write q into.
+    scale_layout: "row" (default: the scales row-major) or, for dynamic (1, bk)-block scales,
+    "mn_major": DeepGEMM's TMA-aligned activation-scale layout, the [M, ceil(K / bk)] scales as a
+    view with stride 1 along M of a [ceil(K / bk), M rounded up to 4] buffer (its padding rows
+    unwritten on a GPU, zero from the CPU reference); fray.scaled_gemm takes either layout.
 
     CUDA tensors run Triton on the current stream without host synchronisation: token and block
     in one launch (one program per group: amax, then quantize), tensor and channel in two (an
@@ -281,32 +314,33 @@ def quantize(x, dtype=torch.int8, *, granularity="tensor", block=(1, 128), scale
     the exact reference (numpy arrays: int8 only).
     """
     if not _compiling():
-        key = P.signature("quantize", backend, (x, scale, out), (dtype, granularity, block))
+        key = P.signature("quantize", backend, (x, scale, out), (dtype, granularity, block, scale_layout))
         plan = P.PLANS.get(key)
         if plan is not None:
             return plan(x, scale, out)
     V.require_backend(backend, B.BACKENDS)
-    m, k, blk = _check_quantize(x, dtype, granularity, block, scale, out)
+    m, k, blk = _check_quantize(x, dtype, granularity, block, scale, out, scale_layout)
     array = V.is_array(x)
     if array or x.device.type == "cpu":
         V.require_cpu_backend(backend, "x")
         x64 = x.astype(np.float64) if array else x.detach().double().numpy()
         s_in = None if scale is None else (scale if array else scale.detach().cpu().numpy())
         qv, s = ref.quantize(x64, _REF_NAME[dtype], granularity, blk, s_in)
+        layout = mn_major_like if scale is None and scale_layout == "mn_major" else (lambda t: t)
         if array:
-            return qv.astype(np.int8), (s if scale is None else scale)
+            return qv.astype(np.int8), (layout(s) if scale is None else scale)
         q = torch.from_numpy(qv).to(dtype)
         if out is not None:
             out.copy_(q)
             q = out
-        return q, (torch.from_numpy(np.array(s, np.float32)) if scale is None else scale)
+        return q, (layout(torch.from_numpy(np.array(s, np.float32))) if scale is None else scale)
     static = scale is not None
     if _compiling():
-        q, s, amax = _quantize_outputs(x, dtype, granularity, blk, scale, out)
+        q, s, amax = _quantize_outputs(x, dtype, granularity, blk, scale, out, scale_layout)
         torch.ops.fray.quantize(x, q, s, amax, granularity, *_block_args(blk), static, backend)
         return q, s
     launch = _quantize_launch(x, granularity, blk, dtype, static, backend)
-    return P.PLANS.put(key, _QuantizePlan(launch, dtype, granularity, blk))(x, scale, out)
+    return P.PLANS.put(key, _QuantizePlan(launch, dtype, granularity, blk, scale_layout))(x, scale, out)
 
 
 def dequantize(q, scale, *, granularity, block=None, dtype=torch.bfloat16, out=None, backend="auto"):
