@@ -107,12 +107,10 @@ def test_triton_interpreter_int8(kind_a, kind_b, odt, m, n, k):
 
 
 def _mn_major(s):
-    """s [M, KB] in DeepGEMM's TMA-aligned MN-major layout: a view of a [KB, M padded to 4] tensor."""
-    m, kb = s.shape
-    buf = torch.full((kb, -(-m // 4) * 4), float("nan"), dtype=s.dtype, device=s.device)
-    buf[:, :m] = s.t()
-    view = buf[:, :m].t()
-    assert view.stride() == (1, buf.shape[1]) and torch.equal(view, s)
+    """s [M, KB] in DeepGEMM's TMA-aligned MN-major layout, the padding NaN (never to be read)."""
+    view = Q.mn_major_view(*s.shape, lambda shape: torch.full(shape, float("nan"), dtype=s.dtype, device=s.device))
+    view.copy_(s)
+    assert view.stride() == (1, -(-s.shape[0] // 4) * 4) and torch.equal(view, s)
     return view
 
 

@@ -111,17 +111,19 @@ def parse(text):
     return functions
 
 
-def _opcode(text):
+def _operands(text):
+    """An instruction's words without its predicate: [opcode, destination, sources...]."""
     words = text.split()
-    if words and words[0].startswith("@"):
-        words = words[1:]
+    return words[1:] if words and words[0].startswith("@") else words
+
+
+def _opcode(text):
+    words = _operands(text)
     return words[0] if words else ""
 
 
 def _dest(text):
-    words = text.split()
-    if words and words[0].startswith("@"):
-        words = words[1:]
+    words = _operands(text)
     return words[1].rstrip(",").split(".")[0] if len(words) > 1 else ""
 
 

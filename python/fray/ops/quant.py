@@ -155,18 +155,20 @@ def _check_quantize(x, dtype, granularity, block, scale, out, scale_layout="row"
     return m, k, block
 
 
-def mn_major_like(s, like=None):
-    """s [M, KB] (a tensor or array) copied into DeepGEMM's TMA-aligned MN-major layout: a view of a
-    [KB, M rounded up to 4] buffer (the padding zero), stride 1 along M."""
-    m, kb = s.shape
-    pad = -(-m // 4) * 4
+def mn_major_view(m, kb, make):
+    """An [M, KB] view, stride 1 along M, of make((KB, M rounded up to 4)): DeepGEMM's TMA-aligned
+    MN-major layout of activation block scales (make allocates the buffer: a tensor or an array)."""
+    return make((kb, -(-m // 4) * 4))[:, :m].T
+
+
+def mn_major_like(s):
+    """s [M, KB] (a tensor or array) copied into mn_major_view's layout, the padding zero."""
     if V.is_array(s):
-        buf = np.zeros((kb, pad), np.float32)
-        buf[:, :m] = s.T
-        return buf[:, :m].T
-    buf = torch.zeros((kb, pad), dtype=s.dtype, device=s.device)
-    buf[:, :m] = s.t()
-    return buf[:, :m].t()
+        out = mn_major_view(*s.shape, lambda shape: np.zeros(shape, np.float32))
+    else:
+        out = mn_major_view(*s.shape, lambda shape: torch.zeros(shape, dtype=s.dtype, device=s.device))
+    out[...] = s
+    return out
 
 
 def _check_dequantize(q, scale, granularity, block, dtype, out):
@@ -216,9 +218,8 @@ def _quantize_outputs(x, dtype, granularity, block, scale, out, scale_layout="ro
     static = scale is not None
     if not static:
         shape = ref.scale_shape(granularity, m, k, block)
-        if scale_layout == "mn_major":
-            # [KB, M padded to 4] (the padding stays unwritten, as DeepGEMM leaves it), viewed [M, KB]
-            scale = torch.empty((shape[1], -(-m // 4) * 4), dtype=torch.float32, device=dev)[:, :m].t()
+        if scale_layout == "mn_major":  # the padding stays unwritten, as DeepGEMM leaves it
+            scale = mn_major_view(m, shape[1], lambda s: torch.empty(s, dtype=torch.float32, device=dev))
         else:
             scale = torch.empty(shape, dtype=torch.float32, device=dev)
     amax = (torch.zeros(ref.scale_shape(granularity, m, k, block), dtype=torch.int32, device=dev)
