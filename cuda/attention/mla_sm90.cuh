@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
       pipe.consumer_release(read_v);
       ++read_v;
       rescale(corr);
-      asm volatile("bar.sync 3, 256;");  // warpgroup 2 is done with the previous P
+      asm volatile("barrier.sync 3, 256;");  // warpgroup 2 is done with the previous P
       publish(n, read.index(), corr);
       ++read;
     }
@@ -452,7 +452,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1) mla_kernel(const __grid_c
       // waiting here delays it by nothing. With bar.arrive (correct by PTX's barrier semantics),
       // racecheck reported the reads of corr above and warpgroup 1's writes of the next tile's
       // as WAR hazards in every case of more than one tile a CTA (an H100, 2026-12-07).
-      if (n + 1 < n_tiles) asm volatile("bar.sync 3, 256;");
+      // barrier.sync, the unaligned form, on both sides: the two warpgroups block on barrier 3
+      // at different instructions, which bar.sync (= barrier.sync.aligned) does not allow;
+      // synccheck reported it as divergent threads (1674101, an H100, 2026-12-07).
+      if (n + 1 < n_tiles) asm volatile("barrier.sync 3, 256;");
     }
   }
   asm volatile("bar.sync 4, 256;");  // st.inv written
