@@ -764,20 +764,28 @@ JIT_FAMILIES = ("attention", "gemm", "quant", "moe")  # attention: prefill and M
 WARM_CHUNK = 6  # cases a warm-up process runs
 
 
+def warm_chunks(names, jobs):
+    """The warm-up's processes: at least `jobs` of them, about WARM_CHUNK cases each, the cases
+    dealt out round-robin (process i takes names i, i + n, i + 2n, ...)."""
+    n = min(len(names), max(jobs, -(-len(names) // WARM_CHUNK)))
+    return [names[i::n] for i in range(n)]
+
+
 def warm(families, jobs, deadline):
-    """Runs every case of the JIT families once, WARM_CHUNK cases of one family to a process, `jobs`
+    """Runs every case of the JIT families once, about WARM_CHUNK cases to a process, `jobs`
     processes at a time: the kernels land in the JIT cache, which the sanitized processes then
     load. One case a process took 224 s for 199 cases with every kernel already cached (an H100,
-    2026-12-07): each process's start (torch, CUDA, fray) was the cost. A chunk that fails is
-    finished one case a process, so a faulting case neither hides nor leaves the others cold."""
+    2026-12-07): each process's start (torch, CUDA, fray) was the cost. Six neighbouring cases of
+    one family to a process took 379 s on a fresh machine (6a92556, an H100, 2026-12-07): a chunk
+    of six prefill cases compiles six CUDA kernels one after another, the sweep's critical path.
+    So the cases are dealt out round-robin: neighbours (one kernel family, the costly compiles)
+    land in different processes. A chunk that fails is finished one case a process, so a faulting
+    case neither hides nor leaves the others cold."""
     names = case_names([f for f in families if f in JIT_FAMILIES])
     if not names:
         return 0.0
     t0 = time.time()
-    chunks = []
-    for fam in JIT_FAMILIES:
-        mine = [n for n in names if n.partition("/")[0] == fam]
-        chunks += [mine[i:i + WARM_CHUNK] for i in range(0, len(mine), WARM_CHUNK)]
+    chunks = warm_chunks(names, jobs)
     print("warm: building the kernels of %d JIT cases in %d processes" % (len(names), len(chunks)), flush=True)
 
     def run(group, limit):
