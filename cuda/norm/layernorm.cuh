@@ -412,11 +412,7 @@ constexpr LaunchConfig layernorm_config(int64_t nv, bool vectorized) {
 template <typename T, typename W, int VEC, bool BIAS>
 cudaError_t launch_kernel(const KernelArgs& a, const LaunchConfig& c, cudaStream_t stream) {
   const bool full = c.items != 0 && a.nv == static_cast<int64_t>(c.items) * c.tpr;
-  return launch_rows(KernelSet<T, W, VEC, BIAS>::kKernels[ln_kernel_slot(c.items, full)], a, c, stream,
-                     [](KernelArgs& part, int64_t done) {
-                       part.x = static_cast<const T*>(part.x) + done * part.x_stride;
-                       part.y = static_cast<T*>(part.y) + done * part.y_stride;
-                     });
+  return launch_rows<T>(KernelSet<T, W, VEC, BIAS>::kKernels[ln_kernel_slot(c.items, full)], a, c, stream);
 }
 
 }  // namespace layernorm_detail

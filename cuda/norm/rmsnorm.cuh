@@ -342,16 +342,25 @@ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Host launch helpers shared by the norm family (layernorm.cuh uses them too).
 
+// No row pointers besides x and y.
+struct NoOtherRows {
+  template <typename Args>
+  void operator()(Args&, int64_t) const {}
+};
+
 // Enqueues fn over a.rows rows, c.rpb rows per block and at most kMaxRowsPerLaunch rows per
-// launch (the grid.x limit); advance(part, done) moves part's row pointers down `done` rows.
-template <typename Args, typename Advance>
+// launch (the grid.x limit): each launch's x and y (of element type T) start `done` rows down,
+// and others(part, done) moves the call's other row pointers (rmsnorm's residual and sum).
+template <typename T, typename Args, typename Others = NoOtherRows>
 cudaError_t launch_rows(void (*fn)(Args), const Args& a, const LaunchConfig& c, cudaStream_t stream,
-                        Advance advance) {
+                        Others others = {}) {
   const dim3 block(static_cast<unsigned>(c.tpr), static_cast<unsigned>(c.rpb));
   for (int64_t done = 0; done < a.rows; done += kMaxRowsPerLaunch) {
     Args part = a;
     part.rows = a.rows - done < kMaxRowsPerLaunch ? a.rows - done : kMaxRowsPerLaunch;
-    advance(part, done);
+    part.x = static_cast<const T*>(a.x) + done * a.x_stride;
+    part.y = static_cast<T*>(a.y) + done * a.y_stride;
+    others(part, done);
     const dim3 grid(static_cast<unsigned>(ceil_div(part.rows, c.rpb)));
     fn<<<grid, block, 0, stream>>>(part);
     const cudaError_t err = launch_error();
@@ -494,15 +503,13 @@ static_assert(rmsnorm_config_table_ok(), "rmsnorm config table violates a kernel
 
 template <typename T, typename W, int VEC, bool RES>
 cudaError_t launch_kernel(const KernelArgs& a, const LaunchConfig& c, cudaStream_t stream) {
-  return launch_rows(KernelSet<T, W, VEC, RES>::kKernels[kernel_slot(c.items)], a, c, stream,
-                     [](KernelArgs& part, int64_t done) {
-                       part.x = static_cast<const T*>(part.x) + done * part.x_stride;
-                       part.y = static_cast<T*>(part.y) + done * part.y_stride;
-                       if constexpr (RES) {
-                         part.residual = static_cast<const T*>(part.residual) + done * part.r_stride;
-                         part.sum_out = static_cast<T*>(part.sum_out) + done * part.s_stride;
-                       }
-                     });
+  return launch_rows<T>(KernelSet<T, W, VEC, RES>::kKernels[kernel_slot(c.items)], a, c, stream,
+                        [](KernelArgs& part, int64_t done) {
+                          if constexpr (RES) {
+                            part.residual = static_cast<const T*>(part.residual) + done * part.r_stride;
+                            part.sum_out = static_cast<T*>(part.sum_out) + done * part.s_stride;
+                          }
+                        });
 }
 
 }  // namespace rmsnorm_detail
