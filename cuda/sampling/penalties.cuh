@@ -62,11 +62,13 @@ __global__ void __launch_bounds__(kPenaltyThreads) penalty_kernel(const PenaltyA
   const float pres = a.presence ? a.presence[row] : a.presence_value;
   const float freq = a.frequency ? a.frequency[row] : a.frequency_value;
   T* x = static_cast<T*>(a.logits) + row * a.stride;
-  // The order of operations of the Triton kernel: (rep(l) - presence) - n * frequency in fp32.
+  // The documented rule, (rep(l) - presence) - n * frequency, each step rounded in fp32 (the
+  // products through __fmul_rn, which nvcc never contracts into an FMA with the subtraction after
+  // it: a contracted l * rep - presence or (..) - n * frequency differs from the rule by an ulp).
   auto apply = [&](int64_t id, uint32_t count) {
     float l = to_float(x[id]);
-    l = l > 0.0f ? l / rep : l * rep;
-    l = (l - pres) - static_cast<float>(count) * freq;
+    l = l > 0.0f ? l / rep : __fmul_rn(l, rep);
+    l = (l - pres) - __fmul_rn(static_cast<float>(count), freq);
     x[id] = from_float<T>(l);
   };
 

@@ -173,6 +173,50 @@ def test_gpu_penalties_strided_rows_and_scalars(cuda, backend):
     assert torch.equal(xc[:, 0].cpu(), base[:, 0]) and torch.equal(xc[:, 5001:].cpu(), base[:, 5001:])
 
 
+
+def _fp32_rule(l, rep, pres, count, freq):
+    """The documented rule step by step in fp32 (numpy rounds every operation: no FMA)."""
+    f = np.float32
+    l = f(l) / f(rep) if l > 0 else f(l) * f(rep)
+    return f(f(l) - f(pres)) - f(f(count) * f(freq))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_penalties_round_each_step_bit_for_bit(cuda, backend):
+    # fp32 cases where a product contracted into an FMA (l * rep - presence, or (..) - n * frequency)
+    # rounds differently from the rule's separate steps (found by the GPU property profile at
+    # 9c88994: one ulp off in both backends); the kernels must give the rule's bits.
+    rng = np.random.default_rng(7)
+    f = np.float32
+    rows = []
+    while len(rows) < 64:
+        l, rep, pres, freq = f(rng.normal() * 3), f(rng.uniform(0.5, 2)), f(rng.uniform(-1, 1)), f(rng.uniform(0, 1))
+        count = int(rng.integers(1, 6))
+        p = f(l) / rep if l > 0 else f(l) * rep
+        fused = f(np.float64(f(p - pres)) - np.float64(count) * np.float64(freq))  # one rounding: an FMA
+        if l < 0:
+            fused_rep = f(np.float64(l) * np.float64(rep) - np.float64(pres))
+            if fused_rep != f(f(l * rep) - pres):
+                rows.append((l, rep, pres, count, freq))
+                continue
+        if fused != _fp32_rule(l, rep, pres, count, freq):
+            rows.append((l, rep, pres, count, freq))
+    n = len(rows)
+    x = torch.tensor([[r[0], 0.5] for r in rows], dtype=torch.float32)
+    ids = torch.tensor([i for r in rows for i in [0] * r[3]], dtype=torch.int32)
+    offs = torch.tensor(np.concatenate([[0], np.cumsum([r[3] for r in rows])]), dtype=torch.int32)
+    par = [torch.tensor([r[k] for r in rows], dtype=torch.float32, device=cuda) for k in (1, 2, 4)]
+    xc = x.to(cuda)
+    fray.apply_penalties(xc, ids.to(cuda), offs.to(cuda), repetition=par[0], presence=par[1], frequency=par[2],
+                         backend=backend)
+    want = torch.tensor([_fp32_rule(*r) for r in rows], dtype=torch.float32)
+    got = xc[:, 0].cpu()
+    bad = (got.view(torch.int32) != want.view(torch.int32)).nonzero().flatten().tolist()
+    assert not bad, "%s: %d of %d rows differ from the fp32 rule, first %r: %r vs %r" % (
+        backend, len(bad), n, rows[bad[0]], float(got[bad[0]]), float(want[bad[0]]))
+    assert torch.equal(xc[:, 1].cpu(), x[:, 1])
+
 def _decode_case(rows, vocab, hist, g, cuda):
     base = torch.randn(rows, vocab, generator=g).to(cuda)
     ids = torch.randint(0, vocab, (rows * hist,), generator=g).to(cuda)

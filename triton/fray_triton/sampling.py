@@ -337,7 +337,9 @@ def _penalty_kernel(X, IDS, OFFS, REP, PRES, FREQ, stride_x, n_cols, BLOCK_H: tl
         act = ma & (earlier == 0) & (ida >= 0) & (ida < n_cols)
         ptr = X + row * stride_x + ida
         l = tl.load(ptr, mask=act, other=0.0).to(tl.float32)
-        l = tl.where(l > 0.0, l / rep, l * rep) - pres - count.to(tl.float32) * freq
+        # the documented rule step by step: IEEE division (plain / is approximate) and, with
+        # enable_fp_fusion off at the launch, no product contracted into an FMA
+        l = tl.where(l > 0.0, tl.math.div_rn(l, rep), l * rep) - pres - count.to(tl.float32) * freq
         tl.store(ptr, _round(l, X.dtype.element_ty), mask=act)
 
 
@@ -346,5 +348,6 @@ def apply_penalties(logits, token_ids, token_offsets, repetition, presence, freq
     """In place on row-strided logits; per-row fp32 parameter tensors; ids outside [0, n_cols)
     are ignored (validated on the host only where that costs no sync)."""
     _penalty_kernel[(n_rows,)](logits, token_ids, token_offsets, repetition, presence, frequency,
-                               x_row_stride, n_cols, BLOCK_H=PENALTY_BLOCK, num_warps=4)
+                               x_row_stride, n_cols, BLOCK_H=PENALTY_BLOCK, num_warps=4,
+                               enable_fp_fusion=False)
 
