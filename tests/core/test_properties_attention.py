@@ -1067,6 +1067,15 @@ def test_triton_mla_decode_matches_its_oracle(data):
     _mla_property(data, "cpu", "triton")
 
 
-@gpu(max_examples=25)
+@gpu(("cuda",), max_examples=25)
 def test_gpu_mla_decode_matches_its_oracle(backend, data):
+    _mla_property(data, "cuda", backend)
+
+
+# The Triton kernels compile per draw (page size, dtype, tile configuration and stride
+# alignments are all specialised, at D 576): 25 draws did not finish in 208 s on an H100 (8635d1e,
+# 2026-12-07), where every other GPU property case takes under a minute; 8 draws cover each
+# configuration axis at least once.
+@gpu(("triton",), max_examples=8)
+def test_gpu_mla_decode_triton_matches_its_oracle(backend, data):
     _mla_property(data, "cuda", backend)
