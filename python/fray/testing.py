@@ -116,31 +116,36 @@ for req in json.loads(sys.argv[1]):
         kernel = getattr(importlib.import_module(req["module"]), req["kernel"])
         sig = {p.name: "constexpr" if p.is_constexpr else req["types"].get(p.name, "i32") for p in kernel.params}
         attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kernel.params) if p.name in req["divisible"]}
+        options = dict(req["options"], num_warps=req["num_warps"], num_stages=req["num_stages"])
         c = triton.compile(ASTSource(kernel, sig, req["constexprs"], attrs), target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": req["num_warps"], "num_stages": req["num_stages"]})
+                           options=options)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(c.asm["cubin"])
             f.flush()
             sass = subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True, check=True).stdout
         out.append({"shared": c.metadata.shared, "spills": len(re.findall(r"\b(?:STL|LDL)\b", sass)),
-                    "wgmma": "wgmma" in c.asm["ptx"]})
+                    "wgmma": "wgmma" in c.asm["ptx"], "ptx_counts": {k: c.asm["ptx"].count(k) for k in req["count"]}})
     except Exception:
         out.append({"error": traceback.format_exc()[-3000:]})
 print(json.dumps(out))
 """
 
 
-def sm90_spec(module, kernel, types, constexprs, *, num_warps=4, num_stages=3, divisible=()):
-    """One kernel specialisation for compile_triton_sm90 (see there)."""
+def sm90_spec(module, kernel, types, constexprs, *, num_warps=4, num_stages=3, divisible=(), options=None,
+              count=()):
+    """One kernel specialisation for compile_triton_sm90 (see there). options: further compile
+    options of the launch (e.g. {"enable_fp_fusion": False}); count: PTX substrings whose
+    occurrences the result reports ("ptx_counts")."""
     return {"module": module, "kernel": kernel, "types": dict(types), "constexprs": dict(constexprs),
-            "num_warps": num_warps, "num_stages": num_stages, "divisible": list(divisible)}
+            "num_warps": num_warps, "num_stages": num_stages, "divisible": list(divisible),
+            "options": dict(options or {}), "count": list(count)}
 
 
 def compile_triton_sm90(specs):
     """Compiles Triton kernel specialisations (sm90_spec) for sm_90a without a GPU (Triton's own
     ptxas), all in one child process without TRITON_INTERPRET (under the interpreter @triton.jit
     builds no compilable function); returns per spec {"shared": bytes, "spills": STL/LDL count in
-    the SASS, "wgmma": bool}. Catches what the CPU interpreter never sees: type errors of the
+    the SASS, "wgmma": bool, "ptx_counts": {substring: occurrences in the PTX}}. Catches what the CPU interpreter never sees: type errors of the
     compiled path (fp8 casts, inconsistent returns), layouts, shared memory, register spills.
     Raises AssertionError with Triton's message for a kernel that does not compile.
 

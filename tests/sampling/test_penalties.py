@@ -127,6 +127,25 @@ def test_in_place_logits_may_not_overlap():
     fray.apply_penalties(logits.t().contiguous().t(), ids, offs, repetition=2.0)
 
 
+
+def test_penalty_kernel_rounds_each_step_on_sm90a():
+    """The Triton penalty kernel compiled for sm_90a as it is launched: no product contracted into
+    an FMA (the documented rule rounds l * rep, the presence and n * frequency steps apart; with
+    Triton's default fusion the PTX held one fma.rn.f32 and the GPU results were an ulp off) and
+    an IEEE division (div.rn, not div.full)."""
+    from fray.testing import compile_triton_sm90, sm90_spec
+    from fray_triton import sampling as ts
+    opts = dict(ts.PENALTY_OPTIONS)
+    warps = opts.pop("num_warps")
+    specs = [sm90_spec("fray_triton.sampling", "_penalty_kernel",
+                       {"X": x, "IDS": i, "OFFS": i, "REP": "*fp32", "PRES": "*fp32", "FREQ": "*fp32", "stride_x": "i64"},
+                       dict(BLOCK_H=ts.PENALTY_BLOCK), num_warps=warps, options=opts,
+                       count=("fma.rn.f32", "div.rn.f32", "div.full.f32"))
+             for x in ("*fp32", "*bf16") for i in ("*i32", "*i64")]
+    for spec, r in zip(specs, compile_triton_sm90(specs)):
+        c = r["ptx_counts"]
+        assert c["fma.rn.f32"] == 0 and c["div.full.f32"] == 0 and c["div.rn.f32"] >= 1, (spec["types"], c)
+
 # ---------------------------------------------------------------------------------------------
 # GPU (H200): every backend against the reference
 

@@ -230,7 +230,7 @@ def _sample_kernel(X, TOK, LOGP, TEMP, TOPK, TOPP, MINP, SEED, OFFS, stride_x, n
     token = best_idx
     logp = 0.0
     if temp >= 1.1754943508222875e-38:  # 2^-126; 0 and subnormals (1 / t overflows) are greedy
-        inv_t = 1.0 / temp
+        inv_t = tl.math.div_rn(1.0, temp)  # IEEE, as the CUDA kernel's 1.0f / temp (plain / is approximate)
         # top-k: the largest t with count(ord >= t) >= k; the invariant count(lo) >= k holds at
         # lo = -2^31 (everything), fails at hi = 2^31 (nothing); 32 halvings pin t = lo.
         lo_k = tl.full([], -2147483648, tl.int64)
@@ -343,11 +343,15 @@ def _penalty_kernel(X, IDS, OFFS, REP, PRES, FREQ, stride_x, n_cols, BLOCK_H: tl
         tl.store(ptr, _round(l, X.dtype.element_ty), mask=act)
 
 
+# The penalty kernel's compile options: no FMA contraction (the documented rule rounds each step;
+# tests/sampling compiles the kernel with these and checks its PTX).
+PENALTY_OPTIONS = {"num_warps": 4, "enable_fp_fusion": False}
+
+
 def apply_penalties(logits, token_ids, token_offsets, repetition, presence, frequency,
                     x_row_stride, n_rows, n_cols):
     """In place on row-strided logits; per-row fp32 parameter tensors; ids outside [0, n_cols)
     are ignored (validated on the host only where that costs no sync)."""
     _penalty_kernel[(n_rows,)](logits, token_ids, token_offsets, repetition, presence, frequency,
-                               x_row_stride, n_cols, BLOCK_H=PENALTY_BLOCK, num_warps=4,
-                               enable_fp_fusion=False)
+                               x_row_stride, n_cols, BLOCK_H=PENALTY_BLOCK, **PENALTY_OPTIONS)
 
