@@ -92,6 +92,20 @@ def signature(op, backend, tensors, scalars=()):
             tuple(map(type, scalars)))
 
 
+def misaligned(*tensors):
+    """Whether any of the tensors' (None: skipped) base addresses is off a 16-byte boundary: what
+    decides whether TMA kernels take a call's operands and no key holds, so the GEMM families' keys
+    add it. None where an argument is not a tensor with storage (such a call gets no plan)."""
+    bits = 0
+    try:
+        for t in tensors:
+            if t is not None:
+                bits |= t.data_ptr()
+    except (AttributeError, TypeError, RuntimeError):
+        return None
+    return bool(bits & 15)
+
+
 def current_stream(index):
     """The raw cudaStream_t of device `index`'s current stream."""
     return _raw_stream(index) if _raw_stream is not None else B.current_stream(torch.device("cuda", index))

@@ -134,6 +134,42 @@ def test_public_calls_launch_from_a_cached_plan(fake_cuda):
     assert fake_cuda.calls[-1][1] == (a.data_ptr(), b.data_ptr(), a.data_ptr())
 
 
+
+def test_quantized_gemms_launch_from_a_cached_plan_keyed_by_alignment(fake_cuda):
+    """scaled_gemm and w8a16_gemm validate once per signature: a hit launches the cached plan
+    (out allocated in out_dtype / x's dtype); the key holds whether any TMA operand's base is off
+    16 bytes (what picks the backend and no shape holds), so a misaligned view of the same shape
+    misses and takes the full path (here the CPU reference)."""
+    from fray.ops import quant as Q
+    calls = []
+
+    def plan(*tensors):
+        calls.append(tensors)
+    buf = torch.zeros(2, 64 + 16, dtype=torch.int8)
+    a, b = buf[:, :64], torch.zeros(4, 64, dtype=torch.int8)
+    sa, sb = torch.ones(2, 1), torch.ones(4, 1)
+    assert P.misaligned(a, b, None) is False and P.misaligned(buf[:, 1:65]) is True
+    assert P.misaligned(np.zeros(2)) is None
+    P.PLANS.put(P.signature("scaled_gemm", "auto", (a, b, sa, sb, None, None), (torch.float16, False, False)), plan)
+    y = fray.scaled_gemm(a, b, sa, sb, out_dtype=torch.float16)
+    assert len(calls) == 1 and calls[0][:5] == (a, b, sa, sb, None) and calls[0][5] is y
+    assert y.shape == (2, 4) and y.dtype == torch.float16
+    # the same shapes and strides 1 byte off: a miss, the CPU reference runs (exact zeros)
+    c = fray.scaled_gemm(buf[:, 1:65], b, sa, sb, out_dtype=torch.float16)
+    assert len(calls) == 1 and torch.equal(c, torch.zeros(2, 4, dtype=torch.float16))
+    # a scalar of another type is another signature: fast_accum=1 still raises
+    with pytest.raises(TypeError, match="fast_accum: expected a bool"):
+        fray.scaled_gemm(a, b, sa, sb, out_dtype=torch.float16, fast_accum=1)
+    x, w, ws = torch.zeros(3, 64, dtype=torch.bfloat16), torch.zeros(5, 64, dtype=torch.int8), torch.ones(5)
+    P.PLANS.put(P.signature("w8a16_gemm", "auto", (x, w, ws, None, None), (False,)), plan)
+    z = fray.w8a16_gemm(x, w, ws)
+    assert len(calls) == 2 and calls[1][:4] == (x, w, ws, None) and calls[1][4] is z
+    assert z.shape == (3, 5) and z.dtype == torch.bfloat16
+    # the plan a full call returns is what its key is given: a trivial product (K = 0) too
+    out = torch.full((2, 4), 7.0, dtype=torch.float16)
+    Q._trivial_plan(a[:, :0], b[:, :0], sa, sb, None, out)
+    assert torch.equal(out, torch.zeros(2, 4, dtype=torch.float16))
+
 def test_rope_plan_follows_the_launcher_slots_with_the_offset_last(fake_cuda):
     from fray.ops import rope
     qkv = torch.empty(3, 6, 16, dtype=torch.bfloat16)

@@ -332,14 +332,6 @@ class _TuningInput:
 _PLANS = {}
 
 
-def _misaligned(*ts):
-    bits = 0
-    for t in ts:
-        if t is not None:
-            bits |= t.data_ptr()
-    return bool(bits & 15)
-
-
 def _tma_ok(t):
     """t (2-d, unit last stride) usable by TMA as it is: 16-byte base, row stride and row length."""
     es = t.element_size()
@@ -518,7 +510,7 @@ def _gemm_impl(a, b, bias, out, b_layout, backend):
         return None
     be = B.resolve("gemm", FAMILY, backend, a.device)
     key = (be, m, n, k, a.stride(0), b.stride(0), out.stride(0), a.dtype, out.dtype, b_layout, bias is None,
-           a.device.index, _misaligned(a, b, bias, out))
+           a.device.index, P.misaligned(a, b, bias, out))
     plan = _PLANS.get(key)
     if plan is None:
         plan = (_CudaPlan if be == "cuda" else _TritonPlan)(a, b, bias, out, b_layout)
@@ -657,7 +649,7 @@ def gemm(a, b, *, b_layout="nk", bias=None, out=None, out_dtype=None, backend="a
             odt, base = hit
             if out is None:
                 out = torch.empty(base[1], base[2], dtype=odt, device=a.device)
-            plan = _PLANS.get(base + (_misaligned(a, b, bias, out),))
+            plan = _PLANS.get(base + (P.misaligned(a, b, bias, out),))
             if plan is not None:
                 plan(a, b, bias, out)
                 return out

@@ -1023,11 +1023,18 @@ def _pick_backend(op, backend, device, why_not):
     return "triton", False
 
 
+def _trivial_plan(*tensors):
+    """The plan of a product with M, N or K = 0 (_trivial_product on the call's (.., bias, out))."""
+    _trivial_product(tensors[0].shape[0], tensors[-1].shape[1], tensors[0].shape[1], tensors[-2], tensors[-1])
+
+
 def _scaled_gemm_impl(a, b, a_scale, b_scale, bias, out, fast_accum, backend):
+    """Runs one validated call; returns its plan (what a later call of the same signature, 16-byte
+    alignment included, may run directly), or None where none may be kept (built during capture)."""
     m, k = a.shape
     n = b.shape[0]
     if _trivial_product(m, n, k, bias, out):
-        return
+        return _trivial_plan
     be, fits = _pick_backend("scaled_gemm", backend, a.device, lambda: _cuda_takes(a, b, out, bias, a_scale, b_scale))
     key = P.signature("scaled_gemm:plan", be, (a, b, a_scale, b_scale, bias, out), (fast_accum, fits))
     plan = P.PLANS.get(key)
@@ -1036,9 +1043,10 @@ def _scaled_gemm_impl(a, b, a_scale, b_scale, bias, out, fast_accum, backend):
         plan = (_ScaledCudaPlan if be == "cuda" else _ScaledTritonPlan)(a, b, kind_a, kind_b, bias, out, fast_accum)
         if P.capturing():
             plan(a, b, a_scale, b_scale, bias, out)
-            return
+            return None
         P.PLANS.put(key, plan)
     plan(a, b, a_scale, b_scale, bias, out)
+    return plan
 
 
 @P.custom_op("fray::scaled_gemm", mutates_args=("out",))
@@ -1082,6 +1090,17 @@ def scaled_gemm(a, b, a_scale, b_scale, *, out_dtype=torch.bfloat16, bias=None, 
     call; torch.compile traces the custom op fray::scaled_gemm). CPU tensors run the float64
     reference (fray.reference.quant.scaled_gemm).
     """
+    if not _compiling():
+        # validated once per signature: a later call with the same shapes, strides, dtypes,
+        # devices, scalars and 16-byte alignment launches the plan the first one built
+        key = P.signature("scaled_gemm", backend, (a, b, a_scale, b_scale, bias, out),
+                          (out_dtype, fast_accum, P.misaligned(a, b, out)))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            if out is None:
+                out = torch.empty(a.shape[0], b.shape[0], dtype=out_dtype, device=a.device)
+            plan(a, b, a_scale, b_scale, bias, out)
+            return out
     V.require_backend(backend, B.BACKENDS)
     m, n, k, kind_a, kind_b = _check_scaled_gemm(a, b, a_scale, b_scale, out_dtype, bias, out, fast_accum)
     if a.device.type == "cpu":
@@ -1098,7 +1117,9 @@ def scaled_gemm(a, b, a_scale, b_scale, *, out_dtype=torch.bfloat16, bias=None, 
     if _compiling():
         torch.ops.fray.scaled_gemm(a, b, a_scale, b_scale, bias, out, fast_accum, backend)
         return out
-    _scaled_gemm_impl(a, b, a_scale, b_scale, bias, out, fast_accum, backend)
+    plan = _scaled_gemm_impl(a, b, a_scale, b_scale, bias, out, fast_accum, backend)
+    if plan is not None:
+        P.PLANS.put(key, plan)
     return out
 
 
@@ -1400,10 +1421,11 @@ class _W8TritonPlan:
 
 
 def _w8a16_impl(x, w, w_scale, bias, out, backend):
+    """Runs one validated call; returns its plan, or None (as _scaled_gemm_impl)."""
     m, k = x.shape
     n = w.shape[0]
     if _trivial_product(m, n, k, bias, out):
-        return
+        return _trivial_plan
     be, fits = _pick_backend("w8a16_gemm", backend, x.device, lambda: _w8a16_cuda_takes(x, w))
     key = P.signature("w8a16_gemm:plan", be, (x, w, w_scale, bias, out), (fits,))
     plan = P.PLANS.get(key)
@@ -1412,9 +1434,10 @@ def _w8a16_impl(x, w, w_scale, bias, out, backend):
         plan = (_W8CudaPlan if be == "cuda" else _W8TritonPlan)(x, w, w_scale, kind, bias, out)
         if P.capturing():
             plan(x, w, w_scale, bias, out)
-            return
+            return None
         P.PLANS.put(key, plan)
     plan(x, w, w_scale, bias, out)
+    return plan
 
 
 @P.custom_op("fray::w8a16_gemm", mutates_args=("out",))
@@ -1453,6 +1476,14 @@ def w8a16_gemm(x, w, w_scale, *, bias=None, out=None, backend="auto"):
     call; torch.compile traces the custom op fray::w8a16_gemm). CPU tensors run the float64
     reference (fray.reference.quant.w8a16_gemm).
     """
+    if not _compiling():
+        key = P.signature("w8a16_gemm", backend, (x, w, w_scale, bias, out), (P.misaligned(x, w),))
+        plan = P.PLANS.get(key)
+        if plan is not None:
+            if out is None:
+                out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+            plan(x, w, w_scale, bias, out)
+            return out
     V.require_backend(backend, B.BACKENDS)
     m, n, k, kind = _check_w8a16(x, w, w_scale, bias, out)
     if x.device.type == "cpu":
@@ -1469,7 +1500,9 @@ def w8a16_gemm(x, w, w_scale, *, bias=None, out=None, backend="auto"):
     if _compiling():
         torch.ops.fray.w8a16_gemm(x, w, w_scale, bias, out, backend)
         return out
-    _w8a16_impl(x, w, w_scale, bias, out, backend)
+    plan = _w8a16_impl(x, w, w_scale, bias, out, backend)
+    if plan is not None:
+        P.PLANS.put(key, plan)
     return out
 
 
