@@ -434,6 +434,19 @@ def _quant_cases():
                     a, b, sa, sb, bias = Q.scaled_gemm_operands(m, 272, 528, dt, ka, kb, "cuda", bias_dtype=bf16)
                     Q.scaled_gemm(a, b, sa, sb, bias=bias if ka == "vector" else None, backend="cuda")
                 out["scaled_gemm_%s_%s_%s_m%d" % (Q._SG_NAMES[dt], ka, kb, m)] = _case(sg, 272 * 528, unfiltered=True)
+    # the ahead-of-time quantizers (cuda/quant): per row (the register-held chunks and the re-read
+    # tail at K 8200) and per (1, 128) block (a partial last group), dynamic and static, aligned
+    # rows and rows one element off (the element path), each input dtype once
+    import fray
+    for xd, qd, k, off in (("bf16", torch.int8, 8200, 0), ("fp16", torch.float8_e4m3fn, 333, 1),
+                           ("fp32", torch.int8, 200, 1)):
+        for gran, blk in (("token", None), ("block", (1, 128))):
+            def qz(xd=xd, qd=qd, k=k, off=off, gran=gran, blk=blk):
+                x = _randn(5, k + off, dtype=_dt(xd))[:, off:]
+                q, s = fray.quantize(x, qd, granularity=gran, block=blk or (1, 128), backend="cuda")
+                fray.quantize(x, qd, granularity=gran, block=blk or (1, 128), scale=s, out=q, backend="cuda")
+            out["quantize_cuda_%s_%s_%s_k%d%s" % (gran, xd, Q._SG_NAMES[qd], k, "_off" if off else "")] = _case(
+                qz, 5 * k, race=gran == "token")
     return out
 
 

@@ -1,5 +1,6 @@
 """fray.quantize: reference (hand-computed rounding, saturation, subnormals, zero groups, NaN / inf),
-Triton int8 (interpreter on CPU), error contract, GPU (large shapes, torch.compile, CUDA graphs, fp8)."""
+Triton int8 (interpreter on CPU), error contract, GPU (large shapes, torch.compile, CUDA graphs, fp8;
+the CUDA quantizers bit for bit against the reference and Triton)."""
 import os
 
 import numpy as np
@@ -328,6 +329,84 @@ def test_gpu_mn_major_scales(cuda, m, k):
         wq, ws = fray.quantize(w, E4M3, granularity="block", block=(128, 128))
         assert torch.equal(fray.scaled_gemm(q2, wq, s2, ws), fray.scaled_gemm(q, wq, s, ws))
 
+
+
+# The CUDA quantizers (cuda/quant): granularity token and block (1, 128), dynamic and static.
+CUDA_CASES = quant.CUDA_CASES
+
+
+def _special_x(m, k, dtype, seed):
+    """x with NaN, +-inf, a zero row, fp32 subnormals, values that tie after the division and
+    magnitudes past the int8 / e4m3 range (saturating under a static scale), as a view whose rows
+    start one element into a wider buffer (unaligned: the element path) when `seed` is odd."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * 4
+    flat = x.view(-1)
+    n = flat.numel()
+    for i, v in enumerate((float("nan"), float("inf"), -float("inf"), 1e-40, -1e-40, 2.5, -3.5, 1e6)):
+        flat[(i * 7919) % n] = v
+    if m > 2:
+        x[2] = 0.0
+    x = x.to(dtype)
+    if seed % 2:
+        wide = torch.full((m, k + 3), 7.0, dtype=dtype)
+        wide[:, 1:k + 1] = x
+        return wide[:, 1:k + 1]
+    return x
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qdtype", [I8, E4M3])
+@pytest.mark.parametrize("xdtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("granularity,block", CUDA_CASES)
+def test_gpu_cuda_quantizers_match_the_reference(cuda, qdtype, xdtype, granularity, block):
+    """backend="cuda" bit for bit against the exact reference and the Triton kernel: rows of 1 to
+    16500 elements (one group, a partial last group, the register-held chunks and the re-read
+    tail), aligned and unaligned rows, special values; static scales too."""
+    for seed, (m, k) in enumerate([(1, 1), (1, 7), (5, 3), (37, 200), (130, 257), (3, 16500), (64, 8192),
+                                   (9, 8200)]):
+        x = _special_x(m, k, xdtype, seed).to(cuda)
+        what = "cuda %s %s->%s %dx%d%s" % (granularity, xdtype, qdtype, m, k, " unaligned" if seed % 2 else "")
+        q, s = fray.quantize(x, qdtype, **_kw(granularity, block), backend="cuda")
+        quant._assert_quantize_matches(x, qdtype, granularity, block, q, s, what)
+        qt, st = fray.quantize(x, qdtype, **_kw(granularity, block), backend="triton")
+        assert torch.equal(s, st) and torch.equal(q.view(torch.uint8), qt.view(torch.uint8)), what + ": != triton"
+        given = (torch.rand(s.shape, generator=torch.Generator().manual_seed(seed)) * 0.05 + 1e-3).to(cuda)
+        out = torch.full((m, k), 5, dtype=torch.int8, device=cuda).view(qdtype)  # poisoned bytes
+        q2, s2 = fray.quantize(x, qdtype, **_kw(granularity, block), scale=given, out=out, backend="cuda")
+        assert q2 is out and s2 is given
+        eq = ref.quantize(x.double().cpu().numpy(), quant._REF_NAME[qdtype], granularity, block,
+                          given.cpu().numpy())[0]
+        assert np.array_equal(q2.cpu().float().numpy(), eq, equal_nan=True), what + ": static scales"
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_quantizers_mn_major_graph_compile_and_refusals(cuda):
+    """The CUDA block quantizer writes DeepGEMM's MN-major scale layout, replays from a CUDA graph
+    with new inputs, runs under torch.compile, and backend="cuda" refuses what it has no kernel for."""
+    m, k = 1000, 7168
+    x = _x(m, k, torch.bfloat16, seed=11).to(cuda)
+    q, s = fray.quantize(x, E4M3, granularity="block", block=(1, 128), backend="cuda")
+    q2, s2 = fray.quantize(x, E4M3, granularity="block", block=(1, 128), scale_layout="mn_major", backend="cuda")
+    assert s2.stride() == (1, -(-m // 4) * 4) and torch.equal(s2, s)
+    assert torch.equal(q2.view(torch.uint8), q.view(torch.uint8))
+    f = torch.compile(lambda t: fray.quantize(t, I8, granularity="token", backend="cuda"), fullgraph=True)
+    q3, s3 = f(x)
+    quant._assert_quantize_matches(x, I8, "token", None, q3, s3, "cuda token under torch.compile")
+    static = x.clone()
+    fray.quantize(static, I8, granularity="token", backend="cuda")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q4, s4 = fray.quantize(static, I8, granularity="token", backend="cuda")
+    new = _x(m, k, torch.bfloat16, seed=12)
+    static.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    quant._assert_quantize_matches(new, I8, "token", None, q4, s4, "cuda token replayed")
+    for granularity, block in (("tensor", None), ("channel", None), ("block", (128, 128))):
+        with pytest.raises(ValueError, match="backend='cuda'"):
+            fray.quantize(x, I8, **_kw(granularity, block), backend="cuda")
 
 @pytest.mark.gpu
 def test_gpu_torch_compile_fullgraph(cuda):

@@ -285,7 +285,7 @@ def cases(device):
     from fray.bench import quant as bq
     xq = randn(BATCH, HIDDEN)
     impls = {}
-    impls["fray.triton"] = lambda: fray.quantize(xq, granularity="token", backend="triton")  # Triton only
+    _fray(impls, lambda b: fray.quantize(xq, granularity="token", backend=b))
     impls["torch.eager"] = lambda: bq.eager_quantize(xq, torch.int8, "token")
     out.append(("quantize", "%dx%d" % (BATCH, HIDDEN), "bf16->int8", impls))
 

@@ -1,5 +1,5 @@
-"""Quant-family benchmarks, in one process: fray.quantize's Triton kernels against the torch
-composite a model file writes, and fray.scaled_gemm against cuBLAS(Lt)'s 8-bit GEMMs.
+"""Quant-family benchmarks, in one process: fray.quantize's CUDA and Triton kernels against the
+torch composite a model file writes, and fray.scaled_gemm against cuBLAS(Lt)'s 8-bit GEMMs.
 
 rmsnorm_quant / silu_mul_quant bytes: read x (and the residual, and write the sum) + write q + the
   fp32 scales; shapes "<plain|residual>:<M>x<H>" and "fused:<M>x<D>" (x = [M, 2 D]), bf16 in, int8
@@ -169,7 +169,8 @@ def _args(granularity):
 def impls(op, inp, compile_fn=torch.compile):
     x, dtype, g = inp["x"], inp["dtype"], inp["granularity"]
     gran, block = _args(g)
-    out = {"fray.triton": lambda: fray.quantize(x, dtype, granularity=gran, block=block, backend="triton"),
+    out = {"fray.cuda": lambda: fray.quantize(x, dtype, granularity=gran, block=block, backend="cuda"),
+           "fray.triton": lambda: fray.quantize(x, dtype, granularity=gran, block=block, backend="triton"),
            "torch.eager": lambda: eager_quantize(x, dtype, gran)}
     compiled = compile_fn(eager_quantize, fullgraph=True)
     out["torch.compile"] = lambda: compiled(x, dtype, gran)

@@ -40,11 +40,11 @@ from fray.reference import quant as ref
 FAMILY = "quant"
 OPS = ("quantize", "dequantize", "rmsnorm_quant", "silu_mul_quant", "scaled_gemm", "w8a16_gemm")
 __all__ = ["quantize", "dequantize", "rmsnorm_quant", "silu_mul_quant", "scaled_gemm", "w8a16_gemm"]
-B.register_preference("quantize", ("triton",))
-B.register_preference("dequantize", ("triton",))
-# No fray._C._quant extension yet: the family says itself why backend="cuda" cannot run.
-B.register_cuda_check(FAMILY, lambda device: "quantize, dequantize, rmsnorm_quant and silu_mul_quant have no CUDA C++ "
-                                             "kernels yet (use 'triton')")
+# quantize: the CUDA quantizers (fray._C._quant, cuda/quant) take granularity "token" and block
+# (1, 128); "auto" keeps Triton first until their GPU tests and benchmarks have run.
+B.register_preference("quantize", ("triton", "cuda"))
+_NO_CUDA = {"cuda": "no CUDA C++ kernel yet (use 'triton')"}
+B.register_preference("dequantize", ("triton",), missing=_NO_CUDA)
 
 GRANULARITIES = ref.GRANULARITIES
 BLOCKS = ((1, 128), (128, 128))
@@ -186,11 +186,39 @@ def _check_dequantize(q, scale, granularity, block, dtype, out):
 # ---------------------------------------------------------------------------------------------
 # GPU implementations: launch plans (fray._plan), built once per call signature
 
+class _CudaQuantize:
+    """The CUDA quantizer's plan (cuda/quant/quant.h slots), taking (x, q, scale, amax): q's row
+    stride and the scale's strides are read per call (a fresh q is contiguous, a fresh scale
+    row-major or MN-major, a static one as given)."""
+
+    __slots__ = ("launcher", "head", "tail", "dev")
+
+    def __init__(self, x, granularity, dtype, static):
+        m, k = x.shape
+        self.launcher = B.load_extension(FAMILY).quantize
+        self.head = x.stride(0) if m > 1 else k
+        self.tail = (m, k, 0 if granularity == "token" else 128, 1 if dtype == torch.float8_e4m3fn else 0,
+                     1 if static else 0, V.DTYPE_CODES[x.dtype])
+        self.dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+
+    def __call__(self, tensors):
+        x, q, s, _ = tensors
+        ss = s.stride()
+        self.launcher((x, q, s), (self.head, q.stride(0), ss[0] if ss else 0, ss[1] if len(ss) > 1 else 0) + self.tail,
+                      (), self.dev, P.current_stream(self.dev))
+
+
 def _quantize_launch(x, granularity, block, dtype, static, backend):
     """The launch plan taking (x, q, scale, amax)."""
     if x.numel() == 0:
         return P.NOOP
-    B.resolve("quantize", FAMILY, backend, x.device)
+    be = B.resolve("quantize", FAMILY, backend, x.device)
+    if be == "cuda":
+        if (granularity, None if block is None else tuple(block)) not in CUDA_CASES:
+            raise ValueError("backend='cuda': the CUDA quantizers take granularity 'token' and 'block' with block "
+                             "(1, 128); got granularity=%r%s (backend='triton' or 'auto' runs it)" % (
+                                 granularity, ", block=%s" % (tuple(block),) if block else ""))
+        return _CudaQuantize(x, granularity, dtype, static)
     from fray_triton import quant as tq
     qmax, fp8 = QMAX[dtype], dtype == torch.float8_e4m3fn
     return P.TritonPlan(lambda x_, q_, s_, a_: tq.quantize(x_, q_, s_, granularity, block, qmax, fp8, static, a_),
@@ -309,10 +337,12 @@ def quantize(x, dtype=torch.int8, *, granularity="tensor", block=(1, 128), scale
     view with stride 1 along M of a [ceil(K / bk), M rounded up to 4] buffer (its padding rows
     unwritten on a GPU, zero from the CPU reference); fray.scaled_gemm takes either layout.
 
-    CUDA tensors run Triton on the current stream without host synchronisation: token and block
-    in one launch (one program per group: amax, then quantize), tensor and channel in two (an
-    amax with integer atomics, then quantize) plus a zero fill. CPU tensors and numpy arrays run
-    the exact reference (numpy arrays: int8 only).
+    CUDA tensors run on the current stream without host synchronisation. backend "triton" (what
+    "auto" picks): token and block in one launch (one program per group: amax, then quantize),
+    tensor and channel in two (an amax with integer atomics, then quantize) plus a zero fill.
+    "cuda" (cuda/quant, ahead of time): granularity "token" and block (1, 128) only, dynamic or
+    static, one launch (ValueError for the others). CPU tensors and numpy arrays run the exact
+    reference (numpy arrays: int8 only).
     """
     if not _compiling():
         key = P.signature("quantize", backend, (x, scale, out), (dtype, granularity, block, scale_layout))
@@ -382,8 +412,8 @@ def dequantize(q, scale, *, granularity, block=None, dtype=torch.bfloat16, out=N
 # rmsnorm_quant / silu_mul_quant: the norm or the gated activation writing 8-bit values and their
 # per-token scales in one pass (fray_triton.rmsnorm_quant, fray_triton.silu_mul_quant)
 
-B.register_preference("rmsnorm_quant", ("triton",))
-B.register_preference("silu_mul_quant", ("triton",))
+B.register_preference("rmsnorm_quant", ("triton",), missing=_NO_CUDA)
+B.register_preference("silu_mul_quant", ("triton",), missing=_NO_CUDA)
 
 
 def _check_fused(x, dtype, scale, out, out_shape):
@@ -1510,6 +1540,7 @@ def w8a16_gemm(x, w, w_scale, *, bias=None, out=None, backend="auto"):
 # `fray check` cases: (op, backend, dtype, shape, callable raising on a mismatch)
 
 CASES = [("tensor", None), ("token", None), ("channel", None), ("block", (1, 128)), ("block", (128, 128))]
+CUDA_CASES = [("token", None), ("block", (1, 128))]  # what the CUDA quantizers take (cuda/quant)
 
 
 def _case_x(m, k, dtype, device, seed=0):
@@ -1555,7 +1586,8 @@ def check_cases(device):
             xd = torch.empty(x.shape, dtype=torch.float16, device=dev)
             tq.dequantize(q, s, xd, granularity, block)
         else:
-            xd = dequantize(q, s, granularity=granularity, block=block, backend=backend)
+            xd = dequantize(q, s, granularity=granularity, block=block,
+                            backend="auto" if backend == "cuda" else backend)  # no CUDA dequantize yet
         _assert_dequantize_matches(q, s, granularity, block, xd.dtype, xd)
 
     def hand():
@@ -1662,6 +1694,6 @@ def check_cases(device):
                     for m, n, k in ((16, 4096, 4096), (4096, 4096, 4096))]
         return [("bf16->%s" % _name(qdtype), "%s:%dx%d" % (_gshape(granularity, block), m, k),
                  lambda b=backend, d=qdtype, g=granularity, bl=block, m_=m, k_=k: quant(b, d, g, bl, m_, k_, device))
-                for qdtype in Q_DTYPES for granularity, block in CASES
+                for qdtype in Q_DTYPES for granularity, block in (CUDA_CASES if backend == "cuda" else CASES)
                 for m, k in ((1, 128), (333, 1000), (4096, 7168))]
     return B.gpu_check_rows(lambda op: CUDA_FAMILIES.get(op, FAMILY), OPS, device, rows)
