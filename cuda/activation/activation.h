@@ -84,8 +84,6 @@ void act_mul(const FrayArgs& a);
 //   floats none
 void unary(const FrayArgs& a);
 
-std::string archs();
-int cuda_runtime_version();
 int num_kernel_instances();
 
 }  // namespace activation_api

@@ -10,10 +10,6 @@
 #include "cuda/common/dtype.h"
 #include "cuda/common/launch.h"
 
-#ifndef FRAY_CUDA_ARCHS
-#define FRAY_CUDA_ARCHS "unknown"
-#endif
-
 namespace fray {
 namespace activation_api {
 void act_mul(const FrayArgs& a) {
@@ -57,14 +53,6 @@ void unary(const FrayArgs& a) {
   p.n = a.ints[0];
   DeviceGuard guard(a.device);
   check_cuda(fray::unary(dt, p, reinterpret_cast<cudaStream_t>(a.stream)), kNames[act]);
-}
-
-std::string archs() { return FRAY_CUDA_ARCHS; }
-
-int cuda_runtime_version() {
-  int version = 0;
-  check_cuda(cudaRuntimeGetVersion(&version), "cudaRuntimeGetVersion");
-  return version;
 }
 
 int num_kernel_instances() { return act_mul_num_kernel_instances() + unary_num_kernel_instances(); }

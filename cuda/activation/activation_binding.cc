@@ -11,7 +11,6 @@ PYBIND11_MODULE(_activation, m) {
             "cuda/activation/activation.h.";
   fray::def_launcher(m, "act_mul", &api::act_mul, "out = act(gate) * up (silu, gelu erf or gelu tanh).");
   fray::def_launcher(m, "unary", &api::unary, "out = act(x) (silu, gelu erf, gelu tanh, relu, tanh, sigmoid).");
-  m.def("archs", &api::archs, "CUDA architectures this extension was compiled for.");
-  m.def("cuda_runtime_version", &api::cuda_runtime_version, "cudaRuntimeGetVersion().");
+  fray::def_build_info(m);
   m.def("num_kernel_instances", &api::num_kernel_instances, "Number of compiled activation kernels.");
 }

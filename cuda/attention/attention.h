@@ -130,8 +130,6 @@ void decode(const FrayArgs& a);
 //   floats none
 void kv_append(const FrayArgs& a);
 
-std::string archs();
-int cuda_runtime_version();
 int num_kernel_instances();
 
 }  // namespace attention_api

@@ -16,10 +16,6 @@
 #include "cuda/common/dtype.h"
 #include "cuda/common/launch.h"
 
-#ifndef FRAY_CUDA_ARCHS
-#define FRAY_CUDA_ARCHS "unknown"
-#endif
-
 namespace fray {
 namespace attention_api {
 namespace {
@@ -193,14 +189,6 @@ void kv_append(const FrayArgs& a) {
   const int64_t* n = a.ints;
   kv_append_checked(p[0], n[0], n[1], n[2], p[1], n[3], n[4], n[5], p[2], n[6], n[7], p[3], n[8], n[9], p[4], p[5],
                     n[10], n[11], n[12], n[13], n[14], n[15], static_cast<int>(n[16]), a.device, a.stream);
-}
-
-std::string archs() { return FRAY_CUDA_ARCHS; }
-
-int cuda_runtime_version() {
-  int version = 0;
-  check_cuda(cudaRuntimeGetVersion(&version), "cudaRuntimeGetVersion");
-  return version;
 }
 
 int num_kernel_instances() { return attention_num_kernel_instances(); }

@@ -18,7 +18,6 @@ PYBIND11_MODULE(_attention, m) {
                      "Split-KV decode attention over a contiguous (block_table 0) or paged cache.");
   fray::def_launcher(m, "kv_append", &api::kv_append,
                      "In place: cache position lens[b] of every sequence gets k_new[b] / v_new[b].");
-  m.def("archs", &api::archs, "CUDA architectures this extension was compiled for.");
-  m.def("cuda_runtime_version", &api::cuda_runtime_version, "cudaRuntimeGetVersion().");
+  fray::def_build_info(m);
   m.def("num_kernel_instances", &api::num_kernel_instances, "Number of compiled attention kernels.");
 }

@@ -14,6 +14,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <cuda_runtime_api.h>
+
 #include "cuda/common/launch_abi.h"
 
 namespace fray {
@@ -120,6 +122,25 @@ inline void def_launcher(pybind11::module_& m, const char* name, Launcher fn, co
   PyObject* f = PyCFunction_NewEx(def, self.ptr(), m.attr("__name__").ptr());
   if (f == nullptr) throw pybind11::error_already_set();
   m.add_object(name, pybind11::reinterpret_steal<pybind11::object>(f));
+}
+
+#ifndef FRAY_CUDA_ARCHS
+#define FRAY_CUDA_ARCHS "unknown"
+#endif
+
+// The build facts every family module reports, written once: m.archs() (the architectures its
+// kernels were built for: FRAY_CUDA_ARCHS, which tools/cuda.bzl defines for the kernels'
+// dependents) and m.cuda_runtime_version() (cudaRuntimeGetVersion()).
+inline void def_build_info(pybind11::module_& m) {
+  m.def("archs", [] { return std::string(FRAY_CUDA_ARCHS); }, "CUDA architectures this extension was compiled for.");
+  m.def(
+      "cuda_runtime_version",
+      [] {
+        int version = 0;
+        if (cudaRuntimeGetVersion(&version) != cudaSuccess) throw std::runtime_error("fray: cudaRuntimeGetVersion failed");
+        return version;
+      },
+      "cudaRuntimeGetVersion().");
 }
 
 }  // namespace fray

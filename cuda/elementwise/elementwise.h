@@ -66,8 +66,6 @@ void mul(const FrayArgs& a);
 //   floats a, b
 void axpy(const FrayArgs& a);
 
-std::string archs();
-int cuda_runtime_version();
 
 }  // namespace elementwise_api
 }  // namespace fray

@@ -10,10 +10,6 @@
 #include "cuda/common/launch.h"
 #include "cuda/elementwise/elementwise.h"
 
-#ifndef FRAY_CUDA_ARCHS
-#define FRAY_CUDA_ARCHS "unknown"
-#endif
-
 namespace fray {
 namespace elementwise_api {
 void vector_add(const FrayArgs& a) {
@@ -51,14 +47,6 @@ void axpy(const FrayArgs& a) {
   p.b = static_cast<float>(a.floats[1]);
   DeviceGuard guard(a.device);
   check_cuda(fray::axpy(d, p, reinterpret_cast<cudaStream_t>(a.stream)), "axpy");
-}
-
-std::string archs() { return FRAY_CUDA_ARCHS; }
-
-int cuda_runtime_version() {
-  int version = 0;
-  check_cuda(cudaRuntimeGetVersion(&version), "cudaRuntimeGetVersion");
-  return version;
 }
 
 }  // namespace elementwise_api

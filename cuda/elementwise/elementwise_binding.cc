@@ -12,6 +12,5 @@ PYBIND11_MODULE(_elementwise, m) {
   fray::def_launcher(m, "vector_add", &api::vector_add, "out = a + b over n dense elements.");
   fray::def_launcher(m, "mul", &api::mul, "out = a * b over n dense elements.");
   fray::def_launcher(m, "axpy", &api::axpy, "out = a * x + b (scalars a, b) over n dense elements.");
-  m.def("archs", &api::archs, "CUDA architectures this extension was compiled for.");
-  m.def("cuda_runtime_version", &api::cuda_runtime_version, "cudaRuntimeGetVersion().");
+  fray::def_build_info(m);
 }

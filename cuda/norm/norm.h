@@ -91,8 +91,6 @@ void rmsnorm(const FrayArgs& a);
 //   floats eps
 void layernorm(const FrayArgs& a);
 
-std::string archs();
-int cuda_runtime_version();
 int num_kernel_instances();
 
 }  // namespace norm_api

@@ -11,10 +11,6 @@
 #include "cuda/common/launch_abi.h"
 #include "cuda/norm/norm.h"
 
-#ifndef FRAY_CUDA_ARCHS
-#define FRAY_CUDA_ARCHS "unknown"
-#endif
-
 namespace fray {
 namespace norm_api {
 namespace {
@@ -73,14 +69,6 @@ void layernorm(const FrayArgs& a) {
   p.eps = static_cast<float>(a.floats[0]);
   DeviceGuard guard(a.device);
   check_cuda(fray::layernorm(xd, p, reinterpret_cast<cudaStream_t>(a.stream)), "layernorm");
-}
-
-std::string archs() { return FRAY_CUDA_ARCHS; }
-
-int cuda_runtime_version() {
-  int version = 0;
-  check_cuda(cudaRuntimeGetVersion(&version), "cudaRuntimeGetVersion");
-  return version;
 }
 
 int num_kernel_instances() { return rmsnorm_num_kernel_instances(); }

@@ -10,7 +10,6 @@ PYBIND11_MODULE(_norm, m) {
   m.doc() = "Fray norm CUDA kernels: launchers (ptrs, ints, floats, device, stream); slots in cuda/norm/norm.h.";
   fray::def_launcher(m, "rmsnorm", &api::rmsnorm, "y = rmsnorm(x [+ residual -> sum_out]) * (weight + weight_offset).");
   fray::def_launcher(m, "layernorm", &api::layernorm, "y = layernorm(x) * weight (+ bias).");
-  m.def("archs", &api::archs, "CUDA architectures this extension was compiled for.");
-  m.def("cuda_runtime_version", &api::cuda_runtime_version, "cudaRuntimeGetVersion().");
+  fray::def_build_info(m);
   m.def("num_kernel_instances", &api::num_kernel_instances, "Number of compiled RMSNorm kernels.");
 }

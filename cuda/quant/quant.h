@@ -54,8 +54,6 @@ namespace quant_api {
 //   floats none
 void quantize(const FrayArgs& a);
 
-std::string archs();
-int cuda_runtime_version();
 int num_kernel_instances();
 
 }  // namespace quant_api

@@ -10,10 +10,6 @@
 #include "cuda/common/launch.h"
 #include "cuda/quant/quant.h"
 
-#ifndef FRAY_CUDA_ARCHS
-#define FRAY_CUDA_ARCHS "unknown"
-#endif
-
 namespace fray {
 namespace quant_api {
 
@@ -43,14 +39,6 @@ void quantize(const FrayArgs& a) {
   p.is_static = a.ints[8] != 0;
   DeviceGuard guard(a.device);
   check_cuda(fray::quantize(dt, p, reinterpret_cast<cudaStream_t>(a.stream)), "quantize");
-}
-
-std::string archs() { return FRAY_CUDA_ARCHS; }
-
-int cuda_runtime_version() {
-  int version = 0;
-  check_cuda(cudaRuntimeGetVersion(&version), "cudaRuntimeGetVersion");
-  return version;
 }
 
 int num_kernel_instances() { return quantize_num_kernel_instances(); }

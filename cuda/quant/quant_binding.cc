@@ -11,7 +11,6 @@ PYBIND11_MODULE(_quant, m) {
             "cuda/quant/quant.h.";
   fray::def_launcher(m, "quantize", &api::quantize,
                      "q, scale = x quantized per row or per (1, 128) block to int8 / float8_e4m3fn.");
-  m.def("archs", &api::archs, "CUDA architectures this extension was compiled for.");
-  m.def("cuda_runtime_version", &api::cuda_runtime_version, "cudaRuntimeGetVersion().");
+  fray::def_build_info(m);
   m.def("num_kernel_instances", &api::num_kernel_instances, "Number of compiled quantizer kernels.");
 }

@@ -78,8 +78,6 @@ namespace rope_api {
 // position_offset is last: it changes from call to call where the rest does not.
 void rope(const FrayArgs& a);
 
-std::string archs();
-int cuda_runtime_version();
 int num_kernel_instances();
 
 }  // namespace rope_api

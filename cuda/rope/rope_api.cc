@@ -10,10 +10,6 @@
 #include "cuda/common/launch.h"
 #include "cuda/rope/rope.h"
 
-#ifndef FRAY_CUDA_ARCHS
-#define FRAY_CUDA_ARCHS "unknown"
-#endif
-
 namespace fray {
 namespace rope_api {
 void rope(const FrayArgs& a) {
@@ -61,14 +57,6 @@ void rope(const FrayArgs& a) {
   p.position_offset = n[18];
   DeviceGuard guard(a.device);
   check_cuda(fray::rope(d, p, reinterpret_cast<cudaStream_t>(a.stream)), "rope");
-}
-
-std::string archs() { return FRAY_CUDA_ARCHS; }
-
-int cuda_runtime_version() {
-  int version = 0;
-  check_cuda(cudaRuntimeGetVersion(&version), "cudaRuntimeGetVersion");
-  return version;
 }
 
 int num_kernel_instances() { return rope_num_kernel_instances(); }

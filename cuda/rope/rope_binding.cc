@@ -10,7 +10,6 @@ PYBIND11_MODULE(_rope, m) {
   m.doc() = "Fray rotary-embedding CUDA kernels: launchers (ptrs, ints, floats, device, stream); slots in "
             "cuda/rope/rope.h.";
   fray::def_launcher(m, "rope", &api::rope, "Rotary embedding of q (and k when given) by cos/sin rows at positions.");
-  m.def("archs", &api::archs, "CUDA architectures this extension was compiled for.");
-  m.def("cuda_runtime_version", &api::cuda_runtime_version, "cudaRuntimeGetVersion().");
+  fray::def_build_info(m);
   m.def("num_kernel_instances", &api::num_kernel_instances, "Number of compiled rope kernels.");
 }

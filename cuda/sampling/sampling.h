@@ -113,7 +113,6 @@ void decode_step(const FrayArgs& a);
 
 int64_t sample_max_width(int dtype);
 std::vector<uint32_t> philox(std::vector<uint32_t> counter, std::vector<uint32_t> key);
-std::string archs();
 int num_kernel_instances();
 
 }  // namespace sampling_api

@@ -12,10 +12,6 @@
 #include "cuda/common/launch.h"
 #include "cuda/sampling/sampling.h"
 
-#ifndef FRAY_CUDA_ARCHS
-#define FRAY_CUDA_ARCHS "unknown"
-#endif
-
 namespace fray {
 namespace sampling_api {
 namespace {
@@ -156,8 +152,6 @@ std::vector<uint32_t> philox(std::vector<uint32_t> counter, std::vector<uint32_t
   philox4x32_10_host(counter.data(), key.data(), out);
   return std::vector<uint32_t>(out, out + 4);
 }
-
-std::string archs() { return FRAY_CUDA_ARCHS; }
 
 int num_kernel_instances() { return sampling_num_kernel_instances(); }
 

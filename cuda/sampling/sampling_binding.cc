@@ -19,6 +19,6 @@ PYBIND11_MODULE(_sampling, m) {
   m.def("sample_max_width", &api::sample_max_width, "Widest row sample takes for a dtype code.", py::arg("dtype"));
   m.def("philox", &api::philox, "Philox-4x32-10 on the host (the kernels' code): 4 counter, 2 key words.",
         py::arg("counter"), py::arg("key"));
-  m.def("archs", &api::archs, "CUDA architectures this extension was compiled for.");
+  fray::def_build_info(m);
   m.def("num_kernel_instances", &api::num_kernel_instances, "Number of compiled sampling kernels.");
 }

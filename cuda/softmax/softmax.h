@@ -54,8 +54,6 @@ namespace softmax_api {
 //   floats temperature
 void softmax(const FrayArgs& a);
 
-std::string archs();
-int cuda_runtime_version();
 int num_kernel_instances();
 
 }  // namespace softmax_api

@@ -11,10 +11,6 @@
 #include "cuda/common/launch.h"
 #include "cuda/softmax/softmax.h"
 
-#ifndef FRAY_CUDA_ARCHS
-#define FRAY_CUDA_ARCHS "unknown"
-#endif
-
 namespace fray {
 namespace softmax_api {
 void softmax(const FrayArgs& a) {
@@ -43,14 +39,6 @@ void softmax(const FrayArgs& a) {
   p.temperature = temperature;
   DeviceGuard guard(a.device);
   check_cuda(fray::softmax(p, reinterpret_cast<cudaStream_t>(a.stream)), online ? "online_softmax" : "softmax");
-}
-
-std::string archs() { return FRAY_CUDA_ARCHS; }
-
-int cuda_runtime_version() {
-  int version = 0;
-  check_cuda(cudaRuntimeGetVersion(&version), "cudaRuntimeGetVersion");
-  return version;
 }
 
 int num_kernel_instances() { return softmax_num_kernel_instances(); }

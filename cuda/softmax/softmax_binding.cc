@@ -11,7 +11,6 @@ PYBIND11_MODULE(_softmax, m) {
             "cuda/softmax/softmax.h.";
   fray::def_launcher(m, "softmax", &api::softmax,
                      "y = softmax(x / temperature) per row (+ fp32 row max and log-sum-exp when given).");
-  m.def("archs", &api::archs, "CUDA architectures this extension was compiled for.");
-  m.def("cuda_runtime_version", &api::cuda_runtime_version, "cudaRuntimeGetVersion().");
+  fray::def_build_info(m);
   m.def("num_kernel_instances", &api::num_kernel_instances, "Number of compiled softmax kernels.");
 }

@@ -104,8 +104,6 @@ std::vector<int> stream_fit(int device_index);
 std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t> launch_limits();
 int64_t max_width();
 int64_t max_sort_k();
-std::string archs();
-int cuda_runtime_version();
 int num_kernel_instances();
 
 }  // namespace topk_api

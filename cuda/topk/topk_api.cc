@@ -14,10 +14,6 @@
 #include "cuda/topk/topk.h"
 #include "cuda/topk/topk_plan.h"
 
-#ifndef FRAY_CUDA_ARCHS
-#define FRAY_CUDA_ARCHS "unknown"
-#endif
-
 namespace fray {
 namespace topk_api {
 namespace {
@@ -136,14 +132,6 @@ std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t> launch_limits()
 int64_t max_width() { return kTopkMaxWidth; }
 
 int64_t max_sort_k() { return kTopkMaxSortK; }
-
-std::string archs() { return FRAY_CUDA_ARCHS; }
-
-int cuda_runtime_version() {
-  int version = 0;
-  check_cuda(cudaRuntimeGetVersion(&version), "cudaRuntimeGetVersion");
-  return version;
-}
 
 int num_kernel_instances() { return topk_num_kernel_instances(); }
 

@@ -31,7 +31,6 @@ PYBIND11_MODULE(_topk, m) {
         "smem bound, max blocks per launch).");
   m.def("max_width", &api::max_width, "Widest row topk takes.");
   m.def("max_sort_k", &api::max_sort_k, "Largest k topk returns in rank order (sorted=True).");
-  m.def("archs", &api::archs, "CUDA architectures this extension was compiled for.");
-  m.def("cuda_runtime_version", &api::cuda_runtime_version, "cudaRuntimeGetVersion().");
+  fray::def_build_info(m);
   m.def("num_kernel_instances", &api::num_kernel_instances, "Number of compiled topk/argmax kernels.");
 }
