@@ -74,22 +74,24 @@ _Tensor = torch.Tensor
 _NO_KEY = []  # stands for an argument no key can hold: unhashable, so the lookup misses
 
 
-def _tensor_key(t):
-    if isinstance(t, _Tensor):
-        # get_device(): the CUDA index, -1 for every other device (plans exist for CUDA tensors only)
-        return (t.shape, t.stride(), t.dtype, t.get_device())
-    return None if t is None else _NO_KEY
-
-
 def signature(op, backend, tensors, scalars=()):
     """The plan key of one call (unhashable when an argument cannot be part of one: numpy arrays,
     lists; PLANS then misses and the full path decides).
 
     tensors: the call's tensor arguments in a fixed order (None for an absent optional one).
     scalars: every non-tensor argument that validation reads or the plan depends on; their types
-    are part of the key."""
-    return (op, backend, env.backend_override(), tuple(map(_tensor_key, tensors)), scalars,
-            tuple(map(type, scalars)))
+    are part of the key. (One loop, no per-tensor function call: this runs on every eager call;
+    a map over a key function cost ~20% more on the CPU, 2026-12-08.)"""
+    keys = []
+    for t in tensors:
+        if t is None:
+            keys.append(None)
+        elif isinstance(t, _Tensor):
+            # get_device(): the CUDA index, -1 for every other device (plans exist for CUDA tensors only)
+            keys.append((t.shape, t.stride(), t.dtype, t.get_device()))
+        else:
+            keys.append(_NO_KEY)
+    return (op, backend, env.backend_override(), tuple(keys), scalars, tuple(map(type, scalars)) if scalars else ())
 
 
 def misaligned(*tensors):
