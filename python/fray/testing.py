@@ -145,8 +145,9 @@ def compile_triton_sm90(specs):
     """Compiles Triton kernel specialisations (sm90_spec) for sm_90a without a GPU (Triton's own
     ptxas), all in one child process without TRITON_INTERPRET (under the interpreter @triton.jit
     builds no compilable function); returns per spec {"shared": bytes, "spills": STL/LDL count in
-    the SASS, "wgmma": bool, "ptx_counts": {substring: occurrences in the PTX}}. Catches what the CPU interpreter never sees: type errors of the
-    compiled path (fp8 casts, inconsistent returns), layouts, shared memory, register spills.
+    the SASS, "wgmma": bool, "ptx_counts": {substring: occurrences in the PTX}}. Catches what the
+    CPU interpreter never sees: type errors of the compiled path (fp8 casts, inconsistent
+    returns), layouts, shared memory, register spills.
     Raises AssertionError with Triton's message for a kernel that does not compile.
 
     sm90_spec's types: parameter name -> Triton type ("*bf16", "*fp8e4nv", "fp32"; unnamed

@@ -173,21 +173,27 @@ def test_quantized_gemms_launch_from_a_cached_plan_keyed_by_alignment(fake_cuda)
 
 def test_quantize_cuda_plan_follows_the_launcher_slots(fake_cuda):
     """cuda/quant/quant.h: ptrs x, q, scale; ints x / q row strides, the scale's two strides, rows,
-    cols, group (0 token, 128 block), out code, static, dtype; the strides read per call."""
+    cols, group (0 token, 128 block), out code, static, dtype; the strides read at the first call,
+    new addresses at every call."""
     from fray.ops import quant as Q
     x = torch.empty(5, 300, dtype=torch.bfloat16)[:, :200]
     q, s = torch.empty(5, 200, dtype=torch.int8), torch.empty(5, 1)
-    Q._quantize_launch(x, "token", None, torch.int8, False, "cuda")((x, q, s, None))
+    token = Q._quantize_launch(x, "token", None, torch.int8, False, "cuda")
+    token((x, q, s, None))
     qb = torch.empty(5, 208, dtype=torch.float8_e4m3fn)[:, :200]
     sb = Q.mn_major_view(5, 2, lambda shape: torch.empty(shape))
     Q._quantize_launch(x, "block", (1, 128), torch.float8_e4m3fn, True, "cuda")((x, qb, sb, None))
-    (n1, p1, i1, f1, _, _), (n2, p2, i2, _, _, _) = fake_cuda.calls
+    q2, s2 = torch.empty_like(q), torch.empty_like(s)
+    token((x, q2, s2, None))
+    (n1, p1, i1, f1, _, _), (n2, p2, i2, _, _, _), (_, p3, i3, _, _, _) = fake_cuda.calls
     assert n1 == n2 == "quantize" and f1 == ()
     assert p1 == (x.data_ptr(), q.data_ptr(), s.data_ptr()) and i1 == (300, 200, 1, 1, 5, 200, 0, 0, 0, 2)
     assert p2 == (x.data_ptr(), qb.data_ptr(), sb.data_ptr()) and i2 == (300, 208, 1, 8, 5, 200, 128, 1, 1, 2)
+    assert p3 == (x.data_ptr(), q2.data_ptr(), s2.data_ptr()) and i3 == i1
     for granularity, block in (("block", (128, 128)), ("tensor", None), ("channel", None)):
         with pytest.raises(ValueError, match="backend='cuda'"):
             Q._quantize_launch(x, granularity, block, torch.int8, False, "cuda")
+
 
 def test_rope_plan_follows_the_launcher_slots_with_the_offset_last(fake_cuda):
     from fray.ops import rope

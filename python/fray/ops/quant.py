@@ -187,25 +187,30 @@ def _check_dequantize(q, scale, granularity, block, dtype, out):
 # GPU implementations: launch plans (fray._plan), built once per call signature
 
 class _CudaQuantize:
-    """The CUDA quantizer's plan (cuda/quant/quant.h slots), taking (x, q, scale, amax): q's row
-    stride and the scale's strides are read per call (a fresh q is contiguous, a fresh scale
-    row-major or MN-major, a static one as given)."""
+    """The CUDA quantizer's plan (cuda/quant/quant.h slots), taking (x, q, scale, amax). q's row
+    stride and the scale's strides are set by the plan's key (quantize's: out and a static scale
+    in it, fresh outputs made from x's shape and scale_layout; the custom op's: q and scale in
+    it), but the plan is built before its outputs exist: its first call reads them, later calls
+    reuse them."""
 
-    __slots__ = ("launcher", "head", "tail", "dev")
+    __slots__ = ("launcher", "x_stride", "tail", "dev", "ints")
 
     def __init__(self, x, granularity, dtype, static):
         m, k = x.shape
         self.launcher = B.load_extension(FAMILY).quantize
-        self.head = x.stride(0) if m > 1 else k
+        self.x_stride = x.stride(0) if m > 1 else k
         self.tail = (m, k, 0 if granularity == "token" else 128, 1 if dtype == torch.float8_e4m3fn else 0,
                      1 if static else 0, V.DTYPE_CODES[x.dtype])
         self.dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        self.ints = None
 
     def __call__(self, tensors):
         x, q, s, _ = tensors
-        ss = s.stride()
-        self.launcher((x, q, s), (self.head, q.stride(0), ss[0] if ss else 0, ss[1] if len(ss) > 1 else 0) + self.tail,
-                      (), self.dev, P.current_stream(self.dev))
+        ints = self.ints
+        if ints is None:
+            ss = s.stride()
+            ints = self.ints = (self.x_stride, q.stride(0), ss[0] if ss else 0, ss[1] if len(ss) > 1 else 0) + self.tail
+        self.launcher((x, q, s), ints, (), self.dev, P.current_stream(self.dev))
 
 
 def _quantize_launch(x, granularity, block, dtype, static, backend):
