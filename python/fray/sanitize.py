@@ -492,6 +492,18 @@ def _moe_cases():
     for dtype in ("bf16", "fp16"):
         out["grouped_gemm_explicit_cuda_%s" % dtype] = _case(lambda d=dtype: explicit_cuda(d), 100 * 264 * 4,
                                                             unfiltered=True)
+
+    def fused_cuda(t, emap):  # fused_moe's CUDA path: gather, the CUTLASS GEMMs, gated rows, combine
+        x, w13, w2, logits = MG._case_inputs(t, 256, 136, 8, 2, _dt("bf16"), "cuda")
+        kw = {}
+        if emap:  # 12 global experts, 4 on no rank here: sentinel rows past the kept routes
+            kw["expert_map"] = torch.tensor([0, -1, 1, 2, -1, 3, 4, -1, 5, 6, -1, 7], dtype=torch.int32, device="cuda")
+            logits = _randn(t, 12)
+        fray.fused_moe(x, w13, w2, router_logits=logits, top_k=2, apply_router_weight_on_input=emap,
+                       backend="cuda", **kw)
+    for t, emap in ((3, False), (300, True)):
+        out["fused_moe_cuda_T%d%s" % (t, "_expert_map" if emap else "")] = _case(
+            lambda t=t, emap=emap: fused_cuda(t, emap), t * 2 * 256 * 272, race=t < 100, unfiltered=True)
     return out
 
 

@@ -629,19 +629,27 @@ def test_gpu_grouped_gemm_matches_its_oracle(backend, data):
     _grouped_gemm_property(data, "cuda", backend)
 
 
-def _fused_moe_property(data, device):
-    """fused_moe (Triton only): random T (1..40), H and I (1..48), E (1..6), top_k up to E, every
-    activation, combine mode and layout, the weight on the input or the output, ties in the router
-    (equal weights) and an expert map dropping some experts, against the float64 per-token
-    reference with every rounding of the unfused chain."""
+def _fused_moe_property(data, device, backend="triton"):
+    """fused_moe: random T (1..40), H and I (1..48), E (1..6), top_k up to E, every activation,
+    combine mode and layout, the weight on the input or the output, ties in the router (equal
+    weights) and an expert map dropping some experts, against the float64 per-token reference with
+    every rounding of the unfused chain.
+    Backend "cuda" (the CUDA path: CUTLASS's grouped GEMM on fray.jit): what its TMA loads take, H
+    and I rounded up to multiples of 8, the staged combine it has, and one weight layout and dtype
+    per GEMM translation unit: bf16, "nk" (the draws of the others are made and overridden)."""
     from fray.ops import moe_gemm as MG
+    jit = backend == "cuda"
     t, hdim, inter = data.draw(st.integers(1, 40)), data.draw(st.integers(1, 48)), data.draw(st.integers(1, 48))
+    if jit:
+        hdim, inter = -(-hdim // 8) * 8, -(-inter // 8) * 8
     e = data.draw(st.integers(1, 6))
     k = data.draw(st.integers(1, e))
     dtype = data.draw(st.sampled_from((torch.bfloat16, torch.float16)))
     layout = data.draw(st.sampled_from(("nk", "kn")))
+    if jit:
+        dtype, layout = torch.bfloat16, "nk"
     activation = data.draw(st.sampled_from(("silu", "gelu", "gelu_tanh")))
-    combine = data.draw(st.sampled_from(("atomic", "staged", "scatter")))
+    combine = data.draw(st.sampled_from(MG.CUDA_COMBINES if jit else ("atomic", "staged", "scatter")))
     won = data.draw(st.booleans())
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 31 - 1)))
     x = torch.randn(t, hdim, generator=g).to(dtype)
@@ -660,7 +668,8 @@ def _fused_moe_property(data, device):
         emap[perm[:e]] = torch.arange(e, dtype=torch.int32)
         ids = torch.stack([torch.randperm(e + 2, generator=g)[:k] for _ in range(t)]).int()
     out = torch.full((t, hdim), float("nan"), dtype=dtype)
-    on(device, lambda *ts: MG._fused(*ts, activation, won, layout, combine), x, w13, w2, w.float(), ids, emap, out)
+    fused = MG._fused_cuda if jit else MG._fused
+    on(device, lambda *ts: fused(*ts, activation, won, layout, combine), x, w13, w2, w.float(), ids, emap, out)
     MG.check_fused(x, w13, w2, w.float(), ids, out, "fused T%d H%d I%d E%d k%d %s %s %s" % (
         t, hdim, inter, e, k, layout, activation, combine), activation, emap, won, layout)
 
@@ -671,6 +680,6 @@ def test_triton_fused_moe_matches_its_oracle(data):
     _fused_moe_property(data, "cpu")
 
 
-@gpu(("triton",), max_examples=10)
+@gpu(max_examples=10)
 def test_gpu_fused_moe_matches_its_oracle(backend, data):
-    _fused_moe_property(data, "cuda")
+    _fused_moe_property(data, "cuda", backend)

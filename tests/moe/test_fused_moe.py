@@ -283,6 +283,78 @@ def test_seed_aliases_take_the_seed_layouts():
         ft.fused_moe(x, logits, w13, w2, top_k=2)  # vLLM-layout weights given to the seed alias: refused
 
 
+@INTERPRETER
+@pytest.mark.parametrize("t,hdim,inter,e,k,combine,activation,layout,won,dtype", INTERP_CASES)
+def test_cuda_path_composition_under_the_interpreter(t, hdim, inter, e, k, combine, activation, layout, won, dtype):
+    """fused_moe's CUDA path with the Triton explicit grouped GEMM standing in for the CUDA one:
+    the unpadded dispatch, the row gather, the gated rows and the weighing combine around it give
+    the reference's result (the CUDA GEMM itself is checked on the GPU)."""
+    x, w13, w2, _ = _layer(t, hdim, inter, e, dtype, seed=t, layout=layout)
+    w, ids = _weights(t, k, t), _distinct_ids(t, k, e, t)
+    out = torch.full((t, hdim), float("nan"), dtype=dtype)
+    MG._fused_cuda(x, w13, w2, w, ids, None, out, activation, won, layout, "staged", gemm=MG._explicit)
+    MG.check_fused(x, w13, w2, w, ids, out, "cuda path (interpreter)", activation, None, won, layout)
+
+
+@INTERPRETER
+def test_cuda_path_expert_map_one_expert_and_nan_weights_of_dropped_routes():
+    t, hdim, inter, e, k = 20, 32, 16, 4, 2
+    x, w13, w2, _ = _layer(t, hdim, inter, e, bf16, seed=3)
+    ids = torch.tensor([[5, 1]] * t, dtype=torch.int32)       # global ids; 1 is absent from this rank
+    emap = torch.tensor([-1, -1, 0, 1, 2, 3], dtype=torch.int32)
+    w = _weights(t, k)
+    w[:, 1] = float("nan")  # the dropped route's weight must not reach the sum
+    out = torch.full((t, hdim), float("nan"), dtype=bf16)
+    MG._fused_cuda(x, w13, w2, w, ids, emap, out, "silu", False, "nk", "auto", gemm=MG._explicit)
+    assert not torch.isnan(out).any()
+    MG.check_fused(x, w13, w2, w, ids, out, "expert_map", expert_map=emap)
+    out = torch.full((t, hdim), float("nan"), dtype=bf16)
+    MG._fused_cuda(x, w13, w2, w, ids, emap, out, "gelu", True, "nk", "staged", gemm=MG._explicit)
+    MG.check_fused(x, w13, w2, w, ids, out, "expert_map, weight on input", "gelu", emap, True)
+
+
+@INTERPRETER
+def test_unpadded_dispatch_sorts_by_expert_without_padding():
+    ids = torch.tensor([[2, 0], [0, 3], [2, 1], [5, 0]], dtype=torch.int32)
+    emap = torch.tensor([0, -1, 1, 2, -1, 3], dtype=torch.int32)   # experts 1 and 4 elsewhere
+    sorted_ids, offsets, inverse = MG._sorted_dispatch(ids, emap, 4)
+    assert offsets.tolist() == [0, 3, 5, 6, 7]
+    assert sorted_ids.tolist() == [1, 2, 7, 0, 4, 3, 6, 8]  # routes by local expert, stable; 8 = sentinel
+    for row, r in enumerate(sorted_ids.tolist()[:7]):
+        assert inverse[r] == row
+    assert inverse[5] == -1
+
+
+def test_cuda_path_kernels_compile_for_sm90a():
+    """The CUDA path's Triton pieces (the row gather, the gated rows, the weighing combine) through
+    Triton's compiled path for sm_90a: type errors the interpreter never sees, and no spills."""
+    from fray.testing import compile_triton_sm90, sm90_spec
+    specs = []
+    for dt in ("bf16", "fp16"):
+        for won in (False, True):
+            specs.append(sm90_spec("fray_triton.moe_gemm", "_gather_rows_kernel",
+                                   {"X": "*" + dt, "ROUTES": "*i32", "WEIGHTS": "*fp32", "OUT": "*" + dt},
+                                   dict(WEIGHT_INPUT=won, BLOCK_H=1024), divisible=("X", "OUT", "ldx", "ldo")))
+        for act in (0, 1, 2):
+            specs.append(sm90_spec("fray_triton.moe_gemm", "_gated_rows_kernel",
+                                   {"G": "*" + dt, "ROUTES": "*i32", "OUT": "*" + dt}, dict(ACT=act, BLOCK_I=1024),
+                                   divisible=("G", "OUT", "ldg", "ldo")))
+        for weighted in (False, True):
+            specs.append(sm90_spec("fray_triton.moe_gemm", "_combine_kernel",
+                                   {"S": "*" + dt, "INVERSE": "*i32", "WEIGHTS": "*fp32", "OUT": "*" + dt},
+                                   dict(TOP_K=6, WEIGHTED=weighted, BLOCK_N=1024), divisible=("S", "OUT", "lds", "ldo")))
+    for spec, r in zip(specs, compile_triton_sm90(specs)):
+        assert r["spills"] == 0, (spec["kernel"], spec["constexprs"], r)
+
+
+def test_cuda_path_refuses_the_unstaged_combines():
+    x, w13, w2, _ = _layer(4, 32, 16, 4, bf16)
+    w, ids = _weights(4, 2), _distinct_ids(4, 2, 4)
+    for combine in ("atomic", "scatter"):
+        with pytest.raises(ValueError, match="combine: backend='cuda' combines staged"):
+            MG._fused_cuda(x, w13, w2, w, ids, None, torch.empty_like(x), "silu", False, "nk", combine)
+
+
 def test_custom_op_is_registered():
     assert hasattr(torch.ops.fray, "fused_moe") and hasattr(torch.ops.fray, "routed_gemm")
 
@@ -429,3 +501,92 @@ def test_gpu_strided_x_rows(cuda):
     w, ids = fray.moe_route(logits, k)
     out = fray.fused_moe(wide[:, hdim:], w13, w2, topk_weights=w, topk_ids=ids)
     MG.check_fused(x, w13, w2, w, ids, out, "strided x")
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the CUDA path (CUTLASS's grouped GEMM between the row gather, the gated rows and the
+# weighing combine)
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [bf16, f16])
+@pytest.mark.parametrize("t,hdim,inter,e,k", GPU_SHAPES)
+def test_gpu_cuda_path_prepared(cuda, dtype, t, hdim, inter, e, k):
+    x, w13, w2, logits = _layer(t, hdim, inter, e, dtype, cuda, seed=t + e)
+    w, ids = fray.moe_route(logits, k)
+    out = torch.full((t, hdim), float("nan"), dtype=dtype, device=cuda)
+    fray.fused_moe(x, w13, w2, topk_weights=w, topk_ids=ids, out=out, backend="cuda")
+    MG.check_fused(x, w13, w2, w, ids, out, "cuda T=%d E=%d k=%d" % (t, e, k))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("activation,won", [("silu", False), ("gelu", True), ("gelu_tanh", False)])
+def test_gpu_cuda_path_layouts_activations(cuda, layout, activation, won):
+    t, hdim, inter, e, k = 300, 512, 256, 16, 4
+    x, w13, w2, logits = _layer(t, hdim, inter, e, bf16, cuda, seed=7, layout=layout)
+    w, ids = fray.moe_route(logits, k)
+    out = fray.fused_moe(x, w13, w2, topk_weights=w, topk_ids=ids, w_layout=layout, activation=activation,
+                         apply_router_weight_on_input=won, backend="cuda")
+    MG.check_fused(x, w13, w2, w, ids, out, "cuda %s %s" % (layout, activation), activation, None, won, layout)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_path_expert_map_one_expert_repeatable_and_strided_x(cuda):
+    t, hdim, inter, e_global, e = 256, 512, 256, 32, 8
+    x, w13, w2, _ = _layer(t, hdim, inter, e, bf16, cuda, seed=11)
+    emap = torch.full((e_global,), -1, dtype=torch.int32)
+    emap[8:16] = torch.arange(8, dtype=torch.int32)
+    emap = emap.to(cuda)
+    ids = _distinct_ids(t, 4, e_global, 3).to(cuda)
+    w = _weights(t, 4, 3).to(cuda)
+    first = fray.fused_moe(x, w13, w2, topk_weights=w, topk_ids=ids, expert_map=emap, backend="cuda")
+    MG.check_fused(x, w13, w2, w, ids, first, "cuda expert_map", expert_map=emap)
+    for _ in range(2):
+        assert torch.equal(first, fray.fused_moe(x, w13, w2, topk_weights=w, topk_ids=ids, expert_map=emap,
+                                                 backend="cuda"))
+    one = torch.full((t, 1), 3, dtype=torch.int32, device=cuda)          # every token to expert 3
+    w1 = torch.full((t, 1), 0.5, device=cuda)
+    out = fray.fused_moe(x, w13, w2, topk_weights=w1, topk_ids=one, backend="cuda")
+    MG.check_fused(x, w13, w2, w1, one, out, "cuda one expert")
+    wide = torch.zeros(t, 2 * hdim, dtype=bf16, device=cuda)
+    wide[:, hdim:] = x
+    out = fray.fused_moe(wide[:, hdim:], w13, w2, topk_weights=w1, topk_ids=one, backend="cuda")
+    MG.check_fused(x, w13, w2, w1, one, out, "cuda strided x")
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_path_graph_replay_and_compile(cuda):
+    t, hdim, inter, e, k = 128, 512, 256, 16, 2
+    x, w13, w2, logits = _layer(t, hdim, inter, e, bf16, cuda, seed=5)
+    static = logits.clone()
+    fray.fused_moe(x, w13, w2, router_logits=static, top_k=k, backend="cuda")  # warm-up: JIT build and tuning
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fray.fused_moe(x, w13, w2, router_logits=static, top_k=k, backend="cuda")
+    for seed in range(3):
+        new = M._random_logits(t, e, torch.float32, cuda, seed=100 + seed)
+        if seed == 2:
+            new[:, 0] += 100.0  # every token's first choice is expert 0
+        static.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        w, ids = fray.moe_route(new, k)
+        MG.check_fused(x, w13, w2, w, ids, out, "cuda replay %d" % seed)
+
+    def layer(x_, logits_):
+        return fray.fused_moe(x_, w13, w2, router_logits=logits_, top_k=k, backend="cuda") + x_
+
+    got = torch.compile(layer, fullgraph=True)(x, logits)
+    assert torch.equal(got, layer(x, logits))
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_path_refusals(cuda):
+    x, w13, w2, logits = _layer(8, 200, 100, 4, bf16, cuda)
+    w, ids = fray.moe_route(logits, 2)
+    with pytest.raises(ValueError, match="w13 / w2: backend='cuda' reads the weights by TMA"):
+        fray.fused_moe(x, w13, w2, topk_weights=w, topk_ids=ids, backend="cuda")
+    x, w13, w2, logits = _layer(8, 256, 128, 4, bf16, cuda)
+    with pytest.raises(ValueError, match="combine: backend='cuda' combines staged"):
+        fray.fused_moe(x, w13, w2, topk_weights=w, topk_ids=ids, combine="atomic", backend="cuda")

@@ -207,9 +207,10 @@ def _scatter_kernel(IDS, MAP, BLOCK_BASE, SORTED, INVERSE, n_routes, n_experts,
 
 
 def dispatch(topk_ids, expert_map, num_experts, block_m, sorted_ids, offsets, tile_expert, num_tiles, inverse,
-             counts, block_counts):
+             counts, block_counts, max_tiles=None):
     """topk_ids contiguous [T, k]; sorted_ids pre-filled with T*k; counts and block_counts
-    ([cdiv(T*k, BLOCK_R), E] int32) zeroed; the other outputs are written whole."""
+    ([cdiv(T*k, BLOCK_R), E] int32) zeroed; the other outputs are written whole. max_tiles: the
+    tile_expert entries to write (default all; 0 for a caller that needs only the offsets)."""
     n = topk_ids.numel()
     blocks = cdiv(n, BLOCK_R)
     has_map = expert_map is not None
@@ -218,8 +219,9 @@ def dispatch(topk_ids, expert_map, num_experts, block_m, sorted_ids, offsets, ti
         _histogram_kernel[(blocks,)](topk_ids, emap, counts, block_counts, n, num_experts,
                                      HAS_MAP=has_map, BLOCK=BLOCK_R, num_warps=4)
     block_e = max(next_power_of_2(num_experts), 16)
+    tiles = tile_expert.numel() if max_tiles is None else max_tiles
     _scan_kernel[(1,)](counts, block_counts, offsets, tile_expert, num_tiles, num_experts, blocks,
-                       tile_expert.numel(), BLOCK_M=block_m, BLOCK_E=block_e, TILES=SCAN_TILES,
+                       tiles, BLOCK_M=block_m, BLOCK_E=block_e, TILES=SCAN_TILES,
                        CHUNK=max(1, min(128, SCAN_ELEMS // block_e)), num_warps=4 if block_e <= 1024 else 8)
     if blocks:
         _scatter_kernel[(blocks,)](topk_ids, emap, block_counts, sorted_ids, inverse, n, num_experts,

@@ -25,7 +25,11 @@ weight band and a band of rows while both are in L2.
 
 combine_staged sums each token's k weighted route rows in rank order through the dispatch's
 inverse map, in fp32, and writes the token's row once in the output dtype: bit-identical run to
-run, with no zeroing and no atomics.
+run, with no zeroing and no atomics (it weighs unweighted rows itself when given the weights).
+
+gather_rows and gated_rows serve fused_moe's CUDA path, whose grouped GEMMs (CUTLASS's, on
+fray.jit) take contiguous expert-sorted rows: the token rows copied into the sorted order, and the
+gated activation of GEMM 1's [gate | up] rows, rounded as the gated epilogue above rounds them.
 """
 import os
 
@@ -190,16 +194,56 @@ def _tile_map_kernel(OFFSETS, TILE_GROUP, TILE_START, TILE_END, NUM_TILES, n_gro
 
 
 @triton.jit
-def _combine_kernel(S, INVERSE, OUT, N, lds, ldo, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr):
+def _combine_kernel(S, INVERSE, WEIGHTS, OUT, N, lds, ldo, TOP_K: tl.constexpr, WEIGHTED: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cm = cols < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for j in tl.static_range(TOP_K):
         row = tl.load(INVERSE + t * TOP_K + j)
-        v = tl.load(S + row.to(tl.int64) * lds + cols, mask=cm & (row >= 0), other=0.0)
-        acc += v.to(tl.float32)
+        kept = row >= 0
+        v = tl.load(S + row.to(tl.int64) * lds + cols, mask=cm & kept, other=0.0).to(tl.float32)
+        if WEIGHTED:
+            # the weighted contribution rounded, as the GEMM epilogue's WEIGHTED would; a dropped
+            # route adds nothing, whatever its weight (a NaN weight must not reach the sum)
+            w = tl.load(WEIGHTS + t * TOP_K + j)
+            v = tl.where(kept, _round(v * w, S.dtype.element_ty).to(tl.float32), 0.0)
+        acc += v
     tl.store(OUT + t * ldo + cols, _round(acc, OUT.dtype.element_ty), mask=cm)
+
+
+@triton.jit
+def _gather_rows_kernel(X, ROUTES, WEIGHTS, OUT, H, ldx, ldo, n_routes, top_k,
+                        WEIGHT_INPUT: tl.constexpr, BLOCK_H: tl.constexpr):
+    """OUT[row] = x[route // top_k] for the sorted route list's row (round(x * w_route) with
+    WEIGHT_INPUT), zeros for the sentinel rows (routes an expert_map dropped)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    cm = cols < H
+    route = tl.load(ROUTES + row)
+    ok = route < n_routes
+    token = tl.where(ok, route // top_k, 0).to(tl.int64)
+    v = tl.load(X + token * ldx + cols, mask=cm & ok, other=0.0)
+    if WEIGHT_INPUT:
+        w = tl.load(WEIGHTS + route, mask=ok, other=0.0)
+        v = tl.where(ok, _round(v.to(tl.float32) * w, OUT.dtype.element_ty), 0.0)
+    tl.store(OUT + row * ldo + cols, v.to(OUT.dtype.element_ty), mask=cm)
+
+
+@triton.jit
+def _gated_rows_kernel(G, ROUTES, OUT, I, ldg, ldo, n_routes, ACT: tl.constexpr, BLOCK_I: tl.constexpr):
+    """OUT[row] = round(act(gate) * up) of a GEMM 1 output row [gate | up] (already rounded), as
+    the gated epilogue computes it; zeros for sentinel rows, whose GEMM 1 rows were not written."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    ok = tl.load(ROUTES + row) < n_routes
+    m = (cols < I) & ok
+    dtype = OUT.dtype.element_ty
+    g = tl.load(G + row * ldg + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(G + row * ldg + I + cols, mask=m, other=0.0).to(tl.float32)
+    y = tl.where(m, _activate(g, ACT, dtype) * u, 0.0)
+    tl.store(OUT + row * ldo + cols, _round(y, dtype), mask=cols < I)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,14 +343,44 @@ def max_tiles_explicit(m, n_groups, block_m):
     return cdiv(m, block_m) + n_groups
 
 
-def combine_staged(staged, inverse, out, top_k):
-    """out[t] = sum_j staged[inverse[t * k + j]] (fp32, rank order; -1 skipped), in out's dtype."""
+def combine_staged(staged, inverse, out, top_k, weights=None):
+    """out[t] = sum_j staged[inverse[t * k + j]] (fp32, rank order; -1 skipped), in out's dtype;
+    with weights (fp32 [T, k], contiguous) each row is first weighted and rounded to staged's
+    dtype: round(staged[row] * w_tj)."""
     t, n = out.shape
     if t == 0 or n == 0:
         return
     block_n = min(1024, max(16, next_power_of_2(n)))
-    _combine_kernel[(t, cdiv(n, block_n))](staged, inverse, out, n, staged.stride(0), out.stride(0),
-                                           TOP_K=top_k, BLOCK_N=block_n, num_warps=4)
+    _combine_kernel[(t, cdiv(n, block_n))](staged, inverse, weights if weights is not None else inverse, out, n,
+                                           staged.stride(0), out.stride(0), TOP_K=top_k,
+                                           WEIGHTED=weights is not None, BLOCK_N=block_n, num_warps=4)
+
+
+def _row_block(n):
+    return min(1024, max(16, next_power_of_2(n)))
+
+
+def gather_rows(x, routes, top_k, out, weights=None):
+    """out[row] = x[routes[row] // top_k] for every row of a sorted route list (zeros where the
+    route is the sentinel T * k); with weights (fp32, route order) round(x * w) instead."""
+    rows, h = out.shape
+    if rows == 0 or h == 0:
+        return
+    bh = _row_block(h)
+    _gather_rows_kernel[(rows, cdiv(h, bh))](x, routes, weights if weights is not None else x, out, h, x.stride(0),
+                                             out.stride(0), x.shape[0] * top_k, top_k,
+                                             WEIGHT_INPUT=weights is not None, BLOCK_H=bh, num_warps=4)
+
+
+def gated_rows(g, routes, n_routes, out, act):
+    """out[row] = round(act(g[row, :I]) * g[row, I:]) for I = out's columns (zeros for sentinel
+    routes); act: an ACT_CODES value."""
+    rows, inter = out.shape
+    if rows == 0 or inter == 0:
+        return
+    bi = _row_block(inter)
+    _gated_rows_kernel[(rows, cdiv(inter, bi))](g, routes, out, inter, g.stride(0), out.stride(0), n_routes,
+                                                ACT=act, BLOCK_I=bi, num_warps=4)
 
 
 def scatter_combine(staged, routes, n_routes, top_k, out):

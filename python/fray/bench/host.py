@@ -252,7 +252,7 @@ def cases(device):
     impls["torch.eager"] = lambda: bm.eager_dispatch(ids_r, 256, bm.BLOCK_M)
     out.append(("moe_dispatch", "deepseek_v3:T%d" % BATCH, "int32", impls))
 
-    # the MoE GEMMs at a decode batch (Triton only, no CUDA kernel): fused_moe prepared at Qwen3's
+    # the MoE GEMMs at a decode batch: fused_moe prepared at Qwen3's
     # layer, grouped_gemm at 8 groups of 4 rows, routed_grouped_gemm over 8 experts top-2; beside
     # the torch._grouped_mm composites. Rows only for the ops this fray has (tests/bench checks
     # this file's ops against fray.OPS; the three arrive together, in fray.ops.moe_gemm).
@@ -263,7 +263,7 @@ def cases(device):
         w2f = bm.randn_experts(qwen.experts, qwen.hidden, qwen.inter, bf16, g, device)
         twf, idf = bm.eager_route(randn(BATCH, qwen.experts), qwen.top_k)
         impls = {}
-        impls["fray.triton"] = lambda: fray.fused_moe(xf, w13f, w2f, topk_weights=twf, topk_ids=idf, backend="triton")
+        _fray(impls, lambda b: fray.fused_moe(xf, w13f, w2f, topk_weights=twf, topk_ids=idf, backend=b), "fused_moe")
         impls["torch.eager"] = lambda: bm.eager_experts(xf, w13f, w2f, twf, idf)
         out.append(("fused_moe", "qwen3:T%d:prepared" % BATCH, "bf16", impls))
     if "grouped_gemm" in fray.OPS:
@@ -271,7 +271,7 @@ def cases(device):
         goffs = torch.arange(0, 8 * 4 + 1, 4, device=device, dtype=torch.int32)
         gends, gbt = goffs[1:].contiguous(), gb.transpose(-2, -1)
         impls = {}
-        impls["fray.triton"] = lambda: fray.grouped_gemm(ga, gb, goffs, b_layout="nk", backend="triton")
+        _fray(impls, lambda b: fray.grouped_gemm(ga, gb, goffs, b_layout="nk", backend=b), "grouped_gemm")
         impls["torch.builtin"] = lambda: torch._grouped_mm(ga, gbt, offs=gends)
         out.append(("grouped_gemm", "G8x4N1024K1024", "bf16", impls))
     if "routed_grouped_gemm" in fray.OPS:

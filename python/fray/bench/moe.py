@@ -1,6 +1,7 @@
 """MoE-family benchmarks: routing and dispatch metadata, the grouped GEMMs and the fused MoE layer.
-Fray's Triton kernels (fray.cuda rows appear where fray reports a CUDA kernel for the op on the
-device: the family has none yet) and the peers a user would write instead, in one process.
+Fray's Triton kernels, fray.cuda rows where fray reports a CUDA kernel for the op on the device
+(grouped_gemm's explicit form and fused_moe, both on CUTLASS's grouped GEMM), and the peers a user
+would write instead, in one process.
 
 moe_route bytes: read logits + read bias (fp32, DeepSeek-V3) + write weights and ids
                  = T·E·s(x) + 4·E·[bias] + 8·T·k
@@ -423,7 +424,8 @@ def _capturable(fn, why):
 
 def _fray_backends(op, device):
     """("cuda", "triton") where fray reports a CUDA kernel of op available on the device, else
-    ("triton",): a fray.cuda row only once the CUDA backend exists (the moe family has none yet)."""
+    ("triton",): a fray.cuda row only where the CUDA backend exists (grouped_gemm's explicit form,
+    fused_moe)."""
     from fray import backend as B
     device = torch.device(device)
     if device.type != "cuda":

@@ -19,7 +19,10 @@ and fray::fused_moe with fakes). Ids, offsets and dispatch tensors on the GPU ar
 (FRAY_CHECK_INDICES=1 checks ids and offsets with one synchronisation); numpy arrays and CPU
 tensors run the float64 reference and are always checked. The kernels are Triton's
 (fray_triton.moe_gemm); the explicit grouped GEMM also has a CUDA kernel (CUTLASS's pointer-array
-grouped GEMM on fray.jit, cuda/moe/grouped_gemm_sm90.cuh), taken with backend="cuda".
+grouped GEMM on fray.jit, cuda/moe/grouped_gemm_sm90.cuh), which "auto" takes where its TMA loads
+can, and fused_moe has a CUDA path on it (backend="cuda"): the token rows copied into expert order
+(the CUTLASS kernel reads contiguous rows by TMA, it cannot gather), GEMM 1, the gated activation,
+GEMM 2, and the staged combine weighing the rows.
 """
 import math
 from typing import Optional
@@ -43,8 +46,11 @@ __all__ = list(OPS)
 # rows, N 2816, K 4096 on an H100, 2026-12-07) wherever its TMA loads take the operands; the
 # dispatch form has none (the CUDA kernel does not gather rows), so "auto" runs Triton there.
 B.register_preference("grouped_gemm", ("cuda", "triton"))
-for _op in ("routed_grouped_gemm", "fused_moe"):
-    B.register_preference(_op, ("triton",), missing={"cuda": "no CUDA kernel for %s yet (use 'triton')" % _op})
+B.register_preference("routed_grouped_gemm", ("triton",),
+                      missing={"cuda": "no CUDA kernel for routed_grouped_gemm yet (use 'triton')"})
+# fused_moe's CUDA path (the CUDA grouped GEMM between a row gather, the gated activation and the
+# staged combine) is taken when asked for; "auto" stays on Triton until the GPU has measured both.
+B.register_preference("fused_moe", ("triton", "cuda"))
 
 LAYOUTS = ("nk", "kn")
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
@@ -496,6 +502,62 @@ def _fused(x, w13, w2, weights, ids, emap, out, activation, weight_on_input, lay
                  not weight_on_input, block_m)
 
 
+def _sorted_dispatch(ids, emap, num_experts):
+    """The routes sorted by expert with no padding (moe_dispatch at block_m 1, without its tile
+    map, which the CUDA grouped GEMM does not read): (sorted_route_ids [T*k], the sentinel T*k past
+    the kept routes; expert_offsets [E + 1], expert e's routes at rows [offsets[e], offsets[e+1]);
+    inverse [T*k], route -> row or -1)."""
+    from fray_triton import moe as tmoe
+    n = ids.numel()
+    dev, i32 = ids.device, torch.int32
+    sorted_ids = torch.full((n,), n, dtype=i32, device=dev)
+    offsets = torch.empty((num_experts + 1,), dtype=i32, device=dev)
+    inverse = torch.empty((n,), dtype=i32, device=dev)
+    tmoe.dispatch(ids, emap, num_experts, 1, sorted_ids, offsets, torch.empty((1,), dtype=i32, device=dev),
+                  torch.empty((1,), dtype=i32, device=dev), inverse, torch.zeros((num_experts,), dtype=i32, device=dev),
+                  torch.zeros(tmoe.block_counts_shape(n, num_experts), dtype=i32, device=dev), max_tiles=0)
+    return sorted_ids, offsets, inverse
+
+
+CUDA_COMBINES = ("auto", "staged")
+
+
+def _require_cuda_combine(combine):
+    if combine not in CUDA_COMBINES:
+        raise ValueError("combine: backend='cuda' combines staged (its GEMMs write whole rows, no atomics): expected "
+                         "'auto' or 'staged', got %r (use backend='triton' for %r)" % (combine, combine))
+
+
+def _fused_cuda(x, w13, w2, weights, ids, emap, out, activation, weight_on_input, layout, combine, gemm=None):
+    """fused_moe on the CUDA grouped GEMM (CUTLASS's pointer-array kernel, cuda/moe): the token
+    rows copied into expert-sorted order, GEMM 1 into [rows, 2I], the gated activation, GEMM 2
+    into [rows, H], and the staged combine weighing each row. The same roundings as the Triton
+    path (fray.reference.moe.fused_moe): g, the activation's product, y, y * w, the fp32 sum.
+    gemm: the explicit grouped GEMM to run (the CUDA kernel; the tests put the Triton one there
+    to check the rest under the interpreter)."""
+    from fray_triton import moe_gemm as tg
+    _require_cuda_combine(combine)
+    gemm = _explicit_cuda if gemm is None else gemm
+    t, hdim = x.shape
+    top_k = ids.shape[1]
+    e, n13, _ = _matrix_dims("w13", w13, layout)
+    inter = n13 // 2
+    rows = t * top_k
+    xs = torch.empty((rows, hdim), dtype=x.dtype, device=x.device)
+    g = torch.empty((rows, n13), dtype=x.dtype, device=x.device)
+    h = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
+    if gemm is _explicit_cuda and not (cuda_ok(xs, w13, g, layout) and cuda_ok(h, w2, xs, layout)):
+        raise ValueError("w13 / w2: backend='cuda' reads the weights by TMA: it needs H and I multiples of 8 and "
+                         "16-byte aligned stacks with contiguous rows (use backend='triton' for these)")
+    sorted_ids, offsets, inverse = _sorted_dispatch(ids, emap, e)
+    tg.gather_rows(x, sorted_ids, top_k, xs, weights if weight_on_input else None)
+    gemm(xs, w13, offsets, g, layout)
+    tg.gated_rows(g, sorted_ids, rows, h, tg.ACT_CODES[activation])
+    y = xs  # the sorted token rows are dead once GEMM 1 has read them
+    gemm(h, w2, offsets, y, layout)
+    tg.combine_staged(y, inverse, out, top_k, None if weight_on_input else weights)
+
+
 def _routed(x, b, weights, ids, out, layout, combine):
     from fray_triton import moe_gemm as tg
     t, _ = x.shape
@@ -550,12 +612,12 @@ def _routed_gemm_op(x: torch.Tensor, b: torch.Tensor, topk_weights: torch.Tensor
 def _fused_moe_op(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], out: torch.Tensor, activation: str,
                   apply_router_weight_on_input: bool, w_layout: str, combine: str, backend: str) -> None:
-    B.resolve("fused_moe", FAMILY, backend, x.device)
+    fn = _fused_cuda if B.resolve("fused_moe", FAMILY, backend, x.device) == "cuda" else _fused
     if env.check_indices():
         M._device_check_ids(topk_ids, expert_map, w13.shape[0])
     with torch.cuda.device(x.device):
-        _fused(x, w13, w2, topk_weights, topk_ids, expert_map, out, activation, apply_router_weight_on_input,
-               w_layout, combine)
+        fn(x, w13, w2, topk_weights, topk_ids, expert_map, out, activation, apply_router_weight_on_input, w_layout,
+           combine)
 
 
 for _custom in (_grouped_gemm_op, _grouped_gemm_routes_op, _routed_gemm_op, _fused_moe_op):
@@ -566,10 +628,10 @@ class _FusedPlan:
     """An eager fused_moe call whose arguments were validated once for this signature
     (fray._plan): routing (moe_route's own plan), the output, the launches."""
 
-    __slots__ = ("route", "args", "shape", "trivial")
+    __slots__ = ("route", "args", "shape", "trivial", "fn")
 
-    def __init__(self, route, args, shape, trivial):
-        self.route, self.args, self.shape, self.trivial = route, args, shape, trivial
+    def __init__(self, route, args, shape, trivial, fn):
+        self.route, self.args, self.shape, self.trivial, self.fn = route, args, shape, trivial, fn
 
     def __call__(self, x, w13, w2, logits, w, ids, bias, emap, out):
         if self.route is not None:
@@ -582,7 +644,7 @@ class _FusedPlan:
         if self.trivial:
             return out.zero_() if out.numel() else out
         with torch.cuda.device(x.device):
-            _fused(x, w13, w2, w, ids, emap, out, *self.args)
+            self.fn(x, w13, w2, w, ids, emap, out, *self.args)
         return out
 
 
@@ -750,6 +812,12 @@ def fused_moe(x, w13, w2, *, router_logits=None, topk_weights=None, topk_ids=Non
         out[t] = round(sum_j y)   (fp32 sum; rank order for combine="staged")
     act: "silu", "gelu" (erf) or "gelu_tanh". combine: as routed_grouped_gemm's ("auto": atomic
     for top_k <= 4, else staged; "staged" is bit-identical run to run).
+    backend: "triton" (what "auto" takes) fuses the row gather into GEMM 1's loads, the activation
+    into its epilogue and the weight into GEMM 2's; "cuda" runs both GEMMs on CUTLASS's grouped
+    GEMM (fray.jit, built and tuned on the first call per shape bucket) with the routes sorted
+    unpadded, the token rows copied into that order, the activation and the weighing combine as
+    separate passes: the same roundings; H and I multiples of 8, weight stacks with contiguous
+    16-byte aligned rows, combine "auto" / "staged" (staged: bit-identical run to run).
     """
     key = None
     if not _compiling() and not env.check_indices():
@@ -826,7 +894,9 @@ def fused_moe(x, w13, w2, *, router_logits=None, topk_weights=None, topk_ids=Non
             _fused_moe_op(x, w13, w2, topk_weights, topk_ids, expert_map, out, activation,
                           bool(apply_router_weight_on_input), layout, combine, backend)
         return out
-    B.resolve("fused_moe", FAMILY, backend, x.device)
+    cuda = B.resolve("fused_moe", FAMILY, backend, x.device) == "cuda"
+    if cuda:
+        _require_cuda_combine(combine)
     if env.check_indices():
         M._device_check_ids(topk_ids, expert_map, e)
     route = None
@@ -834,7 +904,7 @@ def fused_moe(x, w13, w2, *, router_logits=None, topk_weights=None, topk_ids=Non
         route = dict(top_k=top_k, scoring=scoring, renormalize=renormalize, num_expert_group=num_expert_group,
                      topk_group=topk_group, routed_scaling_factor=routed_scaling_factor, backend=backend)
     plan = _FusedPlan(route, (activation, bool(apply_router_weight_on_input), layout, combine), (t, hdim),
-                      not (t and hdim) or inter == 0 or e == 0)
+                      not (t and hdim) or inter == 0 or e == 0, _fused_cuda if cuda else _fused)
     # this call's routing ran above (validation needs its result): launch from there
     return P.PLANS.put(key, plan).launch(x, w13, w2, topk_weights, topk_ids, expert_map, out)
 
