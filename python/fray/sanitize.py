@@ -504,6 +504,11 @@ def _moe_cases():
     for t, emap in ((3, False), (300, True)):
         out["fused_moe_cuda_T%d%s" % (t, "_expert_map" if emap else "")] = _case(
             lambda t=t, emap=emap: fused_cuda(t, emap), t * 2 * 256 * 272, race=t < 100, unfiltered=True)
+
+    def routed_cuda():
+        x, b, _, logits = MG._case_inputs(37, 256, 68, 8, 3, _dt("fp16"), "cuda")
+        fray.routed_grouped_gemm(x, b, logits, 3, backend="cuda")
+    out["routed_grouped_gemm_cuda_T37"] = _case(routed_cuda, 37 * 3 * 256 * 136, unfiltered=True)
     return out
 
 

@@ -325,6 +325,17 @@ def test_unpadded_dispatch_sorts_by_expert_without_padding():
     assert inverse[5] == -1
 
 
+@INTERPRETER
+@pytest.mark.parametrize("t,k,e,layout", [(1, 2, 4, "nk"), (13, 3, 5, "kn")])
+def test_cuda_path_routed_composition_under_the_interpreter(t, k, e, layout):
+    """routed_grouped_gemm's CUDA path, the Triton explicit GEMM in the CUDA one's place."""
+    x, b, _, logits = _layer(t, 32, 20, e, bf16, seed=t, layout=layout)
+    w, ids = fray.moe_route(logits, k)
+    out = torch.full((t, 40), float("nan"), dtype=bf16)
+    MG._routed_cuda(x, b, w, ids, out, layout, "auto", gemm=MG._explicit)
+    MG.check_routed(x, b, w, ids, out, "routed cuda path (interpreter)", layout)
+
+
 def test_cuda_path_kernels_compile_for_sm90a():
     """The CUDA path's Triton pieces (the row gather, the gated rows, the weighing combine) through
     Triton's compiled path for sm_90a: type errors the interpreter never sees, and no spills."""
@@ -353,6 +364,8 @@ def test_cuda_path_refuses_the_unstaged_combines():
     for combine in ("atomic", "scatter"):
         with pytest.raises(ValueError, match="combine: backend='cuda' combines staged"):
             MG._fused_cuda(x, w13, w2, w, ids, None, torch.empty_like(x), "silu", False, "nk", combine)
+        with pytest.raises(ValueError, match="combine: backend='cuda' combines staged"):
+            MG._routed_cuda(x, w13, w, ids, torch.empty(4, 32, dtype=bf16), "nk", combine)
 
 
 def test_custom_op_is_registered():
@@ -590,3 +603,14 @@ def test_gpu_cuda_path_refusals(cuda):
     x, w13, w2, logits = _layer(8, 256, 128, 4, bf16, cuda)
     with pytest.raises(ValueError, match="combine: backend='cuda' combines staged"):
         fray.fused_moe(x, w13, w2, topk_weights=w, topk_ids=ids, combine="atomic", backend="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t,e,k,layout", [(1, 8, 2, "nk"), (257, 64, 6, "nk"), (100, 16, 4, "kn")])
+def test_gpu_cuda_path_routed_grouped_gemm(cuda, t, e, k, layout):
+    x, b, _, logits = _layer(t, 512, 320, e, bf16, cuda, seed=t, layout=layout)
+    out = fray.routed_grouped_gemm(x, b, logits, k, b_layout=layout, backend="cuda")
+    w, ids = fray.moe_route(logits, k)
+    MG.check_routed(x, b, w, ids, out, "routed cuda", layout)
+    assert torch.equal(out, fray.routed_grouped_gemm(x, b, logits, k, b_layout=layout, combine="staged",
+                                                     backend="cuda"))

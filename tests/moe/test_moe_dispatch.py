@@ -342,9 +342,9 @@ def test_bench_composite_matches_the_reference(t, k, e, bm, skew):
 
 def test_cuda_backend_says_why_it_cannot_run():
     from fray import backend as B
-    for op in ("moe_route", "moe_dispatch", "routed_grouped_gemm"):
+    for op in ("moe_route", "moe_dispatch"):
         assert "no CUDA kernel for %s yet" % op in B.missing_reason(op, "cuda")
-    for op in ("grouped_gemm", "fused_moe"):  # the explicit form's CUTLASS kernel, and the layer on it
+    for op in ("grouped_gemm", "routed_grouped_gemm", "fused_moe"):  # the CUTLASS kernel, and the layers on it
         assert B.missing_reason(op, "cuda") is None
     assert "tensors are on cpu" in B.cuda_unavailable_reason("moe", torch.device("cpu"))
     assert fray.CUDA_FAMILY["moe_route"] == fray.CUDA_FAMILY["moe_dispatch"] == "moe"

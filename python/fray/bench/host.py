@@ -277,7 +277,7 @@ def cases(device):
     if "routed_grouped_gemm" in fray.OPS:
         xr2, wr2, lr2 = randn(BATCH, 1024), bm.randn_experts(8, 1024, 1024, bf16, g, device), randn(BATCH, 8)
         impls = {}
-        impls["fray.triton"] = lambda: fray.routed_grouped_gemm(xr2, wr2, lr2, 2, backend="triton")
+        _fray(impls, lambda b: fray.routed_grouped_gemm(xr2, wr2, lr2, 2, backend=b), "routed_grouped_gemm")
         impls["torch.eager"] = lambda: bm.eager_routed_grouped_gemm(xr2, wr2, lr2, 2)
         out.append(("routed_grouped_gemm", "e8h1024n1024k2:T%d" % BATCH, "bf16", impls))
 

@@ -46,11 +46,11 @@ __all__ = list(OPS)
 # rows, N 2816, K 4096 on an H100, 2026-12-07) wherever its TMA loads take the operands; the
 # dispatch form has none (the CUDA kernel does not gather rows), so "auto" runs Triton there.
 B.register_preference("grouped_gemm", ("cuda", "triton"))
-B.register_preference("routed_grouped_gemm", ("triton",),
-                      missing={"cuda": "no CUDA kernel for routed_grouped_gemm yet (use 'triton')"})
-# fused_moe's CUDA path (the CUDA grouped GEMM between a row gather, the gated activation and the
-# staged combine) is taken when asked for; "auto" stays on Triton until the GPU has measured both.
-B.register_preference("fused_moe", ("triton", "cuda"))
+# fused_moe's and routed_grouped_gemm's CUDA paths (the CUDA grouped GEMM between a row gather, the
+# gated activation and the staged combine) are taken when asked for; "auto" stays on Triton until
+# the GPU has measured both.
+for _op in ("routed_grouped_gemm", "fused_moe"):
+    B.register_preference(_op, ("triton", "cuda"))
 
 LAYOUTS = ("nk", "kn")
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
@@ -528,6 +528,11 @@ def _require_cuda_combine(combine):
                          "'auto' or 'staged', got %r (use backend='triton' for %r)" % (combine, combine))
 
 
+def _refuse_cuda_weights(names, dims):
+    raise ValueError("%s: backend='cuda' reads the weights by TMA: it needs %s multiples of 8 and 16-byte aligned "
+                     "stacks with contiguous rows (use backend='triton' for these)" % (names, dims))
+
+
 def _fused_cuda(x, w13, w2, weights, ids, emap, out, activation, weight_on_input, layout, combine, gemm=None):
     """fused_moe on the CUDA grouped GEMM (CUTLASS's pointer-array kernel, cuda/moe): the token
     rows copied into expert-sorted order, GEMM 1 into [rows, 2I], the gated activation, GEMM 2
@@ -547,8 +552,7 @@ def _fused_cuda(x, w13, w2, weights, ids, emap, out, activation, weight_on_input
     g = torch.empty((rows, n13), dtype=x.dtype, device=x.device)
     h = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
     if gemm is _explicit_cuda and not (cuda_ok(xs, w13, g, layout) and cuda_ok(h, w2, xs, layout)):
-        raise ValueError("w13 / w2: backend='cuda' reads the weights by TMA: it needs H and I multiples of 8 and "
-                         "16-byte aligned stacks with contiguous rows (use backend='triton' for these)")
+        _refuse_cuda_weights("w13 / w2", "H and I")
     sorted_ids, offsets, inverse = _sorted_dispatch(ids, emap, e)
     tg.gather_rows(x, sorted_ids, top_k, xs, weights if weight_on_input else None)
     gemm(xs, w13, offsets, g, layout)
@@ -556,6 +560,27 @@ def _fused_cuda(x, w13, w2, weights, ids, emap, out, activation, weight_on_input
     y = xs  # the sorted token rows are dead once GEMM 1 has read them
     gemm(h, w2, offsets, y, layout)
     tg.combine_staged(y, inverse, out, top_k, None if weight_on_input else weights)
+
+
+def _routed_cuda(x, b, weights, ids, out, layout, combine, gemm=None):
+    """routed_grouped_gemm on the CUDA grouped GEMM, as _fused_cuda: the token rows copied into
+    expert-sorted order, one GEMM (its output rounded), and the staged combine weighing each row
+    (round(y * w)) and summing a token's rows in rank order."""
+    from fray_triton import moe_gemm as tg
+    _require_cuda_combine(combine)
+    gemm = _explicit_cuda if gemm is None else gemm
+    t, kdim = x.shape
+    top_k = ids.shape[1]
+    e, n, _ = _matrix_dims("b", b, layout)
+    rows = t * top_k
+    xs = torch.empty((rows, kdim), dtype=x.dtype, device=x.device)
+    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    if gemm is _explicit_cuda and not cuda_ok(xs, b, y, layout):
+        _refuse_cuda_weights("expert_weights", "K and N")
+    sorted_ids, offsets, inverse = _sorted_dispatch(ids, None, e)
+    tg.gather_rows(x, sorted_ids, top_k, xs)
+    gemm(xs, b, offsets, y, layout)
+    tg.combine_staged(y, inverse, out, top_k, weights)
 
 
 def _routed(x, b, weights, ids, out, layout, combine):
@@ -603,9 +628,9 @@ def _grouped_gemm_routes_op(x: torch.Tensor, b: torch.Tensor, sorted_route_ids: 
 @P.custom_op("fray::routed_gemm", mutates_args=("out",))
 def _routed_gemm_op(x: torch.Tensor, b: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                     out: torch.Tensor, b_layout: str, combine: str, backend: str) -> None:
-    B.resolve("routed_grouped_gemm", FAMILY, backend, x.device)
+    fn = _routed_cuda if B.resolve("routed_grouped_gemm", FAMILY, backend, x.device) == "cuda" else _routed
     with torch.cuda.device(x.device):
-        _routed(x, b, topk_weights, topk_ids, out, b_layout, combine)
+        fn(x, b, topk_weights, topk_ids, out, b_layout, combine)
 
 
 @P.custom_op("fray::fused_moe", mutates_args=("out",))
@@ -753,7 +778,9 @@ def routed_grouped_gemm(x, expert_weights, logits, top_k, *, combine="auto", b_l
     written in expert order, then each token's k rows are gathered through the dispatch's inverse
     map and summed in rank order: bit-identical run to run, no zeroing, no atomics), "scatter"
     (those rows index_add'ed into fp32 with torch: the baseline), "auto" (atomic for top_k <= 4,
-    else staged). Returns out [T, N].
+    else staged). Returns out [T, N]. backend "cuda": the CUDA grouped GEMM over the token rows
+    copied into expert order, then the staged combine weighing the rows (fused_moe's CUDA path;
+    K and N multiples of 8, combine "auto" / "staged" only); "auto" takes Triton.
     """
     V.require_backend(backend, B.BACKENDS)
     layout = _choice("b_layout", b_layout, LAYOUTS)
