@@ -50,7 +50,7 @@ def _assert_equal(got, expected, what):
 def _triton(ids, num_experts, block_m, expert_map=None):
     from fray_triton import moe as tmoe
     outs = moe._dispatch_outputs(ids, num_experts, block_m)
-    for o in outs[1:5]:
+    for o in outs[:5]:
         o.fill_(-99)  # poisoned: every element must be written
     tmoe.dispatch(ids, expert_map, num_experts, block_m, *outs)
     return outs[:6]
@@ -145,6 +145,26 @@ def test_triton_interpreter_vs_reference(t, k, e, bm, skew):
     ids = _random_ids(t, k, e, t + e, skew)
     _assert_equal(_triton(ids, e, bm), ref.moe_dispatch(ids.numpy(), e, bm), "T=%d k=%d E=%d m=%d" % (t, k, e, bm))
     _assert_equal(_triton(ids.long(), e, bm), ref.moe_dispatch(ids.numpy(), e, bm), "int64 ids")
+
+
+@INTERPRETER
+@pytest.mark.parametrize("t,k,e,bm,mapped", [(1, 8, 256, 16, False), (16, 8, 128, 16, True), (1, 1, 1, 1, False),
+                                             (5, 6, 64, 64, True), (16, 1, 1024, 16, False), (9, 2, 8, 1, True)])
+def test_triton_interpreter_one_program_dispatch_matches_the_three_kernels(monkeypatch, t, k, e, bm, mapped):
+    """The one-program dispatch (up to 128 routes: decode) against the reference and against the
+    histogram / scan / scatter kernels on the same ids, with and without an expert map."""
+    from fray_triton import moe as tmoe
+    assert tmoe.small_dispatch(t * k, e)
+    ids = _random_ids(t, k, e + 4 if mapped else e, t + e)
+    emap = None
+    if mapped:  # e local experts among e + 4 global ones, in a shuffled order
+        emap = torch.full((e + 4,), -1, dtype=torch.int32)
+        emap[torch.randperm(e + 4, generator=torch.Generator().manual_seed(e))[:e]] = torch.arange(e, dtype=torch.int32)
+    expected = ref.moe_dispatch(ids.numpy(), e, bm, None if emap is None else emap.numpy())
+    small = _triton(ids, e, bm, emap)
+    _assert_equal(small, expected, "one program T=%d k=%d E=%d m=%d" % (t, k, e, bm))
+    monkeypatch.setattr(tmoe, "small_dispatch", lambda n, x: False)
+    _assert_equal(_triton(ids, e, bm, emap), [a.numpy() for a in small], "three kernels")
 
 
 @INTERPRETER
@@ -388,6 +408,14 @@ def test_dispatch_kernels_compile_for_sm90a():
     for has_map in (False, True):
         specs += [sm90_spec("fray_triton.moe", "_histogram_kernel", ptrs, dict(HAS_MAP=has_map, BLOCK=M.BLOCK_R)),
                   sm90_spec("fray_triton.moe", "_scatter_kernel", ptrs, dict(HAS_MAP=has_map, BLOCK=M.BLOCK_R))]
+    # the one-program dispatch at its largest tiles: 128 routes x 128 experts, 16 x 1024
+    for has_map in (False, True):
+        for block_r, block_e in ((128, 128), (16, 1024), (16, 16)):
+            specs.append(sm90_spec("fray_triton.moe", "_dispatch_small_kernel", ptrs,
+                                   dict(HAS_MAP=has_map, BLOCK_M=16, BLOCK_R=block_r, BLOCK_E=block_e,
+                                        TILES=M.SCAN_TILES, FILL=1024),
+                                   num_warps=4 if block_r * block_e <= 8192 else 8))
     results = compile_triton_sm90(specs)
-    assert len(results) == 6
+    assert len(results) == 12
     assert [r["spills"] for r in results[:2]] == [0, 0], "the scan spills registers: %s" % results[:2]
+    assert [r["spills"] for r in results[6:]] == [0] * 6, "the one-program dispatch spills: %s" % results[6:]

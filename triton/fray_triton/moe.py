@@ -10,7 +10,10 @@ holding it, which is what makes ties go to the lower id and the order determinis
 a full-row reduction cost k * E per token; at the recipes' k <= 8 that is well under the cost of
 reading the row from memory once the row is a few KB, and routing is a sliver of an MoE layer.
 
-dispatch: four launches, no host synchronisation, every size a function of (T, k, E, block_m):
+dispatch: at most 128 routes (decode) with a [routes, experts] tile of at most 16384 entries, one
+program does it all in registers (_dispatch_small_kernel: fewer launches is what decode needs);
+otherwise four launches, no host synchronisation, every size a function of (T, k, E, block_m):
+  0. the sentinel fill of sorted_ids;
   1. histogram: a program per BLOCK_R routes adds 1 per route into counts[e] and into its own
      row of a [blocks, E] table (integer atomics: the result does not depend on their order);
   2. scan (one program): padded segment starts, tile_expert, num_tiles, and per (block, expert)
@@ -206,20 +209,81 @@ def _scatter_kernel(IDS, MAP, BLOCK_BASE, SORTED, INVERSE, n_routes, n_experts,
     tl.store(INVERSE + r, tl.where(kept, row, -1), mask=ok)
 
 
+@triton.jit
+def _dispatch_small_kernel(IDS, MAP, SORTED, OFFSETS, TILE_EXPERT, NUM_TILES, INVERSE, COUNTS,
+                           n_routes, n_experts, n_rows, max_tiles,
+                           HAS_MAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
+                           BLOCK_E: tl.constexpr, TILES: tl.constexpr, FILL: tl.constexpr):
+    """The whole dispatch of a few routes (decode) in one program: the three kernels' work with
+    every route and expert in registers ([BLOCK_R, BLOCK_E] and [BLOCK_R, BLOCK_R] compares)."""
+    r = tl.arange(0, BLOCK_R)
+    ok = r < n_routes
+    e = _local_expert(IDS, MAP, r, ok, HAS_MAP)
+    x = tl.arange(0, BLOCK_E)
+    xm = x < n_experts
+    hit = (e[:, None] == x[None, :]) & xm[None, :]
+    c = tl.sum(hit.to(tl.int32), axis=0)
+    padded = (c + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    end = tl.cumsum(padded, axis=0)
+    start = end - padded
+    total = tl.sum(padded, axis=0)
+    tl.store(COUNTS + x, c, mask=xm)
+    tl.store(OFFSETS + x, start, mask=xm)
+    tl.store(OFFSETS + n_experts, total)
+    n_tiles = total // BLOCK_M
+    tl.store(NUM_TILES, n_tiles)
+    tt = tl.arange(0, TILES)
+    for t0 in range(0, max_tiles, TILES):  # as the scan's tile map
+        tile = t0 + tt
+        before = tl.where(xm[None, :] & (end[None, :] <= (tile * BLOCK_M)[:, None]), 1, 0)
+        owner = tl.where(tile < n_tiles, tl.sum(before, axis=1), -1)
+        tl.store(TILE_EXPERT + tile, owner, mask=tile < max_tiles)
+    # every row the sentinel, then (after the CTA's barrier orders the stores) each kept route at
+    # its row: its segment's start plus its rank among the earlier routes of its expert (stable)
+    f = tl.arange(0, FILL)
+    for r0 in range(0, n_rows, FILL):
+        tl.store(SORTED + r0 + f, tl.full([FILL], 0, tl.int32) + n_routes, mask=r0 + f < n_rows)
+    tl.debug_barrier()
+    kept = (e >= 0) & (e < n_experts)
+    same = (e[:, None] == e[None, :]) & (r[None, :] < r[:, None])
+    rank = tl.sum(same.to(tl.int32), axis=1)
+    row = tl.sum(tl.where(hit, start[None, :], 0), axis=1) + rank
+    tl.store(SORTED + row, r, mask=kept)
+    tl.store(INVERSE + r, tl.where(kept, row, -1), mask=ok)
+
+
+SMALL_ROUTES = 128     # routes the one-program dispatch takes (T*k at decode: T <= 16, k <= 8)
+SMALL_ELEMS = 16384    # its [routes, experts] compare tile (128 routes x 128 experts, 16 x 1024)
+
+
+def small_dispatch(num_routes, num_experts):
+    """Whether dispatch runs as one program (no histogram / scan / scatter, no block table)."""
+    return (num_routes <= SMALL_ROUTES
+            and max(16, next_power_of_2(num_routes)) * max(16, next_power_of_2(num_experts)) <= SMALL_ELEMS)
+
+
 def dispatch(topk_ids, expert_map, num_experts, block_m, sorted_ids, offsets, tile_expert, num_tiles, inverse,
              counts, block_counts, max_tiles=None):
-    """topk_ids contiguous [T, k]; sorted_ids pre-filled with T*k; counts and block_counts
-    ([cdiv(T*k, BLOCK_R), E] int32) zeroed; the other outputs are written whole. max_tiles: the
-    tile_expert entries to write (default all; 0 for a caller that needs only the offsets)."""
+    """topk_ids contiguous [T, k]; counts and block_counts (block_counts_shape, int32) zeroed; the
+    other outputs are written whole (sorted_ids: the sentinel T*k where no route lands). max_tiles:
+    the tile_expert entries to write (default all; 0 for a caller that needs only the offsets)."""
     n = topk_ids.numel()
     blocks = cdiv(n, BLOCK_R)
     has_map = expert_map is not None
     emap = expert_map if has_map else topk_ids
+    tiles = tile_expert.numel() if max_tiles is None else max_tiles
+    block_e = max(next_power_of_2(num_experts), 16)
+    if small_dispatch(n, num_experts):
+        block_r = max(16, next_power_of_2(n))
+        _dispatch_small_kernel[(1,)](topk_ids, emap, sorted_ids, offsets, tile_expert, num_tiles, inverse, counts,
+                                     n, num_experts, sorted_ids.numel(), tiles, HAS_MAP=has_map, BLOCK_M=block_m,
+                                     BLOCK_R=block_r, BLOCK_E=block_e, TILES=SCAN_TILES, FILL=1024,
+                                     num_warps=4 if block_r * block_e <= 8192 else 8)
+        return
+    sorted_ids.fill_(n)
     if blocks:
         _histogram_kernel[(blocks,)](topk_ids, emap, counts, block_counts, n, num_experts,
                                      HAS_MAP=has_map, BLOCK=BLOCK_R, num_warps=4)
-    block_e = max(next_power_of_2(num_experts), 16)
-    tiles = tile_expert.numel() if max_tiles is None else max_tiles
     _scan_kernel[(1,)](counts, block_counts, offsets, tile_expert, num_tiles, num_experts, blocks,
                        tiles, BLOCK_M=block_m, BLOCK_E=block_e, TILES=SCAN_TILES,
                        CHUNK=max(1, min(128, SCAN_ELEMS // block_e)), num_warps=4 if block_e <= 1024 else 8)
@@ -229,4 +293,7 @@ def dispatch(topk_ids, expert_map, num_experts, block_m, sorted_ids, offsets, ti
 
 
 def block_counts_shape(num_routes, num_experts):
+    """The per-block count table the three-kernel dispatch needs (a placeholder for the small one)."""
+    if small_dispatch(num_routes, num_experts):
+        return (1,)
     return (cdiv(num_routes, BLOCK_R), num_experts)

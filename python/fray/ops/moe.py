@@ -286,7 +286,7 @@ def _dispatch_outputs(ids, num_experts, block_m):
     n = t * k
     rows = dispatch_rows(t, k, num_experts, block_m)
     dev, i32 = ids.device, torch.int32
-    return (torch.full((rows,), n, dtype=i32, device=dev),
+    return (torch.empty((rows,), dtype=i32, device=dev),
             torch.empty((num_experts + 1,), dtype=i32, device=dev),
             torch.empty((rows // block_m,), dtype=i32, device=dev),
             torch.empty((1,), dtype=i32, device=dev),

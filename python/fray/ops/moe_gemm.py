@@ -510,7 +510,7 @@ def _sorted_dispatch(ids, emap, num_experts):
     from fray_triton import moe as tmoe
     n = ids.numel()
     dev, i32 = ids.device, torch.int32
-    sorted_ids = torch.full((n,), n, dtype=i32, device=dev)
+    sorted_ids = torch.empty((n,), dtype=i32, device=dev)
     offsets = torch.empty((num_experts + 1,), dtype=i32, device=dev)
     inverse = torch.empty((n,), dtype=i32, device=dev)
     tmoe.dispatch(ids, emap, num_experts, 1, sorted_ids, offsets, torch.empty((1,), dtype=i32, device=dev),
