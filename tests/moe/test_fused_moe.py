@@ -440,6 +440,10 @@ def test_gpu_weight_on_input_expert_map_and_one_hot_expert(cuda, backend):
     out = fray.fused_moe(x, w13, w2, topk_weights=w1, topk_ids=one, apply_router_weight_on_input=True,
                          backend=backend)
     MG.check_fused(x, w13, w2, w1, one, out, "one expert, weight on input", weight_on_input=True)
+    nowhere = torch.full((e_global,), -1, dtype=torch.int32, device=cuda)  # no expert on this rank: zeros
+    out = torch.full_like(x, float("nan"))
+    fray.fused_moe(x, w13, w2, topk_weights=w, topk_ids=ids, expert_map=nowhere, out=out, backend=backend)
+    assert torch.equal(out, torch.zeros_like(x))
 
 
 @pytest.mark.gpu
