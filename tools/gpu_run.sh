@@ -15,6 +15,8 @@
 # the archive under sanitize/ and SANITIZE.md next to it.
 # bench: the selected families' benchmarks alone, in the order named (no tests, no fray check).
 # pytest: the selected families' GPU tests alone (no fray check, no benchmarks).
+# Narrower runs (checking a few changes in one call): FRAY_PYTEST_K="expr" passes -k expr to
+# pytest; FRAY_SANITIZE_ONLY=REGEX sanitizes only the cases whose family/case names it finds.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 MODE=tests
@@ -51,7 +53,8 @@ if [ "$MODE" = sanitize ]; then
   # sweep's own limits; this timeout only backs them up). SANITIZE.md is current after every
   # process, so a sweep cut short still returns its tables.
   timeout "$(left)" python3 -m fray.sanitize --sweep "$FAMILY" --tools "$TOOLS" --out "$RES/sanitize" --jobs 16 \
-    --deadline $(( $(left) - 60 )) --command "bash .bundle/run.sh sanitize $FAMILY $DEADLINE $TOOLS" \
+    ${FRAY_SANITIZE_ONLY:+--only "$FRAY_SANITIZE_ONLY"} \
+    --deadline $(( $(left) - 60 )) --command "${FRAY_SANITIZE_ONLY:+FRAY_SANITIZE_ONLY='$FRAY_SANITIZE_ONLY' }bash .bundle/run.sh sanitize $FAMILY $DEADLINE $TOOLS" \
     > "$RES/sanitize.log" 2>&1 &
   pid=$!
   while kill -0 $pid 2>/dev/null; do
@@ -97,7 +100,8 @@ elif [ "$(left)" -gt 60 ]; then
   # FRAY_TEST_FAILURES: each failure's report written as the test ends (tests/conftest.py), so a
   # run the timeout kills before pytest's summary still names its failures with their tracebacks.
   FRAY_TEST_FAILURES="$RES/failures.txt" timeout -s INT -k 30 "$(( $(left) - 30 ))" python3 -m pytest -p no:cacheprovider -v --tb=short -rfEs \
-    --durations=25 --rootdir=. -m gpu $XDIST $TESTS --junitxml "$RES/pytest.xml" > "$RES/pytest.log" 2>&1
+    --durations=25 --rootdir=. -m gpu ${FRAY_PYTEST_K:+-k "$FRAY_PYTEST_K"} $XDIST $TESTS --junitxml "$RES/pytest.xml" \
+    > "$RES/pytest.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   echo "tests ($FAMILIES): rc=$rc $(tail -n 1 "$RES/pytest.log")" | tee -a "$RES/summary.txt"
   grep -E '^(FAILED|ERROR) |\] (FAILED|ERROR) ' "$RES/pytest.log" | head -n 60 | tee -a "$RES/summary.txt"

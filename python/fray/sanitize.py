@@ -7,6 +7,7 @@ variant). A new family joins the sweep by adding its list to CASES; nothing else
   python3 -m fray.sanitize --case NAME[,NAME...]      # cases in this process (exit 0: ran clean)
   python3 -m fray.sanitize --sweep FAMILIES --out DIR # every case x tool, a few cases per process
   python3 -m fray.sanitize --sweep FAMILIES --estimate # the expected time per tool
+  ... --sweep FAMILIES --only REGEX                   # just the cases whose names it finds
 
 The sweep runs `compute-sanitizer --tool T ... python3 -m fray.sanitize --case NAMES` per chunk of
 cases and tool, the costliest processes first, and re-runs a chunk that is not clean one case per
@@ -528,12 +529,15 @@ CASES = {
 }
 
 
-def case_names(families):
+def case_names(families, only=None):
+    """The families' case names ("family/case"); only: a regular expression a name must contain."""
     names = []
     for fam in families:
         if fam not in CASES:
             raise ValueError("families: expected some of %s, got %r" % (", ".join(CASES), fam))
         names += ["%s/%s" % (fam, n) for n in CASES[fam]()]
+    if only is not None:
+        names = [n for n in names if re.search(only, n)]
     return names
 
 
@@ -745,9 +749,10 @@ def _limit(tool, names):
     return max(_LIMIT_MIN, _LIMIT_FACTOR * _process_cost(tool, names))
 
 
-def plan(families, tools, chunk):
-    """(tool, [case names]) per process, most expensive first, and the estimate per tool."""
-    names = case_names(["smoke"] + [f for f in families if f != "smoke"])
+def plan(families, tools, chunk, only=None):
+    """(tool, [case names]) per process, most expensive first, and the estimate per tool; only: a
+    regular expression the cases' names must contain (the smoke case always runs)."""
+    names = case_names(["smoke"]) + case_names([f for f in families if f != "smoke"], only)
     built = {fam: CASES[fam]() for fam in {n.split("/")[0] for n in names}}
 
     def case(n):
@@ -801,7 +806,7 @@ def warm_chunks(names, jobs):
     return [names[i::n] for i in range(n)]
 
 
-def warm(families, jobs, deadline):
+def warm(families, jobs, deadline, only=None):
     """Runs every case of the JIT families once, about WARM_CHUNK cases to a process, `jobs`
     processes at a time: the kernels land in the JIT cache, which the sanitized processes then
     load. One case a process took 224 s for 199 cases with every kernel already cached (an H100,
@@ -811,7 +816,7 @@ def warm(families, jobs, deadline):
     So the cases are dealt out round-robin: neighbours (one kernel family, the costly compiles)
     land in different processes. A chunk that fails is finished one case a process, so a faulting
     case neither hides nor leaves the others cold."""
-    names = case_names([f for f in families if f in JIT_FAMILIES])
+    names = case_names([f for f in families if f in JIT_FAMILIES], only)
     if not names:
         return 0.0
     t0 = time.time()
@@ -846,14 +851,14 @@ def warm(families, jobs, deadline):
     return time.time() - t0
 
 
-def sweep(families, out_dir, tools, jobs, timeout, deadline, chunk, command="", commit="unknown"):
+def sweep(families, out_dir, tools, jobs, timeout, deadline, chunk, command="", commit="unknown", only=None):
     """Cases run `chunk` to a process (one family per process; the context is checked after
     each), the costliest processes first; a chunk that is not clean under a tool is re-run one case
     per process, so every finding is attributed to its case and one fault cannot hide the rest.
     SANITIZE.md is rewritten after every process, so a sweep cut short still leaves its report."""
     san = _sanitizer()
-    smoke, work, est, counts = plan(families, tools, chunk)
-    deadline -= warm(families, jobs, deadline)  # the deadline counts from the sweep's start
+    smoke, work, est, counts = plan(families, tools, chunk, only)
+    deadline -= warm(families, jobs, deadline, only)  # the deadline counts from the sweep's start
     estimate = ["%s %d cases, %d processes, ~%.0f s of process time (~%.0f s on %d jobs)" % (
         t, counts[t], sum(1 for w in work if w[0] == t), est[t], est[t] / jobs, jobs) for t in tools]
     for e in estimate:
@@ -922,6 +927,7 @@ def main(argv=None):
     ap.add_argument("--deadline", type=int, default=270, help="no process starts after this many seconds")
     ap.add_argument("--command", help="the command line the report names (run.sh passes its own)")
     ap.add_argument("--estimate", action="store_true", help="print the plan's estimate per tool and exit")
+    ap.add_argument("--only", metavar="REGEX", help="the cases whose family/case names this regular expression finds")
     a = ap.parse_args(argv)
 
     def fams(s):
@@ -933,7 +939,7 @@ def main(argv=None):
         run_case(a.case)
         return 0
     if a.list:
-        print("\n".join(case_names(fams(a.list))))
+        print("\n".join(case_names(fams(a.list), a.only)))
         return 0
     if a.sweep:
         tools = a.tools.split(",") if a.tools != "all" else list(TOOLS)
@@ -941,7 +947,7 @@ def main(argv=None):
             if t not in TOOLS:
                 raise ValueError("tools: expected some of %s, got %r" % (", ".join(TOOLS), t))
         if a.estimate:
-            _, work, est, counts = plan(fams(a.sweep), tools, a.chunk)
+            _, work, est, counts = plan(fams(a.sweep), tools, a.chunk, a.only)
             for t in tools:
                 print("%-10s %4d cases %4d processes ~%5.0f s process time, ~%4.0f s on %d jobs" % (
                     t, counts[t], sum(1 for w in work if w[0] == t), est[t], est[t] / a.jobs, a.jobs))
@@ -951,7 +957,7 @@ def main(argv=None):
         from fray import env
         cmd = a.command or "python3 -m fray.sanitize --sweep %s --tools %s" % (a.sweep, a.tools)
         rows = sweep(fams(a.sweep), a.out, tools, a.jobs, a.timeout, a.deadline, a.chunk, cmd,
-                     env.commit() or "unknown")
+                     env.commit() or "unknown", a.only)
         bad = [r for r in rows if r["status"] != "clean"]
         print("sanitize: %d runs, %d not clean" % (len(rows), len(bad)))
         return 1 if bad else 0

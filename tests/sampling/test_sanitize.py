@@ -86,6 +86,22 @@ def test_plan_racechecks_shared_memory_kernels_only_and_runs_the_costliest_first
     assert any(len(g) > 1 for t, g in work if t == "memcheck" and g[0].startswith("sampling/"))
 
 
+def test_only_narrows_the_cases_but_keeps_the_smoke_case(monkeypatch):
+    names = sanitize.case_names(["sampling", "moe"], only=r"penalt|fused_moe_cuda")
+    assert names and all(("penalt" in n) or ("fused_moe_cuda" in n) for n in names)
+    assert any(n.startswith("sampling/") for n in names) and any(n.startswith("moe/") for n in names)
+    smoke, work, _, counts = sanitize.plan(["sampling", "moe"], ["memcheck"], 8, only="penalt")
+    planned = [n for _, g in work for n in g]
+    assert smoke.startswith("smoke/") and sorted(planned) == sorted(
+        sanitize.case_names(["sampling", "moe"], only="penalt"))
+    assert counts["memcheck"] == len(planned) > 0
+    # the warm-up builds only the selected JIT cases
+    seen = []
+    monkeypatch.setattr(sanitize, "warm_chunks", lambda names, jobs: seen.append(names) or [])
+    sanitize.warm(["moe", "sampling"], 4, 100, only="grouped_gemm_explicit_cuda")
+    assert seen and seen[0] and all("grouped_gemm_explicit_cuda" in n for n in seen[0])
+
+
 def test_plan_closes_a_chunk_before_its_estimate_passes_the_cap():
     # A chunk of several cases never passes _CHUNK_SECONDS (8 racecheck cases of sampling in one
     # process ran into the per-process limit at 48fe6bd); one costlier case still runs alone.
