@@ -168,6 +168,42 @@ def test_triton_interpreter_one_program_dispatch_matches_the_three_kernels(monke
 
 
 @INTERPRETER
+@pytest.mark.parametrize("t,k,e", [(5, 2, 8), (100, 3, 16)])  # the one-program and the three-kernel path
+def test_route_positions_get_the_inverse_as_int64(t, k, e):
+    """The seed's route_positions buffer: the inverse map as int64 (-1 for a dropped route) in the
+    caller's buffer; the returned dispatch is unchanged; numpy and CPU tensors fill it too."""
+    from fray_triton import moe as tmoe
+    ids = _random_ids(t, k, e + 2, t)
+    emap = torch.full((e + 2,), -1, dtype=torch.int32)
+    emap[:e] = torch.arange(e - 1, -1, -1, dtype=torch.int32)  # two experts elsewhere
+    outs = moe._dispatch_outputs(ids, e, 16)
+    pos = torch.full((t * k,), -99, dtype=torch.int64)
+    tmoe.dispatch(ids, emap, e, 16, *outs, positions=pos)
+    expected = ref.moe_dispatch(ids.numpy(), e, 16, emap.numpy())
+    _assert_equal(outs[:6], expected, "with positions")
+    assert pos.tolist() == expected[4].tolist() and (pos == -1).any()
+    cpu = torch.full((t * k,), -99, dtype=torch.int64)
+    assert torch.equal(fray.moe_dispatch(ids, e, 16, expert_map=emap, route_positions=cpu).inverse.long(), cpu)
+    arr = np.full(t * k, -99, np.int64)
+    d = fray.moe_dispatch(ids.numpy(), e, 16, expert_map=emap.numpy(), route_positions=arr)
+    assert arr.tolist() == d.inverse.tolist() == expected[4].tolist()
+
+
+def test_route_positions_errors_name_the_argument():
+    ids = torch.zeros(4, 2, dtype=torch.int32)
+    with pytest.raises(TypeError, match="route_positions: expected dtype int64, got int32"):
+        fray.moe_dispatch(ids, 8, 16, route_positions=torch.empty(8, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"route_positions: expected shape \(8,\) \(T \* k\), got \(7,\)"):
+        fray.moe_dispatch(ids, 8, 16, route_positions=torch.empty(7, dtype=torch.int64))
+    with pytest.raises(ValueError, match="route_positions: expected a contiguous buffer"):
+        fray.moe_dispatch(ids, 8, 16, route_positions=torch.empty(16, dtype=torch.int64)[::2])
+    with pytest.raises(TypeError, match="route_positions: expected a torch.Tensor like topk_ids"):
+        fray.moe_dispatch(ids, 8, 16, route_positions=np.empty(8, np.int64))
+    with pytest.raises(TypeError, match="route_positions: expected a numpy.ndarray like topk_ids"):
+        fray.moe_dispatch(ids.numpy(), 8, 16, route_positions=torch.empty(8, dtype=torch.int64))
+
+
+@INTERPRETER
 def test_triton_interpreter_all_routes_to_one_expert_and_empty_experts():
     ids = torch.full((200, 2), 5, dtype=torch.int32)  # 400 routes, 4 blocks, one expert
     got = _triton(ids, 8, 16)
@@ -288,7 +324,11 @@ GPU_CASES = [(1, 1, 8, 16), (1, 8, 256, 64), (7, 2, 8, 16), (128, 8, 128, 64), (
 def test_gpu_vs_reference(cuda, t, k, e, bm, skew):
     ids = _random_ids(t, k, e, t * 7 + e, skew)
     got = fray.moe_dispatch(ids.to(cuda), e, bm)
-    _assert_equal(got, ref.moe_dispatch(ids.numpy(), e, bm), "T=%d k=%d E=%d m=%d" % (t, k, e, bm))
+    expected = ref.moe_dispatch(ids.numpy(), e, bm)
+    _assert_equal(got, expected, "T=%d k=%d E=%d m=%d" % (t, k, e, bm))
+    pos = torch.full((t * k,), -99, dtype=torch.int64, device=cuda)
+    _assert_equal(fray.moe_dispatch(ids.to(cuda), e, bm, route_positions=pos), expected, "with route_positions")
+    assert pos.cpu().tolist() == expected[4].tolist()
 
 
 @pytest.mark.gpu
@@ -385,11 +425,12 @@ def test_custom_op_and_plan_under_the_interpreter(monkeypatch):
         emap[::3] = -1
         for _ in range(2):  # the second call launches from the cached plan
             outs = moe._dispatch_outputs(ids, 32, 16)
-            torch.ops.fray.moe_dispatch(ids, emap, *outs, 32, 16, "auto")
+            torch.ops.fray.moe_dispatch(ids, emap, *outs, None, 32, 16, "auto")
             _assert_equal(outs[:6], _brute(ids, 32, 16, emap.numpy()), "custom op")
         assert len(P.PLANS) == 1
         outs = moe._dispatch_outputs(ids, 32, 16)
-        torch.library.opcheck(torch.ops.fray.moe_dispatch.default, (ids, None, *outs, 32, 16, "auto"),
+        pos = torch.empty(200, dtype=torch.int64)
+        torch.library.opcheck(torch.ops.fray.moe_dispatch.default, (ids, None, *outs, pos, 32, 16, "auto"),
                               test_utils=("test_schema", "test_faketensor"))
     finally:
         P.PLANS.clear()
@@ -401,18 +442,21 @@ def test_dispatch_kernels_compile_for_sm90a():
     from fray_triton import moe as M
     ptrs = {n: "*i32" for n in ("IDS", "MAP", "COUNTS", "BLOCK_COUNTS", "OFFSETS", "TILE_EXPERT", "NUM_TILES",
                                 "BLOCK_BASE", "SORTED", "INVERSE")}
+    ptrs["POSITIONS"] = "*i64"
     # the scan at 64 experts (128 blocks a step of its prefix sum) and at 4096 (2 a step, 8 warps)
     specs = [sm90_spec("fray_triton.moe", "_scan_kernel", ptrs, dict(BLOCK_M=64, BLOCK_E=e, TILES=M.SCAN_TILES,
                                                                       CHUNK=max(1, min(128, M.SCAN_ELEMS // e))),
                        num_warps=4 if e <= 1024 else 8) for e in (64, 4096)]
     for has_map in (False, True):
         specs += [sm90_spec("fray_triton.moe", "_histogram_kernel", ptrs, dict(HAS_MAP=has_map, BLOCK=M.BLOCK_R)),
-                  sm90_spec("fray_triton.moe", "_scatter_kernel", ptrs, dict(HAS_MAP=has_map, BLOCK=M.BLOCK_R))]
+                  sm90_spec("fray_triton.moe", "_scatter_kernel", ptrs,
+                            dict(HAS_MAP=has_map, HAS_POS=has_map, BLOCK=M.BLOCK_R))]
     # the one-program dispatch at its largest tiles: 128 routes x 128 experts, 16 x 1024
     for has_map in (False, True):
         for block_r, block_e in ((128, 128), (16, 1024), (16, 16)):
             specs.append(sm90_spec("fray_triton.moe", "_dispatch_small_kernel", ptrs,
-                                   dict(HAS_MAP=has_map, BLOCK_M=16, BLOCK_R=block_r, BLOCK_E=block_e,
+                                   dict(HAS_MAP=has_map, HAS_POS=not has_map, BLOCK_M=16, BLOCK_R=block_r,
+                                        BLOCK_E=block_e,
                                         TILES=M.SCAN_TILES, FILL=1024),
                                    num_warps=4 if block_r * block_e <= 8192 else 8))
     results = compile_triton_sm90(specs)

@@ -191,8 +191,8 @@ def _scan_kernel(COUNTS, BLOCK_COUNTS, OFFSETS, TILE_EXPERT, NUM_TILES, n_expert
 
 
 @triton.jit
-def _scatter_kernel(IDS, MAP, BLOCK_BASE, SORTED, INVERSE, n_routes, n_experts,
-                    HAS_MAP: tl.constexpr, BLOCK: tl.constexpr):
+def _scatter_kernel(IDS, MAP, BLOCK_BASE, SORTED, INVERSE, POSITIONS, n_routes, n_experts,
+                    HAS_MAP: tl.constexpr, HAS_POS: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(0)
     i = tl.arange(0, BLOCK)
     r = b * BLOCK + i
@@ -207,12 +207,14 @@ def _scatter_kernel(IDS, MAP, BLOCK_BASE, SORTED, INVERSE, n_routes, n_experts,
     row = base + rank
     tl.store(SORTED + row, r, mask=kept)
     tl.store(INVERSE + r, tl.where(kept, row, -1), mask=ok)
+    if HAS_POS:
+        tl.store(POSITIONS + r, tl.where(kept, row, -1).to(tl.int64), mask=ok)
 
 
 @triton.jit
-def _dispatch_small_kernel(IDS, MAP, SORTED, OFFSETS, TILE_EXPERT, NUM_TILES, INVERSE, COUNTS,
+def _dispatch_small_kernel(IDS, MAP, SORTED, OFFSETS, TILE_EXPERT, NUM_TILES, INVERSE, COUNTS, POSITIONS,
                            n_routes, n_experts, n_rows, max_tiles,
-                           HAS_MAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
+                           HAS_MAP: tl.constexpr, HAS_POS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
                            BLOCK_E: tl.constexpr, TILES: tl.constexpr, FILL: tl.constexpr):
     """The whole dispatch of a few routes (decode) in one program: the three kernels' work with
     every route and expert in registers ([BLOCK_R, BLOCK_E] and [BLOCK_R, BLOCK_R] compares)."""
@@ -250,6 +252,8 @@ def _dispatch_small_kernel(IDS, MAP, SORTED, OFFSETS, TILE_EXPERT, NUM_TILES, IN
     row = tl.sum(tl.where(hit, start[None, :], 0), axis=1) + rank
     tl.store(SORTED + row, r, mask=kept)
     tl.store(INVERSE + r, tl.where(kept, row, -1), mask=ok)
+    if HAS_POS:
+        tl.store(POSITIONS + r, tl.where(kept, row, -1).to(tl.int64), mask=ok)
 
 
 SMALL_ROUTES = 128     # routes the one-program dispatch takes (T*k at decode: T <= 16, k <= 8)
@@ -263,10 +267,11 @@ def small_dispatch(num_routes, num_experts):
 
 
 def dispatch(topk_ids, expert_map, num_experts, block_m, sorted_ids, offsets, tile_expert, num_tiles, inverse,
-             counts, block_counts, max_tiles=None):
+             counts, block_counts, max_tiles=None, positions=None):
     """topk_ids contiguous [T, k]; counts and block_counts (block_counts_shape, int32) zeroed; the
     other outputs are written whole (sorted_ids: the sentinel T*k where no route lands). max_tiles:
-    the tile_expert entries to write (default all; 0 for a caller that needs only the offsets)."""
+    the tile_expert entries to write (default all; 0 for a caller that needs only the offsets).
+    positions: an int64 [T*k] buffer that gets the inverse map too (the seed's route_positions)."""
     n = topk_ids.numel()
     blocks = cdiv(n, BLOCK_R)
     has_map = expert_map is not None
@@ -276,7 +281,8 @@ def dispatch(topk_ids, expert_map, num_experts, block_m, sorted_ids, offsets, ti
     if small_dispatch(n, num_experts):
         block_r = max(16, next_power_of_2(n))
         _dispatch_small_kernel[(1,)](topk_ids, emap, sorted_ids, offsets, tile_expert, num_tiles, inverse, counts,
-                                     n, num_experts, sorted_ids.numel(), tiles, HAS_MAP=has_map, BLOCK_M=block_m,
+                                     inverse if positions is None else positions, n, num_experts, sorted_ids.numel(),
+                                     tiles, HAS_MAP=has_map, HAS_POS=positions is not None, BLOCK_M=block_m,
                                      BLOCK_R=block_r, BLOCK_E=block_e, TILES=SCAN_TILES, FILL=1024,
                                      num_warps=4 if block_r * block_e <= 8192 else 8)
         return
@@ -288,8 +294,9 @@ def dispatch(topk_ids, expert_map, num_experts, block_m, sorted_ids, offsets, ti
                        tiles, BLOCK_M=block_m, BLOCK_E=block_e, TILES=SCAN_TILES,
                        CHUNK=max(1, min(128, SCAN_ELEMS // block_e)), num_warps=4 if block_e <= 1024 else 8)
     if blocks:
-        _scatter_kernel[(blocks,)](topk_ids, emap, block_counts, sorted_ids, inverse, n, num_experts,
-                                   HAS_MAP=has_map, BLOCK=BLOCK_R, num_warps=4)
+        _scatter_kernel[(blocks,)](topk_ids, emap, block_counts, sorted_ids, inverse,
+                                   inverse if positions is None else positions, n, num_experts,
+                                   HAS_MAP=has_map, HAS_POS=positions is not None, BLOCK=BLOCK_R, num_warps=4)
 
 
 def block_counts_shape(num_routes, num_experts):

@@ -196,6 +196,31 @@ def _check_expert_map(m, ids, num_experts):
                          "-1), got %s" % (tuple(m.shape),))
 
 
+def _check_route_positions(pos, ids, n_routes):
+    """route_positions: an int64 buffer of T*k elements, contiguous, beside topk_ids, not
+    overlapping itself."""
+    if pos is None:
+        return
+    if V.is_array(ids):
+        if not V.is_array(pos):
+            raise TypeError("route_positions: expected a numpy.ndarray like topk_ids, got %s" % type(pos).__name__)
+        if pos.dtype != np.int64:
+            raise TypeError("route_positions: expected dtype int64, got %s" % pos.dtype)
+        contiguous = pos.flags.c_contiguous
+    else:
+        if not isinstance(pos, torch.Tensor):
+            raise TypeError("route_positions: expected a torch.Tensor like topk_ids, got %s" % type(pos).__name__)
+        V.require_same_device([("topk_ids", ids), ("route_positions", pos)])
+        if pos.dtype != torch.int64:
+            raise TypeError("route_positions: expected dtype int64, got %s" % _name(pos.dtype))
+        contiguous = pos.is_contiguous()
+    if pos.ndim != 1 or pos.shape[0] != n_routes:
+        raise ValueError("route_positions: expected shape (%d,) (T * k), got %s" % (n_routes, tuple(pos.shape)))
+    if not contiguous:
+        raise ValueError("route_positions: expected a contiguous buffer, got strides %s" % (pos.strides if V.is_array(pos)
+                                                                                          else pos.stride(),))
+
+
 def _check_dispatch_values(ids, m, num_experts):
     """The ids' and map's value ranges (numpy arrays; on the GPU only with FRAY_CHECK_INDICES=1)."""
     if ids.size == 0 and m is None:
@@ -236,11 +261,11 @@ def _route_launch(x, bias, top_k, scoring, renormalize, groups, topk_group, scal
 
 def _dispatch_launch(ids, emap, num_experts, block_m, backend):
     """The launch plan taking (ids, expert_map, sorted, offsets, tile_expert, num_tiles, inverse,
-    counts, block_counts)."""
+    counts, block_counts, route_positions or None)."""
     B.resolve("moe_dispatch", FAMILY, backend, ids.device)
     from fray_triton import moe as tmoe
-    return P.TritonPlan(lambda i_, m_, s_, o_, te_, nt_, inv_, c_, bc_: tmoe.dispatch(
-        i_, m_, num_experts, block_m, s_, o_, te_, nt_, inv_, c_, bc_), ids.device)
+    return P.TritonPlan(lambda i_, m_, s_, o_, te_, nt_, inv_, c_, bc_, pos_: tmoe.dispatch(
+        i_, m_, num_experts, block_m, s_, o_, te_, nt_, inv_, c_, bc_, positions=pos_), ids.device)
 
 
 class _RoutePlan:
@@ -273,9 +298,9 @@ class _DispatchPlan:
     def __init__(self, launch, num_experts, block_m):
         self.launch, self.num_experts, self.block_m = launch, num_experts, block_m
 
-    def __call__(self, ids, emap):
+    def __call__(self, ids, emap, positions):
         out = _dispatch_outputs(ids, self.num_experts, self.block_m)
-        self.launch((ids, emap) + out)
+        self.launch((ids, emap) + out + (positions,))
         return MoeDispatch(*out[:6])
 
 
@@ -309,12 +334,12 @@ def _moe_route_impl(x, bias, w, ids, counts, top_k, scoring, renormalize, groups
     plan((x, bias, w, ids, counts))
 
 
-def _moe_dispatch_impl(ids, emap, outs, num_experts, block_m, backend):
+def _moe_dispatch_impl(ids, emap, outs, positions, num_experts, block_m, backend):
     if env.check_indices():  # here rather than in the wrapper: compiled graphs check too
         _device_check_ids(ids, emap, num_experts)
-    key = P.signature("moe_dispatch:op", backend, (ids, emap), (num_experts, block_m))
+    key = P.signature("moe_dispatch:op", backend, (ids, emap, positions), (num_experts, block_m))
     plan = P.PLANS.get(key) or P.PLANS.put(key, _dispatch_launch(ids, emap, num_experts, block_m, backend))
-    plan((ids, emap) + tuple(outs))
+    plan((ids, emap) + tuple(outs) + (positions,))
 
 
 @P.custom_op("fray::moe_route", mutates_args=("topk_weights", "topk_ids", "counts"))
@@ -326,13 +351,14 @@ def _moe_route_op(router_logits: torch.Tensor, correction_bias: Optional[torch.T
 
 
 @P.custom_op("fray::moe_dispatch", mutates_args=("sorted_route_ids", "expert_offsets", "tile_expert",
-                                                             "num_tiles", "inverse", "counts", "workspace"))
+                                                             "num_tiles", "inverse", "counts", "workspace",
+                                                             "route_positions"))
 def _moe_dispatch_op(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], sorted_route_ids: torch.Tensor,
                      expert_offsets: torch.Tensor, tile_expert: torch.Tensor, num_tiles: torch.Tensor,
-                     inverse: torch.Tensor, counts: torch.Tensor, workspace: torch.Tensor, num_experts: int,
-                     block_m: int, backend: str) -> None:
+                     inverse: torch.Tensor, counts: torch.Tensor, workspace: torch.Tensor,
+                     route_positions: Optional[torch.Tensor], num_experts: int, block_m: int, backend: str) -> None:
     _moe_dispatch_impl(topk_ids, expert_map, (sorted_route_ids, expert_offsets, tile_expert, num_tiles, inverse,
-                                              counts, workspace), num_experts, block_m, backend)
+                                              counts, workspace), route_positions, num_experts, block_m, backend)
 
 
 for _op in (_moe_route_op, _moe_dispatch_op):
@@ -407,7 +433,7 @@ def moe_route(router_logits, top_k, *, scoring="softmax", renormalize=True, num_
     return P.PLANS.put(key, _RoutePlan(launch, top_k, return_counts))(router_logits, correction_bias)
 
 
-def moe_dispatch(topk_ids, num_experts, block_m, *, expert_map=None, backend="auto"):
+def moe_dispatch(topk_ids, num_experts, block_m, *, expert_map=None, route_positions=None, backend="auto"):
     """Expert-sorted, block_m-padded dispatch metadata for topk_ids [T, k] (int32 or int64).
 
     Returns MoeDispatch (a NamedTuple: sorted_route_ids, expert_offsets, tile_expert, num_tiles,
@@ -426,22 +452,25 @@ def moe_dispatch(topk_ids, num_experts, block_m, *, expert_map=None, backend="au
     not on this rank: its routes are left out of sorted_route_ids and get inverse -1); topk_ids
     then hold global ids in [0, E_global). Ids on the GPU are trusted (FRAY_CHECK_INDICES=1 checks
     them with one synchronisation); numpy arrays and CPU tensors are checked and run the exact
-    reference.
+    reference. route_positions: an int64 [T*k] buffer (the seed's) that also receives the inverse
+    map, as int64 (-1 for a dropped route); the return value is the same either way.
 
-    CUDA tensors: four Triton launches plus three fills on the current stream, no host
-    synchronisation, deterministic (the same bits run to run). Cost: the scatter compares each
-    route with the up to 127 earlier routes of its 128-route block, and one program walks
+    CUDA tensors: up to 128 routes (a decode step) whose routes x experts tile fits 16384 entries,
+    one Triton launch; else a fill and four launches; on the current stream, no host
+    synchronisation, deterministic (the same bits run to run). Cost there: the scatter compares
+    each route with the up to 127 earlier routes of its 128-route block, and one program walks
     cdiv(T*k, 128) x E block counts serially; correctness and determinism over speed.
     """
     if not _compiling():
-        key = P.signature("moe_dispatch", backend, (topk_ids, expert_map), (num_experts, block_m))
+        key = P.signature("moe_dispatch", backend, (topk_ids, expert_map, route_positions), (num_experts, block_m))
         plan = P.PLANS.get(key)
         if plan is not None:
-            return plan(topk_ids, expert_map)
+            return plan(topk_ids, expert_map, route_positions)
     V.require_backend(backend, B.BACKENDS)
     t, k = _check_ids(topk_ids)
     num_experts, block_m = _check_dispatch_args(t, k, num_experts, block_m)
     _check_expert_map(expert_map, topk_ids, num_experts)
+    _check_route_positions(route_positions, topk_ids, t * k)
     array = V.is_array(topk_ids)
     if array or topk_ids.device.type == "cpu":
         V.require_cpu_backend(backend, "topk_ids")
@@ -449,18 +478,20 @@ def moe_dispatch(topk_ids, num_experts, block_m, *, expert_map=None, backend="au
         emap = expert_map if (array or expert_map is None) else expert_map.numpy()
         _check_dispatch_values(ids, emap, num_experts)
         res = [a.astype(np.int32) for a in ref.moe_dispatch(ids, num_experts, block_m, emap)]
+        if route_positions is not None:
+            route_positions[...] = (res[4] if array else torch.from_numpy(res[4]))
         if not array:
             res = [torch.from_numpy(a) for a in res]
         return MoeDispatch(*res)
     if _compiling():
         outs = _dispatch_outputs(topk_ids, num_experts, block_m)
-        torch.ops.fray.moe_dispatch(topk_ids, expert_map, *outs, num_experts, block_m, backend)
+        torch.ops.fray.moe_dispatch(topk_ids, expert_map, *outs, route_positions, num_experts, block_m, backend)
         return MoeDispatch(*outs[:6])
     plan = _DispatchPlan(_dispatch_launch(topk_ids, expert_map, num_experts, block_m, backend), num_experts, block_m)
     if env.check_indices():  # checked on every call: no plan is kept
         _device_check_ids(topk_ids, expert_map, num_experts)
-        return plan(topk_ids, expert_map)
-    return P.PLANS.put(key, plan)(topk_ids, expert_map)
+        return plan(topk_ids, expert_map, route_positions)
+    return P.PLANS.put(key, plan)(topk_ids, expert_map, route_positions)
 
 
 # ---------------------------------------------------------------------------------------------
