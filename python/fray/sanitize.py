@@ -510,6 +510,12 @@ def _moe_cases():
         x, b, _, logits = MG._case_inputs(37, 256, 68, 8, 3, _dt("fp16"), "cuda")
         fray.routed_grouped_gemm(x, b, logits, 3, backend="cuda")
     out["routed_grouped_gemm_cuda_T37"] = _case(routed_cuda, 37 * 3 * 256 * 136, unfiltered=True)
+
+    def routes_cuda():  # the dispatch form on the CUDA kernel: padded rows in, route rows out
+        x, b, _, logits = MG._case_inputs(37, 256, 68, 8, 3, _dt("bf16"), "cuda")
+        _, ids = fray.moe_route(logits, 3)
+        fray.grouped_gemm(x, b, dispatch=fray.moe_dispatch(ids, 8, 16), top_k=3, backend="cuda")
+    out["grouped_gemm_routes_cuda_T37"] = _case(routes_cuda, 37 * 3 * 256 * 136, unfiltered=True)
     return out
 
 

@@ -322,23 +322,31 @@ def test_cuda_path_routed_composition_under_the_interpreter(t, k, e, layout):
 
 
 def test_cuda_path_kernels_compile_for_sm90a():
-    """The CUDA path's Triton pieces (the row gather, the gated rows, the weighing combine) through
-    Triton's compiled path for sm_90a: type errors the interpreter never sees, and no spills."""
+    """The CUDA paths' Triton pieces (the row gather, the gated rows, the weighing combine, the rows
+    back into route order, the segment starts) through Triton's compiled path for sm_90a: type
+    errors the interpreter never sees, and no spills."""
     from fray.testing import compile_triton_sm90, sm90_spec
     specs = []
     for dt in ("bf16", "fp16"):
+        rows = {"ROUTES": "*i32", "LIMIT": "*i32"}
         for won in (False, True):
             specs.append(sm90_spec("fray_triton.moe_gemm", "_gather_rows_kernel",
-                                   {"X": "*" + dt, "ROUTES": "*i32", "WEIGHTS": "*fp32", "OUT": "*" + dt},
+                                   dict(rows, X="*" + dt, WEIGHTS="*fp32", OUT="*" + dt),
                                    dict(WEIGHT_INPUT=won, BLOCK_H=1024), divisible=("X", "OUT", "ldx", "ldo")))
         for act in (0, 1, 2):
-            specs.append(sm90_spec("fray_triton.moe_gemm", "_gated_rows_kernel",
-                                   {"G": "*" + dt, "ROUTES": "*i32", "OUT": "*" + dt}, dict(ACT=act, BLOCK_I=1024),
-                                   divisible=("G", "OUT", "ldg", "ldo")))
+            specs.append(sm90_spec("fray_triton.moe_gemm", "_gated_rows_kernel", dict(rows, G="*" + dt, OUT="*" + dt),
+                                   dict(ACT=act, BLOCK_I=1024), divisible=("G", "OUT", "ldg", "ldo")))
         for weighted in (False, True):
             specs.append(sm90_spec("fray_triton.moe_gemm", "_combine_kernel",
                                    {"S": "*" + dt, "INVERSE": "*i32", "WEIGHTS": "*fp32", "OUT": "*" + dt},
                                    dict(TOP_K=6, WEIGHTED=weighted, BLOCK_N=1024), divisible=("S", "OUT", "lds", "ldo")))
+        specs.append(sm90_spec("fray_triton.moe_gemm", "_scatter_rows_kernel",
+                               {"Y": "*" + dt, "ROUTES": "*i32", "OUT": "*" + dt}, dict(BLOCK_N=1024),
+                               divisible=("Y", "OUT", "ldy", "ldo")))
+    for block_g in (16, 4096):
+        specs.append(sm90_spec("fray_triton.moe_gemm", "_segment_offsets_kernel",
+                               {"TILE_EXPERT": "*i32", "OFFSETS": "*i32"},
+                               dict(BLOCK_T=max(1, 8192 // block_g), BLOCK_G=block_g)))
     for spec, r in zip(specs, compile_triton_sm90(specs)):
         assert r["spills"] == 0, (spec["kernel"], spec["constexprs"], r)
 

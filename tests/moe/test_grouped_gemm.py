@@ -114,10 +114,19 @@ def test_triton_interpreter_explicit_garbage_offsets_stay_in_bounds():
     assert ((tiles[1][:n] >= 0) & (tiles[2][:n] <= m) & (tiles[1][:n] < tiles[2][:n])).all()
 
 
+def _routes_path(path, *args):
+    """MG._routes, or ("cuda") the dispatch form's CUDA path with the Triton explicit GEMM in the
+    CUDA one's place (the row copies and the segment starts are what the interpreter checks)."""
+    if path == "triton":
+        return MG._routes(*args)
+    return MG._routes_cuda(*args, gemm=MG._explicit)
+
+
 @INTERPRETER
+@pytest.mark.parametrize("path", ["triton", "cuda"])
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("t,k,e,bm", [(1, 1, 4, 16), (7, 2, 4, 16), (20, 3, 8, 32), (9, 3, 3, 16)])
-def test_triton_interpreter_routes(layout, t, k, e, bm):
+def test_triton_interpreter_routes(path, layout, t, k, e, bm):
     dtype = torch.bfloat16
     x, b = _operands(t, 40, 24, e, dtype, seed=t, layout=layout)
     ids = torch.stack([torch.randperm(e, generator=torch.Generator().manual_seed(i))[:k] for i in range(t)]).int()
@@ -125,12 +134,13 @@ def test_triton_interpreter_routes(layout, t, k, e, bm):
     from fray_triton import moe as tmoe
     tmoe.dispatch(ids, None, e, bm, *d)
     out = torch.full((t * k, 24), float("nan"), dtype=dtype)
-    MG._routes(x, b, d[0], d[2], d[3], out, k, layout)
-    _check_routes(x, b, ids, out, layout, "routes T=%d k=%d" % (t, k))
+    _routes_path(path, x, b, d[0], d[2], d[3], out, k, layout)
+    _check_routes(x, b, ids, out, layout, "%s routes T=%d k=%d" % (path, t, k))
 
 
 @INTERPRETER
-def test_triton_interpreter_routes_with_expert_map():
+@pytest.mark.parametrize("path", ["triton", "cuda"])
+def test_triton_interpreter_routes_with_expert_map(path):
     t, k, e_global, e = 12, 2, 8, 3
     x, b = _operands(t, 32, 16, e, torch.float16, seed=2)
     ids = torch.stack([torch.randperm(e_global, generator=torch.Generator().manual_seed(i))[:k]
@@ -141,8 +151,17 @@ def test_triton_interpreter_routes_with_expert_map():
     from fray_triton import moe as tmoe
     tmoe.dispatch(ids, emap, e, 16, *d)
     out = torch.full((t * k, 16), float("nan"), dtype=torch.float16)
-    MG._routes(x, b, d[0], d[2], d[3], out, k, "nk")
-    _check_routes(x, b, ids, out, "nk", "expert_map", emap)
+    _routes_path(path, x, b, d[0], d[2], d[3], out, k, "nk")
+    _check_routes(x, b, ids, out, "nk", "expert_map " + path, emap)
+
+
+@INTERPRETER
+def test_segment_offsets_from_the_tile_map():
+    from fray_triton import moe_gemm as tg
+    tiles = torch.tensor([0, 0, 2, 3, 3, 3, -1, -1], dtype=torch.int32)   # expert 1 empty, 4 used tiles of 6
+    offs = torch.full((5,), -9, dtype=torch.int32)
+    tg.segment_offsets(tiles, 4, 16, offs)
+    assert offs.tolist() == [0, 32, 32, 48, 96]
 
 
 def test_kernels_compile_for_sm90a():
@@ -326,14 +345,15 @@ def test_gpu_strided_b_and_row_strided_a(cuda):
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("t,k,e,bm", [(1, 1, 8, 16), (1, 8, 64, 16), (37, 2, 8, 16), (512, 6, 64, 64),
                                       (4096, 2, 8, 128), (333, 8, 128, 32)])
-def test_gpu_routes(cuda, layout, t, k, e, bm):
+@pytest.mark.parametrize("backend", ["auto", "cuda"])
+def test_gpu_routes(cuda, backend, layout, t, k, e, bm):
     x, b = _operands(t, 512, 384, e, torch.bfloat16, cuda, seed=t, layout=layout)
     logits = M._random_logits(t, e, torch.float32, cuda, seed=t)
     _, ids = fray.moe_route(logits, k)
     d = fray.moe_dispatch(ids, e, bm)
     out = torch.full((t * k, 384), float("nan"), dtype=torch.bfloat16, device=cuda)
-    fray.grouped_gemm(x, b, dispatch=d, top_k=k, b_layout=layout, out=out)
-    _check_routes(x, b, ids, out, layout, "routes T=%d" % t)
+    fray.grouped_gemm(x, b, dispatch=d, top_k=k, b_layout=layout, out=out, backend=backend)
+    _check_routes(x, b, ids, out, layout, "%s routes T=%d" % (backend, t))
 
 
 @pytest.mark.gpu
@@ -358,8 +378,8 @@ def test_gpu_check_indices(cuda, monkeypatch):
     with pytest.raises(ValueError, match="group_offsets: expected nondecreasing values"):
         fray.grouped_gemm(a, b, torch.tensor([0, 9, 8], dtype=torch.int32, device=cuda))
     d = fray.moe_dispatch(torch.zeros(8, 1, dtype=torch.int32, device=cuda), 2, 16)
-    with pytest.raises(RuntimeError, match="backend='cuda' cannot run grouped_gemm's dispatch form"):
-        fray.grouped_gemm(a, b, dispatch=d, top_k=1, backend="cuda")
+    with pytest.raises(ValueError, match="b: backend='cuda' reads the weights by TMA"):
+        fray.grouped_gemm(a[:, :60], b[:, :, :60], dispatch=d, top_k=1, backend="cuda")
     with pytest.raises(ValueError, match="the CUDA grouped GEMM reads and writes by TMA"):
         fray.grouped_gemm(a[:, :60], b[:, :, :60], torch.tensor([0, 4, 8], dtype=torch.int32, device=cuda),
                           backend="cuda")

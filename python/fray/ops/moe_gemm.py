@@ -44,7 +44,8 @@ __all__ = list(OPS)
 # grouped_gemm's explicit form has a CUDA kernel (CUTLASS on fray.jit, cuda/moe), which "auto"
 # prefers (tuned: 895 us against Triton's 1138 and torch._grouped_mm's 1132 at 64 groups x 384
 # rows, N 2816, K 4096 on an H100, 2026-12-07) wherever its TMA loads take the operands; the
-# dispatch form has none (the CUDA kernel does not gather rows), so "auto" runs Triton there.
+# dispatch form runs on it only when asked (backend="cuda": the CUDA kernel cannot gather rows, so
+# they are copied in and out around it), and "auto" runs Triton there.
 B.register_preference("grouped_gemm", ("cuda", "triton"))
 # fused_moe's and routed_grouped_gemm's CUDA paths (the CUDA grouped GEMM between a row gather, the
 # gated activation and the staged combine) are taken when asked for; "auto" stays on Triton until
@@ -440,6 +441,27 @@ def _routes(x, b, sorted_ids, tile_expert, num_tiles, out, top_k, layout):
               a_mode=tg.A_GATHER, out_mode=tg.OUT_ROUTES, n_routes=t * top_k, top_k=top_k)
 
 
+def _routes_cuda(x, b, sorted_ids, tile_expert, num_tiles, out, top_k, layout, gemm=None):
+    """grouped_gemm's dispatch form on the CUDA grouped GEMM: the token rows copied into the
+    dispatch's padded order (the padding rows zeros), one GEMM over the padded expert segments
+    (their starts recovered from the tile map), the rows copied back into route order."""
+    from fray_triton import moe_gemm as tg
+    gemm = _explicit_cuda if gemm is None else gemm
+    t, kdim = x.shape
+    e, n, _ = _matrix_dims("b", b, layout)
+    rows, tiles = sorted_ids.shape[0], tile_expert.shape[0]
+    block_m = rows // tiles
+    xs = torch.empty((rows, kdim), dtype=x.dtype, device=x.device)
+    ys = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    if gemm is _explicit_cuda and not cuda_ok(xs, b, ys, layout):
+        _refuse_cuda_weights("b", "K and N")
+    offsets = torch.empty((e + 1,), dtype=torch.int32, device=x.device)
+    tg.segment_offsets(tile_expert, e, block_m, offsets)
+    tg.gather_rows(x, sorted_ids, top_k, xs, num_tiles, block_m)
+    gemm(xs, b, offsets, ys, layout)
+    tg.scatter_rows(ys, sorted_ids, t * top_k, out)
+
+
 def _combine_mode(combine, top_k):
     # "auto": atomics cost no staging buffer and no second pass, and with k <= 4 contributions per
     # element they rarely contend (the seed's provisional rule); beyond, the staged gather.
@@ -554,9 +576,10 @@ def _fused_cuda(x, w13, w2, weights, ids, emap, out, activation, weight_on_input
     if gemm is _explicit_cuda and not (cuda_ok(xs, w13, g, layout) and cuda_ok(h, w2, xs, layout)):
         _refuse_cuda_weights("w13 / w2", "H and I")
     sorted_ids, offsets, inverse = _sorted_dispatch(ids, emap, e)
-    tg.gather_rows(x, sorted_ids, top_k, xs, weights if weight_on_input else None)
+    kept = offsets[e:]  # offsets[E]: the kept routes; the rows past them are neither written nor read
+    tg.gather_rows(x, sorted_ids, top_k, xs, kept, weights=weights if weight_on_input else None)
     gemm(xs, w13, offsets, g, layout)
-    tg.gated_rows(g, sorted_ids, rows, h, tg.ACT_CODES[activation])
+    tg.gated_rows(g, sorted_ids, rows, h, tg.ACT_CODES[activation], kept)
     y = xs  # the sorted token rows are dead once GEMM 1 has read them
     gemm(h, w2, offsets, y, layout)
     tg.combine_staged(y, inverse, out, top_k, None if weight_on_input else weights)
@@ -578,7 +601,7 @@ def _routed_cuda(x, b, weights, ids, out, layout, combine, gemm=None):
     if gemm is _explicit_cuda and not cuda_ok(xs, b, y, layout):
         _refuse_cuda_weights("expert_weights", "K and N")
     sorted_ids, offsets, inverse = _sorted_dispatch(ids, None, e)
-    tg.gather_rows(x, sorted_ids, top_k, xs)
+    tg.gather_rows(x, sorted_ids, top_k, xs, offsets[e:])
     gemm(xs, b, offsets, y, layout)
     tg.combine_staged(y, inverse, out, top_k, weights)
 
@@ -618,11 +641,11 @@ def _grouped_gemm_op(a: torch.Tensor, b: torch.Tensor, group_offsets: torch.Tens
 def _grouped_gemm_routes_op(x: torch.Tensor, b: torch.Tensor, sorted_route_ids: torch.Tensor,
                             tile_expert: torch.Tensor, num_tiles: torch.Tensor, out: torch.Tensor, top_k: int,
                             b_layout: str, backend: str) -> None:
-    if B.resolve("grouped_gemm", FAMILY, backend, x.device) == "cuda" and not _auto(backend):
-        raise RuntimeError("backend='cuda' cannot run grouped_gemm's dispatch form: no CUDA kernel gathers the token "
-                           "rows yet (use 'triton', or the explicit group_offsets form)")
+    # "auto" keeps the dispatch form on Triton, which gathers inside its loads (the CUDA path
+    # copies the rows in and out around its GEMM)
+    cuda = B.resolve("grouped_gemm", FAMILY, backend, x.device) == "cuda" and not _auto(backend)
     with torch.cuda.device(x.device):
-        _routes(x, b, sorted_route_ids, tile_expert, num_tiles, out, top_k, b_layout)
+        (_routes_cuda if cuda else _routes)(x, b, sorted_route_ids, tile_expert, num_tiles, out, top_k, b_layout)
 
 
 @P.custom_op("fray::routed_gemm", mutates_args=("out",))
@@ -698,9 +721,11 @@ def grouped_gemm(a, b, group_offsets=None, *, dispatch=None, top_k=None, b_layou
     kernel), CUDA-graph capturable: backend="auto" runs the explicit form on the CUDA kernel
     (CUTLASS's pointer-array GEMM, JIT-compiled) wherever its TMA loads take the operands (16-byte
     aligned bases and row strides, N and K multiples of 8, contiguous b), else on the Triton
-    kernel, and the dispatch form on the Triton kernel; offsets and dispatch tensors are
-    trusted there (FRAY_CHECK_INDICES=1 checks the offsets with one synchronisation). CPU tensors
-    and numpy arrays: the float64 reference.
+    kernel, and the dispatch form on the Triton kernel, which gathers the rows inside its loads
+    (backend="cuda" runs the dispatch form on the CUDA kernel too: the rows copied into the
+    dispatch's padded order, the GEMM over its padded segments, the rows copied back; K and N
+    multiples of 8); offsets and dispatch tensors are trusted there (FRAY_CHECK_INDICES=1 checks
+    the offsets with one synchronisation). CPU tensors and numpy arrays: the float64 reference.
     """
     V.require_backend(backend, B.BACKENDS)
     layout = _choice("b_layout", b_layout, LAYOUTS)
