@@ -175,20 +175,26 @@ def _check_ids(x):
     return x.shape[0], x.shape[1]
 
 
+def _check_beside_ids(name, t, ids, np_dtype, dtype):
+    """An index tensor or array beside topk_ids: of its kind (numpy or torch) and device, in dtype."""
+    if V.is_array(ids):
+        if not V.is_array(t):
+            raise TypeError("%s: expected a numpy.ndarray like topk_ids, got %s" % (name, type(t).__name__))
+        if t.dtype != np_dtype:
+            raise TypeError("%s: expected dtype %s, got %s" % (name, _name(dtype), t.dtype))
+    else:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("%s: expected a torch.Tensor like topk_ids, got %s" % (name, type(t).__name__))
+        V.require_same_device([("topk_ids", ids), (name, t)])
+        if t.dtype != dtype:
+            raise TypeError("%s: expected dtype %s, got %s" % (name, _name(dtype), _name(t.dtype)))
+
+
 def _check_expert_map(m, ids, num_experts):
     if m is None:
         return
-    if V.is_array(ids):
-        if not V.is_array(m):
-            raise TypeError("expert_map: expected a numpy.ndarray like topk_ids, got %s" % type(m).__name__)
-        if m.dtype != np.int32:
-            raise TypeError("expert_map: expected dtype int32, got %s" % m.dtype)
-    else:
-        if not isinstance(m, torch.Tensor):
-            raise TypeError("expert_map: expected a torch.Tensor like topk_ids, got %s" % type(m).__name__)
-        V.require_same_device([("topk_ids", ids), ("expert_map", m)])
-        if m.dtype != torch.int32:
-            raise TypeError("expert_map: expected dtype int32, got %s" % _name(m.dtype))
+    _check_beside_ids("expert_map", m, ids, np.int32, torch.int32)
+    if not V.is_array(ids):
         if m.dim() == 1 and m.shape[0] > 1 and m.stride(0) != 1:
             raise ValueError("expert_map: expected a contiguous tensor, got stride %d" % m.stride(0))
     if m.ndim != 1 or m.shape[0] < 1:
@@ -201,19 +207,8 @@ def _check_route_positions(pos, ids, n_routes):
     overlapping itself."""
     if pos is None:
         return
-    if V.is_array(ids):
-        if not V.is_array(pos):
-            raise TypeError("route_positions: expected a numpy.ndarray like topk_ids, got %s" % type(pos).__name__)
-        if pos.dtype != np.int64:
-            raise TypeError("route_positions: expected dtype int64, got %s" % pos.dtype)
-        contiguous = pos.flags.c_contiguous
-    else:
-        if not isinstance(pos, torch.Tensor):
-            raise TypeError("route_positions: expected a torch.Tensor like topk_ids, got %s" % type(pos).__name__)
-        V.require_same_device([("topk_ids", ids), ("route_positions", pos)])
-        if pos.dtype != torch.int64:
-            raise TypeError("route_positions: expected dtype int64, got %s" % _name(pos.dtype))
-        contiguous = pos.is_contiguous()
+    _check_beside_ids("route_positions", pos, ids, np.int64, torch.int64)
+    contiguous = pos.flags.c_contiguous if V.is_array(pos) else pos.is_contiguous()
     if pos.ndim != 1 or pos.shape[0] != n_routes:
         raise ValueError("route_positions: expected shape (%d,) (T * k), got %s" % (n_routes, tuple(pos.shape)))
     if not contiguous:
