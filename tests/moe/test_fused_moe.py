@@ -351,6 +351,22 @@ def test_cuda_path_kernels_compile_for_sm90a():
         assert r["spills"] == 0, (spec["kernel"], spec["constexprs"], r)
 
 
+def test_a_layer_on_cuda_routes_on_triton(monkeypatch):
+    """moe_route has a Triton kernel only: fused_moe / routed_grouped_gemm asked to run on "cuda"
+    (backend= or FRAY_BACKEND) route on Triton; CPU inputs keep the backend they named."""
+    from fray import env
+
+    class OnGpu:
+        device = torch.device("cuda")
+    monkeypatch.setattr(env, "backend_override", lambda: None)
+    assert MG._route_backend("cuda", OnGpu()) == "triton"
+    assert MG._route_backend("auto", OnGpu()) == "auto"
+    assert MG._route_backend("triton", OnGpu()) == "triton"
+    assert MG._route_backend("cuda", torch.zeros(1)) == "cuda"
+    monkeypatch.setattr(env, "backend_override", lambda: "cuda")
+    assert MG._route_backend("auto", OnGpu()) == "triton"
+
+
 def test_cuda_path_refuses_the_unstaged_combines():
     x, w13, w2, _ = _layer(4, 32, 16, 4, bf16)
     w, ids = _weights(4, 2), _distinct_ids(4, 2, 4)

@@ -622,6 +622,15 @@ def _routed(x, b, weights, ids, out, layout, combine):
 
 # The custom ops: what a torch.compile'd graph calls (and what eager calls run too).
 
+def _route_backend(backend, x):
+    """The backend of a layer's routing step: moe_route has a Triton kernel only, so a layer run on
+    "cuda" (asked by backend= or by FRAY_BACKEND) routes on Triton."""
+    asked = env.backend_override() if backend == "auto" else backend
+    if asked == "cuda" and not V.is_array(x) and x.device.type == "cuda":
+        return "triton"
+    return backend
+
+
 def _auto(backend):
     """Whether the caller left the backend to Fray (neither backend= nor FRAY_BACKEND names one)."""
     return backend == "auto" and env.backend_override() is None
@@ -829,7 +838,7 @@ def routed_grouped_gemm(x, expert_weights, logits, top_k, *, combine="auto", b_l
     top_k = _int("top_k", top_k, 1, min(e, M.MAX_TOP_K))
     t = x.shape[0]
     _check_out(out, (t, n), x)
-    weights, ids = M.moe_route(logits, top_k, renormalize=renormalize, backend=backend)
+    weights, ids = M.moe_route(logits, top_k, renormalize=renormalize, backend=_route_backend(backend, x))
     if V.is_array(x) or x.device.type == "cpu":
         res, _, _ = ref.routed_gemm(_to64(x), _to64(expert_weights), np.asarray(weights, np.float64),
                                     np.asarray(ids), _ref_dtype(x), layout)
@@ -922,7 +931,7 @@ def fused_moe(x, w13, w2, *, router_logits=None, topk_weights=None, topk_ids=Non
         topk_weights, topk_ids = M.moe_route(
             router_logits, top_k, scoring=scoring, renormalize=renormalize, num_expert_group=num_expert_group,
             topk_group=topk_group, correction_bias=correction_bias, routed_scaling_factor=routed_scaling_factor,
-            backend=backend)
+            backend=_route_backend(backend, x))
     k = _check_routes(topk_weights, topk_ids, t, x)
     _int("topk_ids' columns (top_k)", k, 1, M.MAX_TOP_K)
     if router_logits is None and top_k is not None and _int("top_k", top_k, 1) != k:
@@ -954,7 +963,8 @@ def fused_moe(x, w13, w2, *, router_logits=None, topk_weights=None, topk_ids=Non
     route = None
     if router_logits is not None:
         route = dict(top_k=top_k, scoring=scoring, renormalize=renormalize, num_expert_group=num_expert_group,
-                     topk_group=topk_group, routed_scaling_factor=routed_scaling_factor, backend=backend)
+                     topk_group=topk_group, routed_scaling_factor=routed_scaling_factor,
+                     backend=_route_backend(backend, x))
     plan = _FusedPlan(route, (activation, bool(apply_router_weight_on_input), layout, combine), (t, hdim),
                       not (t and hdim) or inter == 0 or e == 0, _fused_cuda if cuda else _fused)
     # this call's routing ran above (validation needs its result): launch from there
