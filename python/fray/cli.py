@@ -1,10 +1,11 @@
 """fray: Fray's command line (`fray <command>` after pip install, `bazel run //:fray -- <command>`).
 
   ops           operators, backends, and whether each backend can run here (and why not)
-  check         run every operator on this machine against the float64 reference: on a GPU every
-                available backend x fp32/fp16/bf16 x a few awkward shapes; on a CPU-only machine
-                the reference (against hand-computed values) and the Triton kernels under
-                Triton's interpreter. One line per case as it finishes; exits 1 on any failure.
+  check [OP...] run every operator (or the ones named) on this machine against the float64
+                reference: on a GPU every available backend x fp32/fp16/bf16 x a few awkward
+                shapes; on a CPU-only machine the reference (against hand-computed values) and the
+                Triton kernels under Triton's interpreter. One line per case as it finishes; exits
+                1 on any failure.
   bench <op>    run the op's benchmark (see bench/<family>/; needs a GPU): one line per record as
                 it is measured, then the table; exits 1 if any implementation failed.
                 `bench host`: every op's eager per-call host cost beside torch's (bench/host/);
@@ -99,13 +100,25 @@ def _jit_line(dev):
     return "jit: %s; cache %s" % (", ".join(parts), s["cache"])
 
 
-def _cmd_check(device_flag):
+def _checked(case_op, ops):
+    """Whether a check case belongs to one of the named ops (a case may cover several: "a+b")."""
+    return ops is None or any(name in ops for name in case_op.split("+"))
+
+
+def _cmd_check(device_flag, ops=None):
     import torch
 
     import fray
     use_gpu = torch.cuda.is_available() if device_flag is None else device_flag.startswith("cuda")
     device = torch.device(device_flag or "cuda") if use_gpu else torch.device("cpu")
-    checks = [c for module in fray.FAMILIES.values() for c in module.check_cases(device)]
+    families = fray.FAMILIES
+    if ops is not None:
+        unknown = sorted(set(ops) - set(fray.OPS))
+        if unknown:
+            raise app.UsageError("check: no operator %s; expected some of: %s" % (", ".join(unknown),
+                                                                                ", ".join(sorted(fray.OPS))))
+        families = {f: m for f, m in fray.FAMILIES.items() if f in {fray.OPS[op] for op in ops}}
+    checks = [c for module in families.values() for c in module.check_cases(device) if _checked(c[0], ops)]
     counts = {"pass": 0, "fail": 0, "skip": 0}
     header = ("case", "op", "backend", "dtype", "shape", "result")
     n = len(checks)
@@ -220,19 +233,19 @@ def main(argv):
         print(__doc__)
         return 0
     cmd, rest = args[0], args[1:]
-    if cmd == "check" and not rest:
+    if cmd == "check":
         import torch
         if not torch.cuda.is_available() and FLAGS.device is None:
             # No GPU: run the Triton kernels in Triton's interpreter (must be set before import).
             os.environ["TRITON_INTERPRET"] = "1"
-        return _cmd_check(FLAGS.device)
+        return _cmd_check(FLAGS.device, rest or None)
     if cmd == "ops" and not rest:
         return _cmd_ops()
     if cmd == "bench":
         return _cmd_bench(rest)
     if cmd == "plot" and not rest:
         return _cmd_plot()
-    raise app.UsageError("unknown command %r; expected ops, check, bench <op> or plot" % " ".join(args))
+    raise app.UsageError("unknown command %r; expected ops, check [op...], bench <op> or plot" % " ".join(args))
 
 
 def run():

@@ -7,7 +7,7 @@ import sys
 import types
 
 import pytest
-from absl import flags
+from absl import app, flags
 
 from fray import cli
 
@@ -71,6 +71,29 @@ def test_check_json(monkeypatch, capsys):
     assert [o["result"] for o in objs[:3]] == ["pass", "fail", "skip"]
     assert objs[1]["error"].startswith("rmsnorm: max error")
     assert objs[-1]["passed"] == 1 and objs[-1]["failed"] == 1 and objs[-1]["skipped"] == 1
+
+
+def test_check_runs_only_the_named_ops(monkeypatch, capsys):
+    import fray
+    calls = []
+
+    def family(name, cases):
+        return types.SimpleNamespace(check_cases=lambda device: calls.append(name) or cases)
+    monkeypatch.setattr(fray, "FAMILIES", {
+        "norm": family("norm", [("rmsnorm", "reference", "fp32", "3", lambda: None),
+                                ("layernorm", "reference", "fp32", "3", lambda: None)]),
+        "moe": family("moe", [("grouped_gemm+routed", "reference", "fp64", "hand", lambda: None),
+                              ("fused_moe", "reference", "fp32", "3", lambda: None)])})
+    monkeypatch.setattr(fray, "OPS", {"rmsnorm": "norm", "layernorm": "norm", "grouped_gemm": "moe",
+                                      "routed_grouped_gemm": "moe", "fused_moe": "moe"})
+    assert cli._cmd_check("cpu", ["rmsnorm", "grouped_gemm"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in out[1:-1]] == ["rmsnorm", "grouped_gemm+routed"]
+    assert out[-1] == "2 passed, 0 failed, 0 skipped"
+    calls.clear()
+    assert cli._cmd_check("cpu", ["fused_moe"]) == 0 and calls == ["moe"]  # only the op's family is built
+    with pytest.raises(app.UsageError, match="check: no operator nope; expected some of: fused_moe, grouped_gemm"):
+        cli._cmd_check("cpu", ["nope"])
 
 
 def test_check_passes_on_this_machine_per_family(capsys):
