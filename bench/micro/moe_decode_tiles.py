@@ -3,9 +3,10 @@
 benchmark's model shapes, beside the CUDA path; GB/s of the hit experts' weights (bench/moe's
 gbps). The 3.0 TB/s decode bar (issue 20) is a graph-replay figure; a DeepSeek-V3 rank at T1 hits
 about one local expert, so its 64-wide tiles give few programs: the narrow tiles are for it.
-Run on the GPU machine with the bundle's PYTHONPATH:  python3 bench/micro/moe_decode_tiles.py
+Run on the GPU machine with the bundle's PYTHONPATH:  python3 bench/micro/moe_decode_tiles.py [MODEL...]
 """
 import itertools
+import sys
 
 import torch
 
@@ -15,13 +16,13 @@ from fray.bench import moe as bm
 from fray.ops import moe_gemm as MG
 
 MODELS = ("mixtral", "qwen3", "dsv2lite", "dsv3ep8")
-TILES = [dict(BLOCK_N=n, BLOCK_K=k, num_stages=s) for n, k, s in itertools.product((16, 32, 64, 128), (64, 128, 256),
-                                                                                   (3, 4, 5))]
+# 8 tiles x 8 (model, T) rows, each a Triton compile and a graph timing: a few minutes
+TILES = [dict(BLOCK_N=n, BLOCK_K=k, num_stages=4) for n, k in itertools.product((16, 32, 64, 128), (128, 256))]
 
 
-def main():
+def main(models=MODELS):
     shipped = MG.gemm_config
-    for model in MODELS:
+    for model in models:
         spec = bm.model_spec(model)
         weights = bm.fused_weights(spec, "cuda")
         for t in (1, 16):
@@ -57,4 +58,4 @@ def _with_config(config_fn, call):
 
 
 if __name__ == "__main__":
-    main()
+    main(tuple(sys.argv[1:]) or MODELS)
