@@ -163,6 +163,14 @@ def test_unpadded_dispatch_sorts_by_expert_without_padding():
     for row, r in enumerate(sorted_ids.tolist()[:7]):
         assert inverse[r] == row
     assert inverse[5] == -1
+    # past the one-program dispatch's 128 routes: the three-kernel path at block_m 1, no tile map
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 10, (70, 3), generator=g, dtype=torch.int32)
+    emap = torch.tensor([3, -1, 0, 5, 1, -1, 2, 4, -1, 6], dtype=torch.int32)
+    sorted_ids, offsets, inverse = MG._sorted_dispatch(ids, emap, 7)
+    want = ref.moe_dispatch(ids.numpy(), 7, 1, emap.numpy())
+    assert sorted_ids.tolist() == want[0].tolist() and offsets.tolist() == want[1].tolist()
+    assert inverse.tolist() == want[4].tolist()
 
 
 @INTERPRETER
