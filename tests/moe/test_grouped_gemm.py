@@ -114,12 +114,12 @@ def test_triton_interpreter_explicit_garbage_offsets_stay_in_bounds():
     assert ((tiles[1][:n] >= 0) & (tiles[2][:n] <= m) & (tiles[1][:n] < tiles[2][:n])).all()
 
 
-def _routes_path(path, *args):
+def _routes_path(path, x, b, d, out, k, layout):
     """MG._routes, or ("cuda") the dispatch form's CUDA path with the Triton explicit GEMM in the
-    CUDA one's place (the row copies and the segment starts are what the interpreter checks)."""
+    CUDA one's place (the row copies around it are what the interpreter checks)."""
     if path == "triton":
-        return MG._routes(*args)
-    return MG._routes_cuda(*args, gemm=MG._explicit)
+        return MG._routes(x, b, d[0], d[2], d[3], out, k, layout)
+    return MG._routes_cuda(x, b, d[0], d[1], out, k, layout, gemm=MG._explicit)
 
 
 @INTERPRETER
@@ -134,7 +134,7 @@ def test_triton_interpreter_routes(path, layout, t, k, e, bm):
     from fray_triton import moe as tmoe
     tmoe.dispatch(ids, None, e, bm, *d)
     out = torch.full((t * k, 24), float("nan"), dtype=dtype)
-    _routes_path(path, x, b, d[0], d[2], d[3], out, k, layout)
+    _routes_path(path, x, b, d, out, k, layout)
     _check_routes(x, b, ids, out, layout, "%s routes T=%d k=%d" % (path, t, k))
 
 
@@ -151,17 +151,8 @@ def test_triton_interpreter_routes_with_expert_map(path):
     from fray_triton import moe as tmoe
     tmoe.dispatch(ids, emap, e, 16, *d)
     out = torch.full((t * k, 16), float("nan"), dtype=torch.float16)
-    _routes_path(path, x, b, d[0], d[2], d[3], out, k, "nk")
+    _routes_path(path, x, b, d, out, k, "nk")
     _check_routes(x, b, ids, out, "nk", "expert_map " + path, emap)
-
-
-@INTERPRETER
-def test_segment_offsets_from_the_tile_map():
-    from fray_triton import moe_gemm as tg
-    tiles = torch.tensor([0, 0, 2, 3, 3, 3, -1, -1], dtype=torch.int32)   # expert 1 empty, 4 used tiles of 6
-    offs = torch.full((5,), -9, dtype=torch.int32)
-    tg.segment_offsets(tiles, 4, 16, offs)
-    assert offs.tolist() == [0, 32, 32, 48, 96]
 
 
 def test_kernels_compile_for_sm90a():

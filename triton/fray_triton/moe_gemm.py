@@ -27,11 +27,10 @@ combine_staged sums each token's k weighted route rows in rank order through the
 inverse map, in fp32, and writes the token's row once in the output dtype: bit-identical run to
 run, with no zeroing and no atomics (it weighs unweighted rows itself when given the weights).
 
-gather_rows, gated_rows, scatter_rows and segment_offsets serve the CUDA paths, whose grouped
-GEMM (CUTLASS's, on fray.jit) takes contiguous expert-sorted rows and group offsets: the token rows
-copied into the sorted order, the gated activation of GEMM 1's [gate | up] rows (rounded as the
-gated epilogue above rounds them), rows copied back into route order, and a dispatch's padded
-segment starts recovered from its tile map.
+gather_rows, gated_rows and scatter_rows serve the CUDA paths, whose grouped GEMM (CUTLASS's, on
+fray.jit) takes contiguous expert-sorted rows: the token rows copied into the sorted order, the
+gated activation of GEMM 1's [gate | up] rows (rounded as the gated epilogue above rounds them),
+and rows copied back into route order.
 """
 import os
 
@@ -216,20 +215,13 @@ def _combine_kernel(S, INVERSE, WEIGHTS, OUT, N, lds, ldo, TOP_K: tl.constexpr, 
 
 
 @triton.jit
-def _past_limit(row, LIMIT, scale):
-    """Whether a sorted row lies past the used ones: LIMIT[0] * scale (the kept routes, or the used
-    tiles times block_m), read on the device."""
-    return row >= tl.load(LIMIT).to(tl.int64) * scale
-
-
-@triton.jit
-def _gather_rows_kernel(X, ROUTES, WEIGHTS, LIMIT, OUT, H, ldx, ldo, n_routes, top_k, limit_scale,
+def _gather_rows_kernel(X, ROUTES, WEIGHTS, LIMIT, OUT, H, ldx, ldo, n_routes, top_k,
                         WEIGHT_INPUT: tl.constexpr, BLOCK_H: tl.constexpr):
     """OUT[row] = x[route // top_k] for the sorted route list's row (round(x * w_route) with
     WEIGHT_INPUT), zeros for the sentinel rows (a segment's padding, routes an expert_map dropped);
     rows past the used ones are left unwritten (nothing reads them)."""
     row = tl.program_id(0).to(tl.int64)
-    if _past_limit(row, LIMIT, limit_scale):
+    if row >= tl.load(LIMIT):  # past the used rows (LIMIT: the dispatch's offsets[E])
         return
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     cm = cols < H
@@ -239,17 +231,16 @@ def _gather_rows_kernel(X, ROUTES, WEIGHTS, LIMIT, OUT, H, ldx, ldo, n_routes, t
     v = tl.load(X + token * ldx + cols, mask=cm & ok, other=0.0)
     if WEIGHT_INPUT:
         w = tl.load(WEIGHTS + route, mask=ok, other=0.0)
-        v = tl.where(ok, _round(v.to(tl.float32) * w, OUT.dtype.element_ty), 0.0)
+        v = _round(v.to(tl.float32) * w, OUT.dtype.element_ty)  # 0 * 0 for a sentinel row
     tl.store(OUT + row * ldo + cols, v.to(OUT.dtype.element_ty), mask=cm)
 
 
 @triton.jit
-def _gated_rows_kernel(G, ROUTES, LIMIT, OUT, I, ldg, ldo, n_routes, limit_scale, ACT: tl.constexpr,
-                       BLOCK_I: tl.constexpr):
+def _gated_rows_kernel(G, ROUTES, LIMIT, OUT, I, ldg, ldo, n_routes, ACT: tl.constexpr, BLOCK_I: tl.constexpr):
     """OUT[row] = round(act(gate) * up) of a GEMM 1 output row [gate | up] (already rounded), as
     the gated epilogue computes it; zeros for sentinel rows; rows past the used ones unwritten."""
     row = tl.program_id(0).to(tl.int64)
-    if _past_limit(row, LIMIT, limit_scale):
+    if row >= tl.load(LIMIT):
         return
     cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     ok = tl.load(ROUTES + row) < n_routes
@@ -270,23 +261,6 @@ def _scatter_rows_kernel(Y, ROUTES, OUT, N, ldy, ldo, n_routes, BLOCK_N: tl.cons
     m = (cols < N) & (route < n_routes)
     v = tl.load(Y + row * ldy + cols, mask=m)
     tl.store(OUT + route.to(tl.int64) * ldo + cols, v, mask=m)
-
-
-@triton.jit
-def _segment_offsets_kernel(TILE_EXPERT, OFFSETS, n_tiles, n_groups, block_m,
-                            BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr):
-    """A dispatch's padded segment starts from its tile map: group g starts block_m x (the used
-    tiles of groups < g); ids outside [0, n_groups) count for no group."""
-    gi = tl.arange(0, BLOCK_G)
-    cnt = tl.zeros([BLOCK_G], dtype=tl.int32)
-    for t0 in range(0, n_tiles, BLOCK_T):
-        tt = t0 + tl.arange(0, BLOCK_T)
-        te = tl.load(TILE_EXPERT + tt, mask=tt < n_tiles, other=-1)
-        cnt += tl.sum((te[:, None] == gi[None, :]).to(tl.int32), axis=0)
-    cnt = tl.where(gi < n_groups, cnt, 0)
-    start = (tl.cumsum(cnt, axis=0) - cnt) * block_m
-    tl.store(OFFSETS + gi, start, mask=gi < n_groups)
-    tl.store(OFFSETS + n_groups, tl.sum(cnt, axis=0) * block_m)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,7 +367,7 @@ def combine_staged(staged, inverse, out, top_k, weights=None):
     t, n = out.shape
     if t == 0 or n == 0:
         return
-    block_n = min(1024, max(16, next_power_of_2(n)))
+    block_n = _row_block(n)
     _combine_kernel[(t, cdiv(n, block_n))](staged, inverse, weights if weights is not None else inverse, out, n,
                                            staged.stride(0), out.stride(0), TOP_K=top_k,
                                            WEIGHTED=weights is not None, BLOCK_N=block_n, num_warps=4)
@@ -403,29 +377,28 @@ def _row_block(n):
     return min(1024, max(16, next_power_of_2(n)))
 
 
-def gather_rows(x, routes, top_k, out, limit, limit_scale=1, weights=None):
-    """out[row] = x[routes[row] // top_k] for every row of a sorted route list below limit[0] *
-    limit_scale (limit: an int32 device scalar: the kept routes, or the used tiles with their
-    block_m), zeros where the route is the sentinel T * k; with weights (fp32, route order)
-    round(x * w) instead."""
+def gather_rows(x, routes, top_k, out, limit, weights=None):
+    """out[row] = x[routes[row] // top_k] for every row of a sorted route list below limit[0] (an
+    int32 device scalar: the dispatch's offsets[E], the rows in use), zeros where the route is the
+    sentinel T * k; with weights (fp32, route order) round(x * w) instead."""
     rows, h = out.shape
     if rows == 0 or h == 0:
         return
     bh = _row_block(h)
     _gather_rows_kernel[(rows, cdiv(h, bh))](x, routes, weights if weights is not None else x, limit, out, h,
-                                             x.stride(0), out.stride(0), x.shape[0] * top_k, top_k, limit_scale,
+                                             x.stride(0), out.stride(0), x.shape[0] * top_k, top_k,
                                              WEIGHT_INPUT=weights is not None, BLOCK_H=bh, num_warps=4)
 
 
-def gated_rows(g, routes, n_routes, out, act, limit, limit_scale=1):
-    """out[row] = round(act(g[row, :I]) * g[row, I:]) for I = out's columns below limit[0] *
-    limit_scale (zeros for sentinel routes); act: an ACT_CODES value."""
+def gated_rows(g, routes, n_routes, out, act, limit):
+    """out[row] = round(act(g[row, :I]) * g[row, I:]) for I = out's columns below limit[0] (as
+    gather_rows; zeros for sentinel routes); act: an ACT_CODES value."""
     rows, inter = out.shape
     if rows == 0 or inter == 0:
         return
     bi = _row_block(inter)
     _gated_rows_kernel[(rows, cdiv(inter, bi))](g, routes, limit, out, inter, g.stride(0), out.stride(0), n_routes,
-                                                limit_scale, ACT=act, BLOCK_I=bi, num_warps=4)
+                                                ACT=act, BLOCK_I=bi, num_warps=4)
 
 
 def scatter_rows(y, routes, n_routes, out):
@@ -436,14 +409,6 @@ def scatter_rows(y, routes, n_routes, out):
     bn = _row_block(n)
     _scatter_rows_kernel[(rows, cdiv(n, bn))](y, routes, out, n, y.stride(0), out.stride(0), n_routes,
                                               BLOCK_N=bn, num_warps=4)
-
-
-def segment_offsets(tile_expert, n_groups, block_m, offsets):
-    """offsets [G + 1] (int32, on the device): a dispatch's padded segment starts, from its tile
-    map (the used tiles first, then -1)."""
-    block_g = max(16, next_power_of_2(n_groups + 1))
-    _segment_offsets_kernel[(1,)](tile_expert, offsets, tile_expert.numel(), n_groups, block_m,
-                                  BLOCK_T=max(1, 8192 // block_g), BLOCK_G=block_g, num_warps=4)
 
 
 def scatter_combine(staged, routes, n_routes, top_k, out):

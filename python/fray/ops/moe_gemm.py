@@ -441,23 +441,20 @@ def _routes(x, b, sorted_ids, tile_expert, num_tiles, out, top_k, layout):
               a_mode=tg.A_GATHER, out_mode=tg.OUT_ROUTES, n_routes=t * top_k, top_k=top_k)
 
 
-def _routes_cuda(x, b, sorted_ids, tile_expert, num_tiles, out, top_k, layout, gemm=None):
+def _routes_cuda(x, b, sorted_ids, offsets, out, top_k, layout, gemm=None):
     """grouped_gemm's dispatch form on the CUDA grouped GEMM: the token rows copied into the
     dispatch's padded order (the padding rows zeros), one GEMM over the padded expert segments
-    (their starts recovered from the tile map), the rows copied back into route order."""
+    (the dispatch's expert_offsets), the rows copied back into route order."""
     from fray_triton import moe_gemm as tg
     gemm = _explicit_cuda if gemm is None else gemm
     t, kdim = x.shape
     e, n, _ = _matrix_dims("b", b, layout)
-    rows, tiles = sorted_ids.shape[0], tile_expert.shape[0]
-    block_m = rows // tiles
+    rows = sorted_ids.shape[0]
     xs = torch.empty((rows, kdim), dtype=x.dtype, device=x.device)
     ys = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     if gemm is _explicit_cuda and not cuda_ok(xs, b, ys, layout):
         _refuse_cuda_weights("b", "K and N")
-    offsets = torch.empty((e + 1,), dtype=torch.int32, device=x.device)
-    tg.segment_offsets(tile_expert, e, block_m, offsets)
-    tg.gather_rows(x, sorted_ids, top_k, xs, num_tiles, block_m)
+    tg.gather_rows(x, sorted_ids, top_k, xs, offsets[e:])  # offsets[E]: the used (padded) rows
     gemm(xs, b, offsets, ys, layout)
     tg.scatter_rows(ys, sorted_ids, t * top_k, out)
 
@@ -648,13 +645,16 @@ def _grouped_gemm_op(a: torch.Tensor, b: torch.Tensor, group_offsets: torch.Tens
 
 @P.custom_op("fray::grouped_gemm_routes", mutates_args=("out",))
 def _grouped_gemm_routes_op(x: torch.Tensor, b: torch.Tensor, sorted_route_ids: torch.Tensor,
-                            tile_expert: torch.Tensor, num_tiles: torch.Tensor, out: torch.Tensor, top_k: int,
-                            b_layout: str, backend: str) -> None:
+                            expert_offsets: torch.Tensor, tile_expert: torch.Tensor, num_tiles: torch.Tensor,
+                            out: torch.Tensor, top_k: int, b_layout: str, backend: str) -> None:
     # "auto" keeps the dispatch form on Triton, which gathers inside its loads (the CUDA path
-    # copies the rows in and out around its GEMM)
+    # copies the rows in and out around its GEMM over the dispatch's padded expert segments)
     cuda = B.resolve("grouped_gemm", FAMILY, backend, x.device) == "cuda" and not _auto(backend)
     with torch.cuda.device(x.device):
-        (_routes_cuda if cuda else _routes)(x, b, sorted_route_ids, tile_expert, num_tiles, out, top_k, b_layout)
+        if cuda:
+            _routes_cuda(x, b, sorted_route_ids, expert_offsets, out, top_k, b_layout)
+        else:
+            _routes(x, b, sorted_route_ids, tile_expert, num_tiles, out, top_k, b_layout)
 
 
 @P.custom_op("fray::routed_gemm", mutates_args=("out",))
@@ -793,8 +793,8 @@ def grouped_gemm(a, b, group_offsets=None, *, dispatch=None, top_k=None, b_layou
             M.MoeDispatch(*(v.cpu().numpy() for v in dispatch)), t * top_k, g))
     out = torch.empty((t * top_k, n), dtype=a.dtype, device=a.device) if out is None else out
     if t and n:
-        _grouped_gemm_routes_op(a, b, dispatch.sorted_route_ids, dispatch.tile_expert, dispatch.num_tiles, out,
-                                top_k, layout, backend)
+        _grouped_gemm_routes_op(a, b, dispatch.sorted_route_ids, dispatch.expert_offsets, dispatch.tile_expert,
+                                dispatch.num_tiles, out, top_k, layout, backend)
     return out
 
 
